@@ -1,0 +1,36 @@
+#!/bin/sh
+# install-deps.sh - installs the Debian packages kvpool needs to build and test, and only the
+# missing ones (idempotent: with everything present it runs no apt-get at all).
+#
+#   deploy/install-deps.sh            build + test dependencies
+#   KVP_DEPS_EXTRA="pkg ..." ...      more packages (e.g. for a developer machine)
+#
+# The CUDA toolkit is not installed here: CMake finds it under /usr/local/cuda when present
+# and builds everything else without it.
+set -eu
+
+PKGS="build-essential cmake pkg-config libuv1-dev nanopb libnanopb-dev python3-protobuf
+check libsubunit-dev libinih-dev clang valgrind procps ${KVP_DEPS_EXTRA:-}"
+
+missing=""
+for p in $PKGS; do
+    if ! dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed; then
+        missing="$missing $p"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    echo "install-deps: all dependencies present"
+    exit 0
+fi
+
+echo "install-deps: installing:$missing"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing
+echo "install-deps: done"

@@ -1,0 +1,33 @@
+#!/bin/sh
+# test.sh - THE test command of the README: on a fresh Debian 12 machine it installs what is
+# missing, configures, builds and runs the whole test suite, then builds the unit tests again
+# under AddressSanitizer + UndefinedBehaviorSanitizer and runs them.
+#
+#   deploy/test.sh              everything (what .ci/run calls)
+#   KVP_TEST_QUICK=1 deploy/test.sh   skip the sanitizer build
+#
+# Build trees: build/ (default, CUDA when nvcc is found) and build-asan/ (CUDA off).
+# GPU tests exit 77 where there is no GPU and CTest counts them as skipped.
+set -eu
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc 2>/dev/null || echo 2)
+
+"$root/deploy/install-deps.sh"
+
+echo "== build (default) =="
+cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$root/build" -j "$jobs"
+echo "== tests (default) =="
+ctest --test-dir "$root/build" --output-on-failure -j "$jobs"
+
+if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
+    echo "== build (asan+ubsan) =="
+    cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=ON \
+        -DKVP_WITH_CUDA=OFF
+    cmake --build "$root/build-asan" -j "$jobs"
+    echo "== tests (asan+ubsan) =="
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -L unit
+fi
+echo "== all tests passed =="

@@ -1,0 +1,122 @@
+/*
+ * kvp_kernels.h - the append operation of FlashInfer's `append_paged_kv_cache` and its helpers,
+ * as a C API. Public: model workers link it (through libkvpool) to run the append in their own
+ * process on the mapped pool, and the daemon's backends run it on their own.
+ *
+ * Every operation exists in a CPU form (suffix _cpu, host pointers, runs on the calling thread)
+ * and, where CUDA is built, a CUDA form (suffix _cuda, device pointers, an explicit stream,
+ * declared in kvp_kernels_cuda.h). Both take the same argument structs and have the same
+ * meaning, which is exactly FlashInfer's (DESIGN.md §1):
+ *
+ *   token i (0 <= i < nnz) with b = batch_indices[i], pos = positions[i] and head h is copied to
+ *   page kv_indices[kv_indptr[b] + pos / page_size], slot pos % page_size, head h, for K and V.
+ *
+ * Guards FlashInfer does not have: nnz = 0 is a no-op; a token with batch_indices[i] < 0 is a
+ * padding entry and is skipped; every other argument (batch index, position against the
+ * request's sequence length, page ids against num_pages, the CSR page table itself) is
+ * checked before a single byte is written, and a bad one is KVP_ERANGE / KVP_EINVAL with the
+ * cache untouched.
+ *
+ * Strides are in ELEMENTS, as FlashInfer's paged_kv_t and torch strides are. The pool's strides
+ * come from the geometry (kvcache/kvp_geom.h: kvp_geom_derive) through PoolInfo; this layer
+ * never derives a stride itself. It depends on libc only.
+ */
+#ifndef KVP_KERNELS_H
+#define KVP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvp_error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One layer of a paged KV cache and the batch's page table, FlashInfer's paged_kv_t.
+ * Combined storage: k_data points at [:, 0] of the layer tensor and v_data at [:, 1]
+ * (k_data + page_size*H*D elements); split storage: the two tensors. All borrowed. */
+typedef struct {
+    void *k_data;
+    void *v_data;
+    uint32_t elem_bytes; /* 1, 2 or 4 */
+    uint32_t num_pages;  /* page ids in kv_indices must be < num_pages */
+    uint32_t page_size;
+    uint32_t num_heads;
+    uint32_t head_dim;
+    int64_t stride_page; /* elements */
+    int64_t stride_n;    /* elements between slots */
+    int64_t stride_h;    /* elements between heads */
+    /* page table (CSR, int32), batch_size requests */
+    uint32_t batch_size;
+    const int32_t *kv_indptr;        /* [batch_size + 1], kv_indptr[0] == 0, non-decreasing */
+    const int32_t *kv_indices;       /* [kv_indptr[batch_size]] */
+    const int32_t *kv_last_page_len; /* [batch_size], 1..page_size for a non-empty request */
+} kvp_paged_kv_t;
+
+/* The appended keys and values: [nnz, num_heads, head_dim] with any row and head stride
+ * (elements); the last dimension is contiguous. Borrowed. */
+typedef struct {
+    const void *key;
+    const void *value;
+    int64_t k_stride_n, k_stride_h;
+    int64_t v_stride_n, v_stride_h;
+} kvp_append_src_t;
+
+/* A page copy inside one layer: K and V of page src are copied to page dst (copy-on-write and
+ * fork). */
+typedef struct {
+    uint32_t src;
+    uint32_t dst;
+} kvp_page_copy_t;
+
+/*
+ * Checks a paged-KV description and its page table on the host: elem_bytes in {1,2,4},
+ * non-zero sizes, non-NULL pointers, kv_indptr[0] == 0 and non-decreasing, every page id in
+ * [0, num_pages), every kv_last_page_len in 1..page_size for a non-empty request (0 allowed
+ * for an empty one). Returns 0, KVP_EINVAL or KVP_ERANGE. Pure; any thread.
+ */
+int kvp_paged_kv_check(const kvp_paged_kv_t *kv);
+
+/*
+ * append_paged_kv_cache on the CPU. Validates everything first (kvp_paged_kv_check, source
+ * pointers and strides, and for each non-padding token: batch index < batch_size and
+ * 0 <= position < seq_len of its request), then copies. Returns 0; KVP_EINVAL or KVP_ERANGE
+ * with the cache untouched. nnz = 0 returns 0 without reading anything else.
+ */
+int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                  const int32_t *batch_indices, const int32_t *positions,
+                                  uint32_t nnz);
+
+/*
+ * seq_lens[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b], or 0
+ * for a request with no pages (FlashInfer's get_seq_lens). Returns 0 or KVP_EINVAL (NULL
+ * pointer, page_size 0, decreasing indptr).
+ */
+int kvp_get_seq_lens_cpu(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
+                         uint32_t batch_size, uint32_t page_size, int32_t *seq_lens);
+
+/*
+ * FlashInfer's get_batch_indices_positions: for request b and its j-th appended token
+ * (append_indptr[b] + j), batch_indices = b and positions = seq_lens[b] - append_len[b] + j,
+ * where seq_lens already counts the appended tokens. Outputs have nnz = append_indptr[B]
+ * entries; nnz is the capacity of both outputs. Returns 0, or KVP_EINVAL (decreasing indptr,
+ * append_indptr[B] != nnz, append_len > seq_len) with the outputs untouched.
+ */
+int kvp_get_batch_indices_positions_cpu(const int32_t *append_indptr, const int32_t *seq_lens,
+                                        uint32_t batch_size, uint32_t nnz,
+                                        int32_t *batch_indices, int32_t *positions);
+
+/*
+ * Copies K and V of whole pages inside one layer: for each c, page copies[c].src to page
+ * copies[c].dst. Only kv's data pointers, sizes and strides are used (not its page table).
+ * Returns 0, or KVP_EINVAL / KVP_ERANGE (page id >= num_pages, src == dst) with nothing
+ * copied. The destinations must be distinct from every source (as copy-on-write guarantees).
+ */
+int kvp_page_copy_cpu(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies,
+                      uint32_t num_copies);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,60 @@
+/*
+ * kvp_alloc.h - the page allocator: page ids 0..num_pages-1, a free stack, a refcount per page.
+ *
+ * Allocation pops the free stack and freeing pushes it, so both are O(1); a batch reservation
+ * is all-or-nothing (it gets every page it asks for or changes nothing). A page is free
+ * exactly when its refcount is 0. Sharing (fork, copy-on-write) raises the refcount; the
+ * allocator counts pages whose refcount is above 1 ("shared") so stats are O(1).
+ *
+ * Not thread-safe: the daemon owns one allocator on its event-loop thread (as memcached's
+ * do_slabs_alloc is called under the caller's lock). No allocation after create.
+ */
+#ifndef KVP_ALLOC_H
+#define KVP_ALLOC_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_alloc kvp_alloc_t;
+
+/* Creates an allocator with every page free, page ids handed out in increasing order first.
+ * Returns 0, KVP_EINVAL (num_pages 0 or above 2^31-1) or KVP_ENOMEM. Caller frees with
+ * kvp_alloc_destroy. */
+int kvp_alloc_create(uint32_t num_pages, kvp_alloc_t **out);
+
+/* Frees the allocator; NULL is a no-op. */
+void kvp_alloc_destroy(kvp_alloc_t *a);
+
+/* All-or-nothing: takes n free pages, writes their ids to pages[0..n), sets each refcount to
+ * 1. Returns 0, or KVP_ENOSPC (fewer than n free; nothing changed). n = 0 returns 0. */
+int kvp_alloc_reserve(kvp_alloc_t *a, uint32_t n, uint32_t *pages);
+
+/* Adds a reference to an allocated page (refcount >= 1, asserted). */
+void kvp_alloc_ref(kvp_alloc_t *a, uint32_t page);
+
+/* Drops a reference; the page returns to the free stack when its refcount reaches 0.
+ * Returns the new refcount. The page must be allocated (asserted). */
+uint32_t kvp_alloc_unref(kvp_alloc_t *a, uint32_t page);
+
+uint32_t kvp_alloc_refcount(const kvp_alloc_t *a, uint32_t page);
+uint32_t kvp_alloc_num_pages(const kvp_alloc_t *a);
+uint32_t kvp_alloc_num_free(const kvp_alloc_t *a);
+/* pages with refcount > 1 */
+uint32_t kvp_alloc_num_shared(const kvp_alloc_t *a);
+
+/* The free stack, bottom first (read-only view for the audit): *n receives its depth. */
+const uint32_t *kvp_alloc_free_stack(const kvp_alloc_t *a, uint32_t *n);
+
+/* Checks the allocator's own invariants: every free-stack entry is a distinct page with
+ * refcount 0, every page with refcount 0 is on the stack, the shared counter is exact.
+ * Returns 0 or KVP_EAUDIT with a one-line reason in msg. O(num_pages); uses a scratch bitmap
+ * allocated here (KVP_ENOMEM if that fails). */
+int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,297 @@
+/*
+ * kvp_plan.c - the batch planner (see kvp_plan.h).
+ *
+ * Two phases make a batch all-or-nothing. Phase 1 looks every sequence up (creating missing
+ * ones empty, remembered so they can be removed again), rejects duplicates, counts the pages
+ * the batch needs, checks limits and quotas, and grows every buffer that phase 2 writes into
+ * (growing a buffer changes nothing visible). Any failure there rolls back the created
+ * sequences. Phase 2 cannot fail: it takes the pages, runs the copy-on-write bookkeeping and
+ * writes the page table.
+ *
+ * Copy-on-write count: when m sequences of the batch append into the same partially filled
+ * page whose refcount is r, the first min(m, r - 1) of them (in batch order) copy it and the
+ * last holder, if it is in the batch, writes in place. Phase 1 simulates exactly that with a
+ * per-page scratch counter so the page count it checks is exact, not a bound.
+ */
+#include "kvp_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_error.h"
+#include "kvp_geom.h"
+#include "kvp_seqtab_internal.h"
+
+void kvp_plan_init(kvp_plan_t *p)
+{
+    memset(p, 0, sizeof(*p));
+}
+
+void kvp_plan_free(kvp_plan_t *p)
+{
+    free(p->kv_indptr);
+    free(p->kv_indices);
+    free(p->kv_last_page_len);
+    free(p->append_indptr);
+    free(p->seq_lens);
+    free(p->copies);
+    free(p->new_pages);
+    free(p->seqs);
+    free(p->created);
+    kvp_plan_init(p);
+}
+
+/* Grows *buf to hold `need` elements of `size` bytes; *cap tracks capacity. */
+static int grow(void **buf, uint32_t *cap, uint32_t need, size_t size)
+{
+    if (need <= *cap && *buf)
+        return 0;
+    uint32_t c = *cap ? *cap : 16;
+    while (c < need)
+        c = c >= 0x80000000u ? need : c * 2;
+    void *nb = realloc(*buf, (size_t)c * size);
+    if (!nb)
+        return KVP_ENOMEM;
+    *buf = nb;
+    *cap = c;
+    return 0;
+}
+
+/* Batch-sized arrays; all share cap_batch so they are grown together. */
+static int grow_batch(kvp_plan_t *p, uint32_t n)
+{
+    if (n + 1 <= p->cap_batch && p->kv_indptr)
+        return 0;
+    uint32_t c = p->cap_batch;
+    void **bufs[] = {(void **)&p->kv_indptr,     (void **)&p->kv_last_page_len,
+                     (void **)&p->append_indptr, (void **)&p->seq_lens,
+                     (void **)&p->seqs,          (void **)&p->created};
+    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 1};
+    for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        uint32_t cc = c;
+        if (grow(bufs[i], &cc, n + 1, sizes[i]))
+            return KVP_ENOMEM;
+        if (i == sizeof(sizes) / sizeof(sizes[0]) - 1)
+            p->cap_batch = cc;
+    }
+    return 0;
+}
+
+static int check_limits(const kvp_plan_limits_t *lim, const kvp_plan_item_t *items, uint32_t n,
+                        uint32_t *fail_index, uint64_t *nnz_out)
+{
+    uint64_t nnz = 0;
+    if (lim && lim->max_batch && n > lim->max_batch) {
+        *fail_index = lim->max_batch;
+        return KVP_ELIMIT;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        nnz += items[i].num_tokens;
+        if (nnz > 0x7fffffffull || (lim && lim->max_tokens && nnz > lim->max_tokens)) {
+            *fail_index = i;
+            return KVP_ELIMIT;
+        }
+    }
+    *nnz_out = nnz;
+    return 0;
+}
+
+/* Writes row i of the CSR page table for s; *off is the running kv_indices offset. */
+static void write_row(kvp_plan_t *p, uint32_t i, const kvp_seq_t *s, uint32_t page_size,
+                      uint32_t *off)
+{
+    if (s->num_pages)
+        memcpy(p->kv_indices + *off, s->pages, (size_t)s->num_pages * sizeof(int32_t));
+    *off += s->num_pages;
+    p->kv_indptr[i + 1] = (int32_t)*off;
+    p->kv_last_page_len[i] =
+        s->num_tokens ? (int32_t)(s->num_tokens - (s->num_pages - 1) * page_size) : 0;
+    p->seq_lens[i] = (int32_t)s->num_tokens;
+}
+
+static void rollback_created(kvp_seqtab_t *t, kvp_plan_t *p, uint32_t upto)
+{
+    for (uint32_t i = 0; i < upto; i++)
+        if (p->created[i])
+            kvp__seqtab_remove_empty(t, p->seqs[i]);
+}
+
+int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
+                    const kvp_plan_limits_t *limits, uint64_t now_ms, kvp_plan_t *p)
+{
+    p->fail_index = n;
+    if (!t || !p || (n && !items) || n == 0)
+        return KVP_EINVAL;
+    uint64_t nnz;
+    int rc = check_limits(limits, items, n, &p->fail_index, &nnz);
+    if (rc)
+        return rc;
+    if (grow_batch(p, n))
+        return KVP_ENOMEM;
+
+    const uint32_t ps = kvp_seqtab_page_size(t);
+    const uint32_t max_tokens = kvp_seqtab_max_seq_tokens(t);
+    const uint32_t max_ns = kvp__seqtab_max_namespaces(t);
+    kvp_alloc_t *a = kvp_seqtab_alloc(t);
+    uint32_t *dec = kvp__seqtab_page_scratch(t);
+    uint64_t *ns_refs = kvp__seqtab_ns_scratch(t);
+    const uint64_t epoch = kvp__seqtab_epoch(t);
+    uint64_t need = 0, copies = 0, total_pages = 0;
+    uint32_t seen = 0;    /* items whose p->seqs[] entry is valid (for cleanup) */
+    uint32_t fail_at = n; /* the offending item, n for the batch as a whole */
+    uint32_t i;
+
+    /* ---- phase 1: look up, count, check, grow; undoable ---- */
+    for (i = 0; i < n && !rc; i++) {
+        const kvp_plan_item_t *it = &items[i];
+        fail_at = i;
+        if (it->ns >= max_ns) {
+            rc = KVP_EINVAL;
+            break;
+        }
+        kvp_seq_t *s = kvp_seqtab_find(t, it->ns, it->seq_id);
+        p->created[i] = 0;
+        if (!s) {
+            rc = kvp__seqtab_insert(t, it->ns, it->seq_id, now_ms, &s);
+            if (rc)
+                break;
+            p->created[i] = 1;
+        } else if (s->mark == epoch) {
+            rc = KVP_EDUPSEQ;
+            break;
+        }
+        s->mark = epoch;
+        p->seqs[i] = s;
+        seen = i + 1;
+        uint64_t len = (uint64_t)s->num_tokens + it->num_tokens;
+        if (len > max_tokens) {
+            rc = KVP_ELIMIT;
+            break;
+        }
+        uint32_t pages_after = kvp_geom_pages_for(ps, len);
+        uint32_t fresh = pages_after - s->num_pages;
+        uint32_t cow = 0;
+        if (it->num_tokens && s->num_tokens % ps) {
+            uint32_t last = s->pages[s->num_pages - 1];
+            if (kvp_alloc_refcount(a, last) - dec[last] > 1) {
+                cow = 1;
+                dec[last]++;
+            }
+        }
+        need += fresh + cow;
+        copies += cow;
+        total_pages += pages_after;
+        ns_refs[it->ns] += fresh;
+        kvp_ns_stats_t nst;
+        kvp_seqtab_ns_stats(t, it->ns, &nst);
+        if (nst.max_page_refs && nst.page_refs + ns_refs[it->ns] > nst.max_page_refs)
+            rc = KVP_ELIMIT;
+        else if (kvp__seq_reserve(s, pages_after))
+            rc = KVP_ENOMEM;
+    }
+    /* clean the scratch counters whatever happened */
+    for (uint32_t j = 0; j < seen; j++) {
+        const kvp_seq_t *s = p->seqs[j];
+        ns_refs[items[j].ns] = 0;
+        if (s->num_tokens % ps)
+            dec[s->pages[s->num_pages - 1]] = 0;
+    }
+    if (!rc) {
+        fail_at = n;
+        if (need > kvp_alloc_num_free(a))
+            rc = KVP_ENOSPC;
+        else if (total_pages > 0x7fffffffull)
+            rc = KVP_ELIMIT;
+        else if (grow((void **)&p->kv_indices, &p->cap_indices, (uint32_t)total_pages + 1, 4) ||
+                 grow((void **)&p->copies, &p->cap_copies, (uint32_t)copies + 1,
+                      sizeof(kvp_plan_copy_t)) ||
+                 grow((void **)&p->new_pages, &p->cap_new, (uint32_t)need + 1, 4))
+            rc = KVP_ENOMEM;
+    }
+    if (rc) {
+        rollback_created(t, p, seen);
+        p->fail_index = fail_at;
+        return rc;
+    }
+
+    /* ---- phase 2: commit; cannot fail ---- */
+    int r2 = kvp_alloc_reserve(a, (uint32_t)need, p->new_pages);
+    (void)r2; /* checked above: need <= free */
+    uint32_t taken = 0, off = 0;
+    p->kv_indptr[0] = 0;
+    p->append_indptr[0] = 0;
+    p->num_copies = 0;
+    for (i = 0; i < n; i++) {
+        kvp_seq_t *s = p->seqs[i];
+        uint32_t add = items[i].num_tokens;
+        if (add && s->num_tokens % ps) {
+            uint32_t li = s->num_pages - 1, last = s->pages[li];
+            if (kvp_alloc_refcount(a, last) > 1) {
+                uint32_t dst = p->new_pages[taken++];
+                p->copies[p->num_copies].src = last;
+                p->copies[p->num_copies].dst = dst;
+                p->num_copies++;
+                kvp_alloc_unref(a, last);
+                s->pages[li] = dst;
+            }
+        }
+        uint32_t pages_after = kvp_geom_pages_for(ps, (uint64_t)s->num_tokens + add);
+        uint32_t fresh = pages_after - s->num_pages;
+        if (fresh)
+            memcpy(s->pages + s->num_pages, p->new_pages + taken, (size_t)fresh * 4);
+        taken += fresh;
+        s->num_pages = pages_after;
+        s->num_tokens += add;
+        s->last_touch_ms = now_ms;
+        kvp__seqtab_account(t, s->ns, add, fresh);
+        p->append_indptr[i + 1] = p->append_indptr[i] + (int32_t)add;
+        write_row(p, i, s, ps, &off);
+    }
+    p->batch_size = n;
+    p->nnz = (uint32_t)nnz;
+    p->num_new_pages = taken;
+    p->fail_index = n;
+    return 0;
+}
+
+int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
+                        const kvp_plan_limits_t *limits, kvp_plan_t *p)
+{
+    p->fail_index = n;
+    if (!t || !p || !items || n == 0)
+        return KVP_EINVAL;
+    if (limits && limits->max_batch && n > limits->max_batch) {
+        p->fail_index = limits->max_batch;
+        return KVP_ELIMIT;
+    }
+    if (grow_batch(p, n))
+        return KVP_ENOMEM;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvp_seq_t *s = items[i].ns < kvp__seqtab_max_namespaces(t)
+                                 ? kvp_seqtab_find(t, items[i].ns, items[i].seq_id)
+                                 : NULL;
+        if (!s) {
+            p->fail_index = i;
+            return items[i].ns < kvp__seqtab_max_namespaces(t) ? KVP_ENOENT : KVP_EINVAL;
+        }
+        p->seqs[i] = (kvp_seq_t *)s;
+        total += s->num_pages;
+    }
+    if (total > 0x7fffffffull)
+        return KVP_ELIMIT;
+    if (grow((void **)&p->kv_indices, &p->cap_indices, (uint32_t)total + 1, 4))
+        return KVP_ENOMEM;
+    uint32_t off = 0;
+    p->kv_indptr[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        p->append_indptr[i] = 0;
+        write_row(p, i, p->seqs[i], kvp_seqtab_page_size(t), &off);
+    }
+    p->append_indptr[n] = 0;
+    p->batch_size = n;
+    p->nnz = 0;
+    p->num_copies = 0;
+    p->num_new_pages = 0;
+    return 0;
+}
