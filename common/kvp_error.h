@@ -25,6 +25,13 @@ enum {
     KVP_EAUDIT = -1007,  /* the audit found a broken invariant */
     KVP_EDUPSEQ = -1008, /* the same sequence appears twice in one batch */
     KVP_EBUSY = -1009,   /* the object is in use */
+    KVP_EPERM = -1010,      /* the caller may not do this (credentials, namespace owner) */
+    KVP_EUNAVAIL = -1011,   /* the daemon is draining, unhealthy or unreachable */
+    KVP_EPRECOND = -1012,   /* the call is valid but the state does not allow it */
+    KVP_EINTERNAL = -1013,  /* a bug or a backend failure inside the daemon */
+    KVP_ETIMEDOUT = -1014,  /* no answer within the caller's timeout */
+    KVP_EPROTO = -1015,     /* malformed frame or message, protocol version mismatch */
+    KVP_ECLOSED = -1016,    /* the connection is closed */
 
     /* geometry validation: one code per field, so a caller knows exactly what is wrong */
     KVP_EGEOM_NUM_LAYERS = -1100,

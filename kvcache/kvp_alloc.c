@@ -18,7 +18,9 @@ struct kvp_alloc {
     uint32_t num_pages;
     uint32_t num_free; /* depth of the free stack */
     uint32_t num_shared;
+    uint32_t num_pinned_free; /* refcount 0, pinned: off the stack until unpinned */
     uint32_t *refcount; /* [num_pages] */
+    uint32_t *pins;     /* [num_pages] */
     uint32_t *stack;    /* [num_pages]; stack[0..num_free) are free page ids, top last */
 };
 
@@ -32,6 +34,9 @@ int kvp_alloc_create(uint32_t num_pages, kvp_alloc_t **out)
     a->refcount = calloc(num_pages, sizeof(uint32_t));
     if (!a->refcount)
         goto fail_refcount;
+    a->pins = calloc(num_pages, sizeof(uint32_t));
+    if (!a->pins)
+        goto fail_pins;
     a->stack = malloc((size_t)num_pages * sizeof(uint32_t));
     if (!a->stack)
         goto fail_stack;
@@ -43,6 +48,8 @@ int kvp_alloc_create(uint32_t num_pages, kvp_alloc_t **out)
     return 0;
 
 fail_stack:
+    free(a->pins);
+fail_pins:
     free(a->refcount);
 fail_refcount:
     free(a);
@@ -55,6 +62,7 @@ void kvp_alloc_destroy(kvp_alloc_t *a)
     if (!a)
         return;
     free(a->stack);
+    free(a->pins);
     free(a->refcount);
     free(a);
 }
@@ -87,9 +95,38 @@ uint32_t kvp_alloc_unref(kvp_alloc_t *a, uint32_t page)
     uint32_t rc = --a->refcount[page];
     if (rc == 1)
         a->num_shared--;
-    else if (rc == 0)
-        a->stack[a->num_free++] = page;
+    else if (rc == 0) {
+        if (a->pins[page])
+            a->num_pinned_free++;
+        else
+            a->stack[a->num_free++] = page;
+    }
     return rc;
+}
+
+void kvp_alloc_pin(kvp_alloc_t *a, uint32_t page)
+{
+    assert(page < a->num_pages && a->refcount[page] >= 1);
+    a->pins[page]++;
+}
+
+void kvp_alloc_unpin(kvp_alloc_t *a, uint32_t page)
+{
+    assert(page < a->num_pages && a->pins[page] >= 1);
+    if (--a->pins[page] == 0 && a->refcount[page] == 0) {
+        a->num_pinned_free--;
+        a->stack[a->num_free++] = page;
+    }
+}
+
+uint32_t kvp_alloc_pins(const kvp_alloc_t *a, uint32_t page)
+{
+    return page < a->num_pages ? a->pins[page] : 0;
+}
+
+uint32_t kvp_alloc_num_pinned_free(const kvp_alloc_t *a)
+{
+    return a->num_pinned_free;
 }
 
 uint32_t kvp_alloc_refcount(const kvp_alloc_t *a, uint32_t page)
@@ -124,7 +161,7 @@ int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len)
     if (!seen)
         return KVP_ENOMEM;
     int rc = 0;
-    uint32_t shared = 0, zero = 0;
+    uint32_t shared = 0, zero = 0, pinned_free = 0;
     for (uint32_t i = 0; i < a->num_free && !rc; i++) {
         uint32_t p = a->stack[i];
         if (p >= a->num_pages) {
@@ -138,20 +175,29 @@ int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len)
             snprintf(msg, msg_len, "page %u is on the free stack with refcount %u", p,
                      a->refcount[p]);
             rc = KVP_EAUDIT;
+        } else if (a->pins[p] != 0) {
+            snprintf(msg, msg_len, "page %u is on the free stack with %u pins", p, a->pins[p]);
+            rc = KVP_EAUDIT;
         } else {
             seen[p] = 1;
         }
     }
     for (uint32_t p = 0; p < a->num_pages && !rc; p++) {
-        if (a->refcount[p] == 0 && !seen[p]) {
+        if (a->refcount[p] == 0 && !a->pins[p] && !seen[p]) {
             snprintf(msg, msg_len, "page %u has refcount 0 but is not on the free stack", p);
             rc = KVP_EAUDIT;
         }
-        zero += a->refcount[p] == 0;
+        zero += a->refcount[p] == 0 && !a->pins[p];
+        pinned_free += a->refcount[p] == 0 && a->pins[p];
         shared += a->refcount[p] > 1;
     }
     if (!rc && zero != a->num_free) {
         snprintf(msg, msg_len, "free count %u but %u pages have refcount 0", a->num_free, zero);
+        rc = KVP_EAUDIT;
+    }
+    if (!rc && pinned_free != a->num_pinned_free) {
+        snprintf(msg, msg_len, "pinned-free count %u but %u pages are free and pinned",
+                 a->num_pinned_free, pinned_free);
         rc = KVP_EAUDIT;
     }
     if (!rc && shared != a->num_shared) {

@@ -39,6 +39,17 @@ void kvp_alloc_ref(kvp_alloc_t *a, uint32_t page);
  * Returns the new refcount. The page must be allocated (asserted). */
 uint32_t kvp_alloc_unref(kvp_alloc_t *a, uint32_t page);
 
+/* Pins hold a page's memory while a backend reads or writes it off the owner thread (an append
+ * or copy in flight): a page whose refcount drops to 0 while pinned goes back to the free
+ * stack only when its last pin is dropped, so it can never be handed to another sequence
+ * while a copy still touches it. Pins do not count as references (copy-on-write ignores
+ * them). kvp_alloc_pin needs an allocated page (refcount >= 1, asserted). */
+void kvp_alloc_pin(kvp_alloc_t *a, uint32_t page);
+void kvp_alloc_unpin(kvp_alloc_t *a, uint32_t page);
+uint32_t kvp_alloc_pins(const kvp_alloc_t *a, uint32_t page);
+/* pages with refcount 0 waiting for their last pin */
+uint32_t kvp_alloc_num_pinned_free(const kvp_alloc_t *a);
+
 uint32_t kvp_alloc_refcount(const kvp_alloc_t *a, uint32_t page);
 uint32_t kvp_alloc_num_pages(const kvp_alloc_t *a);
 uint32_t kvp_alloc_num_free(const kvp_alloc_t *a);
@@ -49,7 +60,8 @@ uint32_t kvp_alloc_num_shared(const kvp_alloc_t *a);
 const uint32_t *kvp_alloc_free_stack(const kvp_alloc_t *a, uint32_t *n);
 
 /* Checks the allocator's own invariants: every free-stack entry is a distinct page with
- * refcount 0, every page with refcount 0 is on the stack, the shared counter is exact.
+ * refcount 0 and no pin, every unpinned page with refcount 0 is on the stack, the shared and
+ * pinned-free counters are exact.
  * Returns 0 or KVP_EAUDIT with a one-line reason in msg. O(num_pages); uses a scratch bitmap
  * allocated here (KVP_ENOMEM if that fails). */
 int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len);

@@ -95,6 +95,36 @@ START_TEST(refcounts_and_shared_counter)
 }
 END_TEST
 
+START_TEST(pinned_page_returns_to_the_free_stack_only_after_its_last_pin)
+{
+    kvp_alloc_t *a;
+    ck_assert_int_eq(kvp_alloc_create(2, &a), 0);
+    uint32_t p[2];
+    ck_assert_int_eq(kvp_alloc_reserve(a, 2, p), 0);
+    kvp_alloc_pin(a, p[0]);
+    kvp_alloc_pin(a, p[0]);
+    ck_assert_uint_eq(kvp_alloc_pins(a, p[0]), 2);
+    ck_assert_uint_eq(kvp_alloc_unref(a, p[0]), 0);
+    ck_assert_uint_eq(kvp_alloc_num_free(a), 0); /* held by its pins */
+    ck_assert_uint_eq(kvp_alloc_num_pinned_free(a), 1);
+    uint32_t q;
+    ck_assert_int_eq(kvp_alloc_reserve(a, 1, &q), KVP_ENOSPC);
+    audit_ok(a);
+    kvp_alloc_unpin(a, p[0]);
+    ck_assert_uint_eq(kvp_alloc_num_free(a), 0);
+    kvp_alloc_unpin(a, p[0]);
+    ck_assert_uint_eq(kvp_alloc_num_free(a), 1);
+    ck_assert_uint_eq(kvp_alloc_num_pinned_free(a), 0);
+    /* a pin on a page that stays referenced changes nothing on unpin */
+    kvp_alloc_pin(a, p[1]);
+    kvp_alloc_unpin(a, p[1]);
+    ck_assert_uint_eq(kvp_alloc_refcount(a, p[1]), 1);
+    ck_assert_uint_eq(kvp_alloc_num_free(a), 1);
+    audit_ok(a);
+    kvp_alloc_destroy(a);
+}
+END_TEST
+
 START_TEST(audit_catches_a_corrupted_free_stack)
 {
     kvp_alloc_t *a;
@@ -188,6 +218,7 @@ int main(void)
     tcase_add_test(tc, fresh_pool_hands_out_pages_in_order);
     tcase_add_test(tc, reservation_is_all_or_nothing);
     tcase_add_test(tc, refcounts_and_shared_counter);
+    tcase_add_test(tc, pinned_page_returns_to_the_free_stack_only_after_its_last_pin);
     tcase_add_test(tc, audit_catches_a_corrupted_free_stack);
     tcase_add_test(tc, random_run_matches_refcount_model);
     suite_add_tcase(s, tc);
