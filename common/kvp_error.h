@@ -15,23 +15,23 @@ extern "C" {
 
 enum {
     KVP_OK = 0,
-    KVP_EINVAL = -1000,  /* an argument is malformed */
-    KVP_ENOMEM = -1001,  /* host memory allocation failed */
-    KVP_ENOSPC = -1002,  /* not enough free pages in the pool */
-    KVP_ENOENT = -1003,  /* no such sequence */
-    KVP_EEXIST = -1004,  /* sequence already exists */
-    KVP_ELIMIT = -1005,  /* a configured limit (sequences, batch, tokens) would be exceeded */
-    KVP_ERANGE = -1006,  /* a position, page id or index lies outside its range */
-    KVP_EAUDIT = -1007,  /* the audit found a broken invariant */
-    KVP_EDUPSEQ = -1008, /* the same sequence appears twice in one batch */
-    KVP_EBUSY = -1009,   /* the object is in use */
-    KVP_EPERM = -1010,      /* the caller may not do this (credentials, namespace owner) */
-    KVP_EUNAVAIL = -1011,   /* the daemon is draining, unhealthy or unreachable */
-    KVP_EPRECOND = -1012,   /* the call is valid but the state does not allow it */
-    KVP_EINTERNAL = -1013,  /* a bug or a backend failure inside the daemon */
-    KVP_ETIMEDOUT = -1014,  /* no answer within the caller's timeout */
-    KVP_EPROTO = -1015,     /* malformed frame or message, protocol version mismatch */
-    KVP_ECLOSED = -1016,    /* the connection is closed */
+    KVP_EINVAL = -1000,    /* an argument is malformed */
+    KVP_ENOMEM = -1001,    /* host memory allocation failed */
+    KVP_ENOSPC = -1002,    /* not enough free pages in the pool */
+    KVP_ENOENT = -1003,    /* no such sequence */
+    KVP_EEXIST = -1004,    /* sequence already exists */
+    KVP_ELIMIT = -1005,    /* a configured limit (sequences, batch, tokens) would be exceeded */
+    KVP_ERANGE = -1006,    /* a position, page id or index lies outside its range */
+    KVP_EAUDIT = -1007,    /* the audit found a broken invariant */
+    KVP_EDUPSEQ = -1008,   /* the same sequence appears twice in one batch */
+    KVP_EBUSY = -1009,     /* the object is in use */
+    KVP_EPERM = -1010,     /* the caller may not do this (credentials, namespace owner) */
+    KVP_EUNAVAIL = -1011,  /* the daemon is draining, unhealthy or unreachable */
+    KVP_EPRECOND = -1012,  /* the call is valid but the state does not allow it */
+    KVP_EINTERNAL = -1013, /* a bug or a backend failure inside the daemon */
+    KVP_ETIMEDOUT = -1014, /* no answer within the caller's timeout */
+    KVP_EPROTO = -1015,    /* malformed frame or message, protocol version mismatch */
+    KVP_ECLOSED = -1016,   /* the connection is closed */
 
     /* geometry validation: one code per field, so a caller knows exactly what is wrong */
     KVP_EGEOM_NUM_LAYERS = -1100,

@@ -28,6 +28,6 @@ if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
     cmake --build "$root/build-asan" -j "$jobs"
     echo "== tests (asan+ubsan) =="
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -L unit
+        ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -L "unit|integration"
 fi
 echo "== all tests passed =="

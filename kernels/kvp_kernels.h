@@ -104,8 +104,8 @@ int kvp_get_seq_lens_cpu(const int32_t *kv_indptr, const int32_t *kv_last_page_l
  * append_indptr[B] != nnz, append_len > seq_len) with the outputs untouched.
  */
 int kvp_get_batch_indices_positions_cpu(const int32_t *append_indptr, const int32_t *seq_lens,
-                                        uint32_t batch_size, uint32_t nnz,
-                                        int32_t *batch_indices, int32_t *positions);
+                                        uint32_t batch_size, uint32_t nnz, int32_t *batch_indices,
+                                        int32_t *positions);
 
 /*
  * Copies K and V of whole pages inside one layer: for each c, page copies[c].src to page
@@ -113,8 +113,7 @@ int kvp_get_batch_indices_positions_cpu(const int32_t *append_indptr, const int3
  * Returns 0, or KVP_EINVAL / KVP_ERANGE (page id >= num_pages, src == dst) with nothing
  * copied. The destinations must be distinct from every source (as copy-on-write guarantees).
  */
-int kvp_page_copy_cpu(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies,
-                      uint32_t num_copies);
+int kvp_page_copy_cpu(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies, uint32_t num_copies);
 
 #ifdef __cplusplus
 }

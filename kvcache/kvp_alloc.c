@@ -19,9 +19,9 @@ struct kvp_alloc {
     uint32_t num_free; /* depth of the free stack */
     uint32_t num_shared;
     uint32_t num_pinned_free; /* refcount 0, pinned: off the stack until unpinned */
-    uint32_t *refcount; /* [num_pages] */
-    uint32_t *pins;     /* [num_pages] */
-    uint32_t *stack;    /* [num_pages]; stack[0..num_free) are free page ids, top last */
+    uint32_t *refcount;       /* [num_pages] */
+    uint32_t *pins;           /* [num_pages] */
+    uint32_t *stack;          /* [num_pages]; stack[0..num_free) are free page ids, top last */
 };
 
 int kvp_alloc_create(uint32_t num_pages, kvp_alloc_t **out)

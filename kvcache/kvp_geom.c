@@ -203,6 +203,7 @@ uint64_t kvp_geom_offset(const kvp_geom_derived_t *d, const kvp_geom_t *g, uint3
     assert(head < d->heads && (kv == 0 || kv == 1));
     (void)g; /* only the asserts read it */
     uint64_t elems = (uint64_t)page * (uint64_t)d->stride_page +
-                     (uint64_t)slot * (uint64_t)d->stride_n + (uint64_t)head * (uint64_t)d->stride_h;
+                     (uint64_t)slot * (uint64_t)d->stride_n +
+                     (uint64_t)head * (uint64_t)d->stride_h;
     return kvp_geom_layer_offset(d, layer) + (kv ? d->v_offset_bytes : 0) + elems * d->elem_bytes;
 }

@@ -54,7 +54,7 @@ typedef enum {
 typedef struct {
     uint32_t num_layers;
     uint32_t num_pages;
-    uint32_t page_size; /* tokens per page */
+    uint32_t page_size;    /* tokens per page */
     uint32_t num_kv_heads; /* H, over all devices of a tensor-parallel group */
     uint32_t head_dim;     /* D */
     kvp_dtype_t dtype;

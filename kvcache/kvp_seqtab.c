@@ -131,8 +131,7 @@ kvp_seq_t *kvp_seqtab_find(const kvp_seqtab_t *t, uint32_t ns, uint64_t id)
     return v == EMPTY ? NULL : &t->recs[v - 1];
 }
 
-int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint64_t now_ms,
-                       kvp_seq_t **out)
+int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint64_t now_ms, kvp_seq_t **out)
 {
     if (ns >= t->max_namespaces)
         return KVP_EINVAL;
@@ -235,8 +234,7 @@ uint32_t kvp__seqtab_max_namespaces(const kvp_seqtab_t *t)
     return t->max_namespaces;
 }
 
-int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t child,
-                    uint64_t now_ms)
+int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t child, uint64_t now_ms)
 {
     if (ns >= t->max_namespaces)
         return KVP_EINVAL;
@@ -384,11 +382,11 @@ kvp_alloc_t *kvp_seqtab_alloc(const kvp_seqtab_t *t)
     return t->alloc;
 }
 
-#define AUDIT_FAIL(...)                                                                        \
-    do {                                                                                       \
-        snprintf(msg, msg_len, __VA_ARGS__);                                                   \
-        rc = KVP_EAUDIT;                                                                       \
-        goto out;                                                                              \
+#define AUDIT_FAIL(...)                                                                            \
+    do {                                                                                           \
+        snprintf(msg, msg_len, __VA_ARGS__);                                                       \
+        rc = KVP_EAUDIT;                                                                           \
+        goto out;                                                                                  \
     } while (0)
 
 int kvp_seqtab_audit(const kvp_seqtab_t *t, char *msg, unsigned msg_len)
@@ -439,8 +437,8 @@ int kvp_seqtab_audit(const kvp_seqtab_t *t, char *msg, unsigned msg_len)
                 AUDIT_FAIL("seq ns=%u id=%llu: page %u out of range", s->ns,
                            (unsigned long long)s->id, p);
             if (kvp_alloc_refcount(t->alloc, p) == 0)
-                AUDIT_FAIL("seq ns=%u id=%llu: page %u is free", s->ns,
-                           (unsigned long long)s->id, p);
+                AUDIT_FAIL("seq ns=%u id=%llu: page %u is free", s->ns, (unsigned long long)s->id,
+                           p);
             if (last_seen[p] == (uint64_t)r + 1)
                 AUDIT_FAIL("seq ns=%u id=%llu: page %u appears twice", s->ns,
                            (unsigned long long)s->id, p);

@@ -79,8 +79,7 @@ kvp_seq_t *kvp_seqtab_find(const kvp_seqtab_t *t, uint32_t ns, uint64_t id);
  * Returns 0; KVP_ENOENT (no parent), KVP_EEXIST (child exists), KVP_ELIMIT (table or namespace
  * sequence limit, or namespace page quota), KVP_ENOMEM, KVP_EINVAL (bad ns). On error nothing
  * changed. */
-int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t child,
-                    uint64_t now_ms);
+int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t child, uint64_t now_ms);
 
 /* Shrinks a sequence to `num_tokens` (<= its length), freeing pages no longer needed. A kept,
  * partially filled, shared last page stays shared: the next append copies it (copy-on-write).

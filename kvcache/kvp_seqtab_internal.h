@@ -9,8 +9,7 @@
 
 /* Inserts an empty sequence. Returns 0 and *out, or KVP_ELIMIT (table or namespace sequence
  * limit), KVP_EINVAL (bad ns). The sequence must not exist. */
-int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint64_t now_ms,
-                       kvp_seq_t **out);
+int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint64_t now_ms, kvp_seq_t **out);
 
 /* Removes an EMPTY sequence (rollback of kvp__seqtab_insert). */
 void kvp__seqtab_remove_empty(kvp_seqtab_t *t, kvp_seq_t *s);

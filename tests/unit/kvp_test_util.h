@@ -27,8 +27,8 @@ uint64_t kvp_test_seed(uint64_t dflt);
 /* A cheap assertion for hot loops: Check's ck_assert_* report every passing assertion to the
  * parent process (a pipe write each), which makes loops over millions of checks slow. This
  * only calls into Check when the condition fails. Needs <check.h>. */
-#define KVP_CHECK(cond, ...)                                                                   \
-    do {                                                                                       \
-        if (!(cond))                                                                           \
-            ck_abort_msg(__VA_ARGS__);                                                         \
+#define KVP_CHECK(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            ck_abort_msg(__VA_ARGS__);                                                             \
     } while (0)

@@ -6,14 +6,35 @@
 
 #include "kvp_error.h"
 
-static const int codes[] = {KVP_OK, KVP_EINVAL, KVP_ENOMEM, KVP_ENOSPC, KVP_ENOENT, KVP_EEXIST,
-                            KVP_ELIMIT, KVP_ERANGE, KVP_EAUDIT, KVP_EDUPSEQ, KVP_EBUSY, KVP_EPERM,
-                            KVP_EUNAVAIL, KVP_EPRECOND, KVP_EINTERNAL, KVP_ETIMEDOUT,
-                            KVP_EPROTO, KVP_ECLOSED,
-                            KVP_EGEOM_NUM_LAYERS, KVP_EGEOM_NUM_PAGES, KVP_EGEOM_PAGE_SIZE,
-                            KVP_EGEOM_NUM_KV_HEADS, KVP_EGEOM_HEAD_DIM, KVP_EGEOM_DTYPE,
-                            KVP_EGEOM_LAYOUT, KVP_EGEOM_STORAGE, KVP_EGEOM_NUM_DEVICES,
-                            KVP_EGEOM_TOO_LARGE, KVP_EGEOM_NULL};
+static const int codes[] = {KVP_OK,
+                            KVP_EINVAL,
+                            KVP_ENOMEM,
+                            KVP_ENOSPC,
+                            KVP_ENOENT,
+                            KVP_EEXIST,
+                            KVP_ELIMIT,
+                            KVP_ERANGE,
+                            KVP_EAUDIT,
+                            KVP_EDUPSEQ,
+                            KVP_EBUSY,
+                            KVP_EPERM,
+                            KVP_EUNAVAIL,
+                            KVP_EPRECOND,
+                            KVP_EINTERNAL,
+                            KVP_ETIMEDOUT,
+                            KVP_EPROTO,
+                            KVP_ECLOSED,
+                            KVP_EGEOM_NUM_LAYERS,
+                            KVP_EGEOM_NUM_PAGES,
+                            KVP_EGEOM_PAGE_SIZE,
+                            KVP_EGEOM_NUM_KV_HEADS,
+                            KVP_EGEOM_HEAD_DIM,
+                            KVP_EGEOM_DTYPE,
+                            KVP_EGEOM_LAYOUT,
+                            KVP_EGEOM_STORAGE,
+                            KVP_EGEOM_NUM_DEVICES,
+                            KVP_EGEOM_TOO_LARGE,
+                            KVP_EGEOM_NULL};
 
 START_TEST(every_code_has_a_distinct_name_and_text)
 {

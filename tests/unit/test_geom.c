@@ -12,9 +12,15 @@
 
 static kvp_geom_t good(void)
 {
-    return (kvp_geom_t){.num_layers = 2, .num_pages = 10, .page_size = 16, .num_kv_heads = 8,
-                        .head_dim = 128, .dtype = KVP_DTYPE_FP16, .layout = KVP_LAYOUT_NHD,
-                        .storage = KVP_STORAGE_COMBINED, .num_devices = 1};
+    return (kvp_geom_t){.num_layers = 2,
+                        .num_pages = 10,
+                        .page_size = 16,
+                        .num_kv_heads = 8,
+                        .head_dim = 128,
+                        .dtype = KVP_DTYPE_FP16,
+                        .layout = KVP_LAYOUT_NHD,
+                        .storage = KVP_STORAGE_COMBINED,
+                        .num_devices = 1};
 }
 
 static void expect_bad(kvp_geom_t g, int code, const char *field)
@@ -100,8 +106,8 @@ START_TEST(names_round_trip)
 END_TEST
 
 /* Row-major index of a tensor element written out by hand from DESIGN.md §1's shapes. */
-static uint64_t by_shape(const kvp_geom_t *g, uint32_t heads, uint32_t page, int kv,
-                         uint32_t slot, uint32_t head)
+static uint64_t by_shape(const kvp_geom_t *g, uint32_t heads, uint32_t page, int kv, uint32_t slot,
+                         uint32_t head)
 {
     uint64_t P = g->page_size, H = heads, D = g->head_dim, N = g->num_pages;
     uint64_t inner = g->layout == KVP_LAYOUT_NHD ? (slot * H + head) * D : (head * P + slot) * D;
@@ -116,9 +122,14 @@ START_TEST(offsets_match_the_tensor_shapes)
     for (int lay = 0; lay < 2; lay++)
         for (int sto = 0; sto < 2; sto++)
             for (uint32_t devs = 1; devs <= 2; devs++) {
-                kvp_geom_t g = {.num_layers = 3, .num_pages = 5, .page_size = 3,
-                                .num_kv_heads = 4, .head_dim = 8, .dtype = KVP_DTYPE_BF16,
-                                .layout = (kvp_layout_t)lay, .storage = (kvp_storage_t)sto,
+                kvp_geom_t g = {.num_layers = 3,
+                                .num_pages = 5,
+                                .page_size = 3,
+                                .num_kv_heads = 4,
+                                .head_dim = 8,
+                                .dtype = KVP_DTYPE_BF16,
+                                .layout = (kvp_layout_t)lay,
+                                .storage = (kvp_storage_t)sto,
                                 .num_devices = devs};
                 kvp_geom_derived_t d;
                 ck_assert_int_eq(kvp_geom_derive(&g, &d), 0);

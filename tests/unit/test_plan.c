@@ -364,8 +364,7 @@ static void check_world(world_t *w, const kvp_seqtab_t *t)
         ck_assert_uint_eq(s->num_tokens, m->len);
         for (uint32_t pos = 0; pos < m->len; pos++)
             KVP_CHECK(read_tok(w, s, pos) == m->tok[pos],
-                          "seq %llu token %u differs from the model",
-                          (unsigned long long)m->id, pos);
+                      "seq %llu token %u differs from the model", (unsigned long long)m->id, pos);
     }
     kvp_stats_t st;
     kvp_seqtab_stats(t, &st);
@@ -414,8 +413,12 @@ static uint32_t predicted_need(world_t *w, kvp_seqtab_t *t, const kvp_plan_item_
 static void random_run(uint32_t page_size, uint32_t num_pages, uint64_t seed, uint32_t steps)
 {
     world_t *w = calloc(1, sizeof(*w));
-    w->g = (kvp_geom_t){.num_layers = 1, .num_pages = num_pages, .page_size = page_size,
-                        .num_kv_heads = 1, .head_dim = 2, .dtype = KVP_DTYPE_FP32,
+    w->g = (kvp_geom_t){.num_layers = 1,
+                        .num_pages = num_pages,
+                        .page_size = page_size,
+                        .num_kv_heads = 1,
+                        .head_dim = 2,
+                        .dtype = KVP_DTYPE_FP32,
                         .layout = (seed & 1) ? KVP_LAYOUT_HND : KVP_LAYOUT_NHD,
                         .storage = (seed & 2) ? KVP_STORAGE_SPLIT : KVP_STORAGE_COMBINED,
                         .num_devices = 1};
@@ -454,8 +457,9 @@ static void random_run(uint32_t page_size, uint32_t num_pages, uint64_t seed, ui
                 if (!w->seqs[m].live)
                     w->seqs[m].id = ++w->next_id, w->seqs[m].len = 0;
                 uint32_t big = kvp_rng_below(&r, 10) == 0;
-                uint32_t add = big ? kvp_rng_below(&r, page_size * 6 + 1)
-                                   : kvp_rng_below(&r, 3) ? 1 : kvp_rng_below(&r, page_size + 2);
+                uint32_t add = big                    ? kvp_rng_below(&r, page_size * 6 + 1)
+                               : kvp_rng_below(&r, 3) ? 1
+                                                      : kvp_rng_below(&r, page_size + 2);
                 if (w->seqs[m].len + add > MAXTOK)
                     add = 0;
                 it[k] = (kvp_plan_item_t){0, w->seqs[m].id, add};
@@ -490,11 +494,12 @@ static void random_run(uint32_t page_size, uint32_t num_pages, uint64_t seed, ui
             }
             /* execute: copies first, then the append, through the kernels */
             world_view(w, &plan);
-            ck_assert_int_eq(kvp_page_copy_cpu(&w->kv, (const kvp_page_copy_t *)plan.copies,
-                                               plan.num_copies),
-                             0);
+            ck_assert_int_eq(
+                kvp_page_copy_cpu(&w->kv, (const kvp_page_copy_t *)plan.copies, plan.num_copies),
+                0);
             ck_assert_int_eq(kvp_get_batch_indices_positions_cpu(plan.append_indptr, plan.seq_lens,
-                                                                 plan.batch_size, plan.nnz, bi, pos),
+                                                                 plan.batch_size, plan.nnz, bi,
+                                                                 pos),
                              0);
             for (uint32_t i = 0; i < plan.nnz; i++) {
                 uint64_t v = ++w->next_val * 0x9e3779b97f4a7c15ull;
@@ -507,9 +512,12 @@ static void random_run(uint32_t page_size, uint32_t num_pages, uint64_t seed, ui
                           "position of token %u", i);
                 m->tok[pos[i]] = v;
             }
-            kvp_append_src_t src = {.key = kbuf, .value = kbuf + 2 * (size_t)plan.nnz,
-                                    .k_stride_n = 4, .k_stride_h = 4,
-                                    .v_stride_n = 4, .v_stride_h = 4};
+            kvp_append_src_t src = {.key = kbuf,
+                                    .value = kbuf + 2 * (size_t)plan.nnz,
+                                    .k_stride_n = 4,
+                                    .k_stride_h = 4,
+                                    .v_stride_n = 4,
+                                    .v_stride_h = 4};
             ck_assert_int_eq(kvp_append_paged_kv_cache_cpu(&w->kv, &src, bi, pos, plan.nnz), 0);
             for (uint32_t j = 0; j < k; j++) {
                 w->seqs[idx[j]].live = 1;

@@ -1,0 +1,42 @@
+/*
+ * kvp_client_internal.h - the message-building and reply-decoding steps of libkvpool, apart
+ * from the socket, so unit tests can check the bytes the client puts on the wire against the
+ * daemon's decoder (tests/unit/test_client_wire.c). Not installed and not exported from the
+ * shared library; the public API is kvpool.h.
+ */
+#ifndef KVP_CLIENT_INTERNAL_H
+#define KVP_CLIENT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvp_wire.h"
+#include "kvpool.h"
+
+/* Points b at the caller's n sequence ids and token counts (num_tokens may be NULL: the field
+ * is then left out). The arrays are borrowed until the request is encoded. */
+void kvp__client_batch_arrays(kvp_batch_arrays_t *b, const uint64_t *seq_ids,
+                              const uint32_t *num_tokens, uint32_t n);
+
+/* Zeroes req and makes it a request of body `which_body` (kvpool_Request_append_tag,
+ * _reserve_tag, _release_tag or _get_page_table_tag) whose Batch encodes b; the caller then
+ * sets the other fields of the body. Returns 0, or KVP_EINVAL for a body without a batch. */
+int kvp__client_request_batch(kvpool_Request *req, pb_size_t which_body, kvp_batch_arrays_t *b);
+
+/* Points r at the arrays of t with their capacities (t may be NULL). An array whose pointer is
+ * NULL is a sink: its bytes are skipped and counted. copies are counted in (src, dst) pairs. */
+void kvp__client_table_arrays(kvp_reply_arrays_t *r, const kvp_page_table_t *t);
+
+/* Decodes one response payload into resp, the bulk arrays into r (NULL-data arrays skipped).
+ * Returns 0; KVP_ELIMIT when an array or text of r is smaller than the reply; KVP_EPROTO when
+ * the bytes are not a valid Response. err (err_len bytes, may be NULL) receives the reason. */
+int kvp__client_decode_response(kvpool_Response *resp, kvp_reply_arrays_t *r, const uint8_t *buf,
+                                size_t len, char *err, size_t err_len);
+
+/* After a decode: fills t's batch_size, nnz, num_indices, num_copies from the page table in
+ * resp (all 0 when it carries none) and checks the arrays agree with batch_size. Returns 0 or
+ * KVP_EPROTO. t may be NULL (then only the check runs). */
+int kvp__client_table_fill(kvp_page_table_t *t, const kvpool_Response *resp,
+                           const kvp_reply_arrays_t *r);
+
+#endif

@@ -1,0 +1,177 @@
+/*
+ * kvpool.h - libkvpool, the C client of kvpoold. A model worker (or any tool) includes this one
+ * header: connect, say hello, map the pool, register a staging buffer, and append / reserve /
+ * fork / truncate / release sequences, read page tables and statistics.
+ *
+ * One handle = one connection = one session of one namespace. Calls are blocking, answered in
+ * order, each bounded by the handle's timeout; a handle is not thread-safe (use one per
+ * thread, or a lock). Every function returns 0 or a negative KVP_E* code (kvp_error.h) and
+ * leaves a human-readable message in kvp_client_last_error(). Server statuses map to codes as
+ * kvp_wire_err_from_code does (INVALID_ARGUMENT -> KVP_EINVAL, NOT_FOUND -> KVP_ENOENT,
+ * RESOURCE_EXHAUSTED -> KVP_ENOSPC, PERMISSION_DENIED -> KVP_EPERM, ...); transport failures are
+ * KVP_ECLOSED (connection lost), KVP_ETIMEDOUT, KVP_EPROTO, or -errno from connect.
+ *
+ * Page tables come back in caller-owned int32 arrays laid out exactly as FlashInfer's plan()
+ * and append_paged_kv_cache take them.
+ */
+#ifndef KVPOOL_H
+#define KVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvp_error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_client kvp_client_t;
+
+/* Most devices (pool fds) one daemon describes; one fd per device rides on the Hello frame. */
+#define KVP_CLIENT_MAX_DEVICES 16
+
+/* kvp_client_opts_t.lease_ms value that leaves the lease to the daemon (its configured
+ * limits.default_lease_ms): the Hello then carries no lease at all. */
+#define KVP_LEASE_DEFAULT UINT32_MAX
+
+typedef struct {
+    const char *socket_path; /* NULL: the default path (kvp_client_default_socket) */
+    const char *ns;          /* namespace; NULL or "" -> "default" */
+    const char *client_name; /* NULL -> program name */
+    uint32_t lease_ms;       /* how long this namespace's sequences outlive its last session;
+                                0 releases them when it goes; KVP_LEASE_DEFAULT: the daemon's */
+    uint32_t timeout_ms;     /* per call; 0 -> 10000 */
+    int map_pool;            /* ask for the pool fds and map the pool (host backend: mmap) */
+} kvp_client_opts_t;
+
+/* The pool as the daemon describes it (PoolInfo). Strides in elements. */
+typedef struct {
+    uint32_t num_layers, num_pages, page_size, num_kv_heads, head_dim;
+    uint32_t dtype;   /* kvp_dtype_t values (1 fp8_e4m3 .. 5 fp32) */
+    uint32_t layout;  /* 0 NHD, 1 HND */
+    uint32_t storage; /* 0 combined, 1 split */
+    uint32_t num_devices;
+    uint32_t backend; /* 0 host, 1 cuda */
+    uint32_t elem_bytes, heads_per_device;
+    uint64_t pool_bytes, layer_bytes, v_offset_bytes;
+    int64_t stride_page, stride_n, stride_h;
+    uint64_t map_granularity;                   /* cuda: VMM granularity of the pool fds */
+    int32_t device_ids[KVP_CLIENT_MAX_DEVICES]; /* cuda: ordinal of device i (first num_devices) */
+} kvp_pool_info_t;
+
+/* A page table in caller-owned arrays. Before the call set the caps (elements); after it the
+ * counts are filled. An array left NULL is not wanted: its entries are read and dropped. A
+ * reply larger than a non-NULL array's cap fails the call with KVP_ELIMIT (the server-side
+ * change has happened; GetPageTable with bigger arrays reads the table again). */
+typedef struct {
+    int32_t *kv_indptr;        /* [batch_size + 1] */
+    int32_t *kv_indices;       /* [kv_indptr[batch_size]] */
+    int32_t *kv_last_page_len; /* [batch_size] */
+    int32_t *append_indptr;    /* [batch_size + 1] */
+    int32_t *seq_lens;         /* [batch_size] */
+    uint32_t *copies;          /* [2 * num_copies]: (src, dst) page pairs to copy first */
+    uint32_t cap_batch;        /* capacity of the batch-sized arrays (>= batch_size + 1) */
+    uint32_t cap_indices;      /* capacity of kv_indices */
+    uint32_t cap_copies;       /* capacity of copies in pairs */
+    uint32_t batch_size, nnz, num_indices, num_copies; /* filled by the call */
+} kvp_page_table_t;
+
+/* Where an Append reads K and V in a registered buffer (see kvpool.proto, message Source);
+ * all in bytes. layer_end 0 = all layers. */
+typedef struct {
+    uint32_t buffer_id;
+    uint64_t k_offset, v_offset;
+    uint64_t k_stride_n, k_stride_h, v_stride_n, v_stride_h;
+    uint64_t layer_stride;
+    uint32_t layer_begin, layer_end;
+} kvp_source_t;
+
+typedef struct {
+    uint32_t num_pages, free_pages, used_pages, shared_pages, num_seqs, num_clients;
+    uint64_t num_tokens, page_refs, page_bytes, uptime_ms, requests_total, append_bytes_total;
+} kvp_stats_summary_t;
+
+/* Default socket: $KVPOOL_SOCKET; else /run/kvpool/kvpool.sock for root, else
+ * $XDG_RUNTIME_DIR/kvpool/kvpool.sock (or /tmp/kvpool-<uid>/kvpool.sock without it).
+ * Writes into buf (NUL-terminated); returns buf, or NULL if it does not fit. */
+char *kvp_client_default_socket(char *buf, size_t len);
+
+/* Connects and says Hello. On success *out is a live handle (free with kvp_client_close).
+ * Returns 0, -errno from connect (e.g. -ENOENT, -ECONNREFUSED: daemon unreachable), or a
+ * server status (KVP_EPERM, KVP_EINVAL ...). When it fails, err (if not NULL) receives the
+ * message. */
+int kvp_client_connect(const kvp_client_opts_t *opts, kvp_client_t **out, char *err,
+                       size_t err_len);
+
+/* Closes the connection, unmaps the pool and frees the handle. NULL is a no-op. */
+void kvp_client_close(kvp_client_t *c);
+
+/* Message of the last failed call on this handle ("" after a success). */
+const char *kvp_client_last_error(const kvp_client_t *c);
+
+/* The session id the daemon assigned in Hello. */
+uint64_t kvp_client_session_id(const kvp_client_t *c);
+
+/* The daemon's version string from Hello ("" when it sent none). Owned by the handle. */
+const char *kvp_client_server_version(const kvp_client_t *c);
+
+const kvp_pool_info_t *kvp_client_pool_info(const kvp_client_t *c);
+
+/* The mapped pool of device `device` (host backend: the memfd mapping), or NULL when the pool
+ * was not mapped. Layer l's K tensor is at base + l * layer_bytes, V at + v_offset_bytes. */
+void *kvp_client_pool_base(const kvp_client_t *c, uint32_t device);
+
+/* The pool fd of device `device` that the handle keeps open (cuda backend, for the VMM
+ * import), or -1 (host backend: the fd is closed once mapped; pool not mapped). Borrowed:
+ * owned by the handle and closed by kvp_client_close. */
+int kvp_client_pool_fd(const kvp_client_t *c, uint32_t device);
+
+int kvp_client_ping(kvp_client_t *c, uint64_t *rtt_ns);
+
+/* Creates a memfd staging buffer of size_bytes, maps it (returned in *ptr) and registers it.
+ * The buffer is unmapped and unregistered by kvp_client_unregister_buffer or at close. */
+int kvp_client_alloc_host_buffer(kvp_client_t *c, uint64_t size_bytes, void **ptr,
+                                 uint32_t *buffer_id);
+
+/* Registers a buffer given as an fd (memfd, or a CUDA VMM POSIX fd for kind 1); the fd is sent
+ * and stays owned by the caller. kind: 0 memfd, 1 cuda vmm fd. */
+int kvp_client_register_fd(kvp_client_t *c, int fd, uint32_t kind, uint64_t size_bytes,
+                           uint32_t *buffer_id);
+
+int kvp_client_unregister_buffer(kvp_client_t *c, uint32_t buffer_id);
+
+/* Daemon-run append: the daemon grows the n sequences by num_tokens[i] tokens, copies K/V
+ * from the source and answers once the data is in the pool. table (may be NULL) receives the
+ * batch's page table. */
+int kvp_client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                      uint32_t n, const kvp_source_t *src, kvp_page_table_t *table);
+
+/* Reserve: the same allocation and page table without the copy; the caller runs the returned
+ * copies (copy-on-write) and then its own appends on the mapped pool. */
+int kvp_client_reserve(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                       uint32_t n, kvp_page_table_t *table);
+
+int kvp_client_fork(kvp_client_t *c, uint64_t parent, uint64_t child);
+int kvp_client_truncate(kvp_client_t *c, uint64_t seq_id, uint32_t num_tokens);
+/* Releases n sequences; *released (may be NULL) counts those that existed. */
+int kvp_client_release(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, uint32_t *released);
+int kvp_client_page_table(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
+                          kvp_page_table_t *table);
+int kvp_client_stats(kvp_client_t *c, kvp_stats_summary_t *out);
+/* Runs the daemon's audit: 0 when clean, KVP_EAUDIT with the violation in last_error. */
+int kvp_client_audit(kvp_client_t *c);
+
+/* Low-level access for tools (kvpoolctl): sends an already-filled Request (zero-initialised,
+ * then the body set; its id is set here) and decodes the Response into *resp, binding bulk
+ * arrays to `arrays` (may be NULL: bulk fields are skipped; an array whose data is NULL is
+ * skipped but counted). Descriptors attached to the response are closed. Types are
+ * kvpool_Request / kvpool_Response / kvp_reply_arrays_t from kvp_wire.h; declared void here so
+ * this header does not need nanopb's. Returns the transport or status code; KVP_ELIMIT when a
+ * bound array or text is smaller than the reply. */
+int kvp_client_call_raw(kvp_client_t *c, void *request, void *response, void *arrays);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1080 @@
+/*
+ * kvpoolctl.c - the operator CLI of kvpoold: status, stats, pool, seqs, clients, audit,
+ * metrics, health. It is a plain libkvpool client (namespace "kvpoolctl", lease 0, pool not
+ * mapped) that reads through kvp_client_call_raw and prints aligned tables for people or one
+ * JSON object (--json) for scripts. It changes nothing in the daemon. Exit codes: 0 ok,
+ * 1 the daemon answered with an error, 2 usage error, 3 daemon unreachable or timed out;
+ * `health` answers only 0 or 1, as container and service health checks expect.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+
+#include "kvp_wire.h"
+#include "kvpool.h"
+
+#ifndef KVP_VERSION
+#define KVP_VERSION "unknown"
+#endif
+
+enum {
+    EXIT_OK = 0,
+    EXIT_SERVER = 1,
+    EXIT_USAGE = 2,
+    EXIT_UNREACHABLE = 3,
+};
+
+#define DEFAULT_NAMESPACE  "kvpoolctl"
+#define METRICS_TEXT_BYTES (4u << 20)
+#define SEQS_PAGE          256u
+
+typedef struct {
+    const char *socket_path;
+    char socket_buf[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    const char *ns;
+    uint32_t timeout_ms;
+    int json;
+    const char *list_ns; /* seqs: one namespace, NULL = every namespace */
+    uint32_t limit;      /* seqs: most rows, 0 = all */
+} opts_t;
+
+typedef struct {
+    opts_t *o;
+    const char *cmd;
+    kvp_client_t *c;
+    kvpool_Request req;
+    kvpool_Response *resp; /* heap: the list bodies are large */
+    char err[256];         /* a failure found here rather than by libkvpool */
+} ctl_t;
+
+/* ---- small formatting helpers ------------------------------------------------------------ */
+
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static void usage(FILE *f)
+{
+    fputs("usage: kvpoolctl [options] <command> [command options]\n"
+          "\n"
+          "commands:\n"
+          "  status                 daemon, backend, geometry, usage and round-trip time\n"
+          "  stats                  pool and per-namespace statistics\n"
+          "  pool                   pool description (geometry, strides, sizes)\n"
+          "  seqs [-n NS] [--limit N]\n"
+          "                         sequences of namespace NS (default: every namespace)\n"
+          "  clients                connected sessions\n"
+          "  audit                  run the daemon's invariant audit\n"
+          "  metrics                Prometheus metrics text\n"
+          "  health                 exit 0 when the daemon answers and its audit is clean\n"
+          "\n"
+          "options:\n"
+          "  -s, --socket PATH      daemon socket (default: $KVPOOL_SOCKET, else the\n"
+          "                         standard path)\n"
+          "  -n, --namespace NS     session namespace (default \"kvpoolctl\")\n"
+          "  -t, --timeout MS       per-call timeout in milliseconds (default 10000)\n"
+          "      --json             print one JSON object instead of tables\n"
+          "  -h, --help             this help\n"
+          "      --version          print the version\n"
+          "\n"
+          "exit status: 0 ok, 1 the daemon answered with an error, 2 usage error,\n"
+          "3 daemon unreachable or timed out (health: 0 healthy, 1 anything else)\n",
+          f);
+}
+
+static void die_usage(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("kvpoolctl: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\nTry 'kvpoolctl --help'.\n", stderr);
+    exit(EXIT_USAGE);
+}
+
+/* Strict decimal uint32 in [lo, hi]. */
+static uint32_t parse_u32(const char *what, const char *s, uint32_t lo, uint32_t hi)
+{
+    char *end;
+    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
+        die_usage("%s: '%s' is not a number", what, s ? s : "");
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        die_usage("%s: '%s' is not a number in %u..%u", what, s, lo, hi);
+    return (uint32_t)v;
+}
+
+/* A copy of s safe for a terminal: control characters become '?'. */
+static const char *safe(const char *s, char *buf, size_t len)
+{
+    size_t i = 0;
+    for (; s[i] && i + 1 < len; i++)
+        buf[i] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
+    buf[i] = '\0';
+    return buf;
+}
+
+static const char *fmt_bytes(uint64_t b, char *buf, size_t len)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)b;
+    unsigned u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof(units) / sizeof(units[0])) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)b);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+static const char *fmt_duration(uint64_t ms, char *buf, size_t len)
+{
+    uint64_t s = ms / 1000;
+    if (ms < 1000)
+        snprintf(buf, len, "%llums", (unsigned long long)ms);
+    else if (s < 60)
+        snprintf(buf, len, "%.1fs", (double)ms / 1000.0);
+    else if (s < 3600)
+        snprintf(buf, len, "%llum%02llus", (unsigned long long)(s / 60),
+                 (unsigned long long)(s % 60));
+    else if (s < 86400)
+        snprintf(buf, len, "%lluh%02llum", (unsigned long long)(s / 3600),
+                 (unsigned long long)(s / 60 % 60));
+    else
+        snprintf(buf, len, "%llud%02lluh", (unsigned long long)(s / 86400),
+                 (unsigned long long)(s / 3600 % 24));
+    return buf;
+}
+
+static const char *dtype_name(uint32_t d)
+{
+    static const char *names[] = {"unspecified", "fp8_e4m3", "fp8_e5m2", "fp16", "bf16", "fp32"};
+    return d < sizeof(names) / sizeof(names[0]) ? names[d] : "unknown";
+}
+
+static const char *layout_name(uint32_t l)
+{
+    return l == 0 ? "NHD" : l == 1 ? "HND" : "unknown";
+}
+
+static const char *storage_name(uint32_t s)
+{
+    return s == 0 ? "combined" : s == 1 ? "split" : "unknown";
+}
+
+static const char *backend_name(uint32_t b)
+{
+    return b == 0 ? "host" : b == 1 ? "cuda" : "unknown";
+}
+
+/* ---- JSON: one pretty-printed object, strings escaped and made valid UTF-8 --------------- */
+
+typedef struct {
+    FILE *f;
+    int depth;
+    unsigned count[16];
+} json_t;
+
+/* Length of the valid UTF-8 sequence at s, or 0. */
+static size_t utf8_len(const unsigned char *s)
+{
+    unsigned char c = s[0];
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 3, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 4, cp = c & 0x07;
+    else
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return n;
+}
+
+static void json_string(FILE *f, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    fputc('"', f);
+    while (*s) {
+        if (*s == '"' || *s == '\\') {
+            fputc('\\', f);
+            fputc(*s++, f);
+        } else if (*s == '\n') {
+            fputs("\\n", f);
+            s++;
+        } else if (*s == '\t') {
+            fputs("\\t", f);
+            s++;
+        } else if (*s < 0x20 || *s == 0x7f) {
+            fprintf(f, "\\u%04x", *s++);
+        } else {
+            size_t n = utf8_len(s);
+            if (n == 0) {
+                fputs("\\ufffd", f); /* not UTF-8: JSON cannot carry the byte */
+                s++;
+            } else {
+                fwrite(s, 1, n, f);
+                s += n;
+            }
+        }
+    }
+    fputc('"', f);
+}
+
+static void j_member(json_t *j, const char *key)
+{
+    if (j->depth > 0) {
+        if (j->count[j->depth]++)
+            fputc(',', j->f);
+        fprintf(j->f, "\n%*s", 2 * j->depth, "");
+    }
+    if (key) {
+        json_string(j->f, key);
+        fputs(": ", j->f);
+    }
+}
+
+static void j_open(json_t *j, const char *key, char c)
+{
+    j_member(j, key);
+    fputc(c, j->f);
+    j->depth++;
+    j->count[j->depth] = 0;
+}
+
+static void j_close(json_t *j, char c)
+{
+    unsigned had = j->count[j->depth];
+    j->depth--;
+    if (had)
+        fprintf(j->f, "\n%*s", 2 * j->depth, "");
+    fputc(c, j->f);
+    if (j->depth == 0)
+        fputc('\n', j->f);
+}
+
+static void j_str(json_t *j, const char *key, const char *v)
+{
+    j_member(j, key);
+    json_string(j->f, v);
+}
+
+static void j_u64(json_t *j, const char *key, uint64_t v)
+{
+    j_member(j, key);
+    fprintf(j->f, "%llu", (unsigned long long)v);
+}
+
+static void j_i64(json_t *j, const char *key, int64_t v)
+{
+    j_member(j, key);
+    fprintf(j->f, "%lld", (long long)v);
+}
+
+static void j_bool(json_t *j, const char *key, int v)
+{
+    j_member(j, key);
+    fputs(v ? "true" : "false", j->f);
+}
+
+static void j_double(json_t *j, const char *key, double v)
+{
+    j_member(j, key);
+    fprintf(j->f, "%.3f", v);
+}
+
+/* ---- tables: columns sized to their widest cell, separated by three spaces --------------- */
+
+typedef struct {
+    unsigned ncols;
+    const char *const *header;
+    const char *align; /* per column: 'l' or 'r' */
+    char **cells;      /* rows * ncols strings */
+    size_t rows, cap;
+} table_t;
+
+/* Adds a row; cells are given as one format whose output separates cells with '\t'. */
+static void table_addf(table_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void table_addf(table_t *t, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (t->rows == t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 64;
+        char **cells = realloc(t->cells, cap * t->ncols * sizeof(char *));
+        if (!cells) {
+            fputs("kvpoolctl: out of memory\n", stderr);
+            exit(EXIT_SERVER);
+        }
+        t->cells = cells;
+        t->cap = cap;
+    }
+    char *p = line;
+    for (unsigned i = 0; i < t->ncols; i++) {
+        char *tab = strchr(p, '\t');
+        if (tab)
+            *tab = '\0';
+        char *cell = strdup(p);
+        if (!cell) {
+            fputs("kvpoolctl: out of memory\n", stderr);
+            exit(EXIT_SERVER);
+        }
+        t->cells[t->rows * t->ncols + i] = cell;
+        p = tab ? tab + 1 : p + strlen(p);
+    }
+    t->rows++;
+}
+
+static void table_print(const table_t *t, FILE *f)
+{
+    size_t width[32] = {0};
+    for (unsigned i = 0; i < t->ncols; i++)
+        width[i] = strlen(t->header[i]);
+    for (size_t r = 0; r < t->rows; r++)
+        for (unsigned i = 0; i < t->ncols; i++) {
+            size_t n = strlen(t->cells[r * t->ncols + i]);
+            if (n > width[i])
+                width[i] = n;
+        }
+    for (size_t r = 0; r <= t->rows; r++) {
+        for (unsigned i = 0; i < t->ncols; i++) {
+            const char *cell = r == 0 ? t->header[i] : t->cells[(r - 1) * t->ncols + i];
+            int w = (int)width[i];
+            int last = i + 1 == t->ncols;
+            if (i)
+                fputs("   ", f);
+            if (t->align[i] == 'r')
+                fprintf(f, "%*s", w, cell);
+            else if (last)
+                fputs(cell, f);
+            else
+                fprintf(f, "%-*s", w, cell);
+        }
+        fputc('\n', f);
+    }
+}
+
+static void table_free(table_t *t)
+{
+    for (size_t i = 0; i < t->rows * t->ncols; i++)
+        free(t->cells[i]);
+    free(t->cells);
+}
+
+/* ---- talking to the daemon ---------------------------------------------------------------- */
+
+/* Exit status for a failed call: transport failures mean the daemon is unreachable. */
+static int exit_for(int rc)
+{
+    if (rc == KVP_ECLOSED || rc == KVP_ETIMEDOUT || (rc < 0 && rc > -1000))
+        return EXIT_UNREACHABLE;
+    return EXIT_SERVER;
+}
+
+/* Prints why `what` failed and returns the exit status. */
+static int report(ctl_t *x, int rc, const char *what)
+{
+    const char *msg = x->err[0] ? x->err : x->c ? kvp_client_last_error(x->c) : "";
+    fprintf(stderr, "kvpoolctl: %s: %s\n", what, msg[0] ? msg : kvp_strerror(rc));
+    return exit_for(rc);
+}
+
+/* Connects and says Hello. Returns 0 or the exit status (message printed) unless quiet, in
+ * which case the message is left in err. */
+static int ctl_connect(ctl_t *x, char *err, size_t err_len)
+{
+    kvp_client_opts_t co = {
+        .socket_path = x->o->socket_path,
+        .ns = x->o->ns,
+        .client_name = "kvpoolctl",
+        .lease_ms = KVP_LEASE_DEFAULT, /* never change the lease of the namespace it joins */
+        .timeout_ms = x->o->timeout_ms,
+        .map_pool = 0,
+    };
+    char msg[512];
+    int rc = kvp_client_connect(&co, &x->c, msg, sizeof(msg));
+    if (rc == 0)
+        return 0;
+    x->c = NULL;
+    int code = exit_for(rc);
+    if (err) {
+        snprintf(err, err_len, "%s", msg[0] ? msg : kvp_strerror(rc));
+        return code;
+    }
+    fprintf(stderr, "kvpoolctl: %s\n", msg[0] ? msg : kvp_strerror(rc));
+    if (code == EXIT_UNREACHABLE)
+        fprintf(stderr, "kvpoolctl: is kvpoold running? (socket %s)\n", x->o->socket_path);
+    return code;
+}
+
+/* Sends x->req (body set by the caller) and checks the answer's body. */
+static int ctl_call(ctl_t *x, pb_size_t expect, kvp_reply_arrays_t *arrays)
+{
+    int rc = kvp_client_call_raw(x->c, &x->req, x->resp, arrays);
+    if (rc)
+        return rc;
+    if (x->resp->which_body != expect) {
+        snprintf(x->err, sizeof(x->err), "the daemon answered with body %u, expected %u",
+                 (unsigned)x->resp->which_body, (unsigned)expect);
+        return KVP_EPROTO;
+    }
+    return 0;
+}
+
+static void new_req(ctl_t *x, pb_size_t which)
+{
+    memset(&x->req, 0, sizeof(x->req));
+    x->req.which_body = which;
+}
+
+static int get_stats(ctl_t *x, kvpool_Stats *out)
+{
+    new_req(x, kvpool_Request_stats_tag);
+    int rc = ctl_call(x, kvpool_Response_stats_tag, NULL);
+    if (rc)
+        return rc;
+    if (x->resp->body.stats.has_stats)
+        *out = x->resp->body.stats.stats;
+    else
+        memset(out, 0, sizeof(*out));
+    return 0;
+}
+
+/* ---- commands ----------------------------------------------------------------------------- */
+
+static void json_geometry(json_t *j, const kvp_pool_info_t *p)
+{
+    j_open(j, "geometry", '{');
+    j_u64(j, "num_layers", p->num_layers);
+    j_u64(j, "num_pages", p->num_pages);
+    j_u64(j, "page_size", p->page_size);
+    j_u64(j, "num_kv_heads", p->num_kv_heads);
+    j_u64(j, "head_dim", p->head_dim);
+    j_str(j, "dtype", dtype_name(p->dtype));
+    j_str(j, "layout", layout_name(p->layout));
+    j_str(j, "storage", storage_name(p->storage));
+    j_u64(j, "num_devices", p->num_devices);
+    j_close(j, '}');
+}
+
+static int cmd_status(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    uint64_t rtt_ns = 0;
+    rc = kvp_client_ping(x->c, &rtt_ns);
+    if (rc)
+        return report(x, rc, "ping");
+    kvpool_Stats *s = malloc(sizeof(*s));
+    if (!s)
+        return report(x, KVP_ENOMEM, "stats");
+    rc = get_stats(x, s);
+    if (rc) {
+        free(s);
+        return report(x, rc, "stats");
+    }
+    const kvp_pool_info_t *p = kvp_client_pool_info(x->c);
+    char b1[64], b2[64], b3[256];
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_str(&j, "socket", x->o->socket_path);
+        j_str(&j, "server_version", kvp_client_server_version(x->c));
+        j_u64(&j, "protocol_version", KVP_PROTOCOL_VERSION);
+        j_u64(&j, "session_id", kvp_client_session_id(x->c));
+        j_str(&j, "backend", backend_name(p->backend));
+        json_geometry(&j, p);
+        j_u64(&j, "pool_bytes", p->pool_bytes);
+        j_u64(&j, "page_bytes", s->page_bytes);
+        j_open(&j, "usage", '{');
+        j_u64(&j, "num_pages", s->num_pages);
+        j_u64(&j, "used_pages", s->used_pages);
+        j_u64(&j, "free_pages", s->free_pages);
+        j_u64(&j, "shared_pages", s->shared_pages);
+        j_u64(&j, "num_seqs", s->num_seqs);
+        j_u64(&j, "num_tokens", s->num_tokens);
+        j_u64(&j, "num_namespaces", s->namespaces_count);
+        j_u64(&j, "num_clients", s->num_clients);
+        j_close(&j, '}');
+        j_u64(&j, "uptime_ms", s->uptime_ms);
+        j_double(&j, "rtt_us", (double)rtt_ns / 1000.0);
+        j_close(&j, '}');
+    } else {
+        const char *ver = kvp_client_server_version(x->c);
+        printf("socket       %s\n", safe(x->o->socket_path, b3, sizeof(b3)));
+        printf("daemon       kvpoold %s, protocol %u, session %llu\n",
+               ver[0] ? safe(ver, b1, sizeof(b1)) : "(unknown version)", KVP_PROTOCOL_VERSION,
+               (unsigned long long)kvp_client_session_id(x->c));
+        printf("backend      %s, %u device%s\n", backend_name(p->backend), p->num_devices,
+               p->num_devices == 1 ? "" : "s");
+        printf("geometry     %u layers, %u pages x %u tokens, %u kv heads x %u, %s, %s, %s\n",
+               p->num_layers, p->num_pages, p->page_size, p->num_kv_heads, p->head_dim,
+               dtype_name(p->dtype), layout_name(p->layout), storage_name(p->storage));
+        printf("pool         %s per device, %s per page\n", fmt_bytes(p->pool_bytes, b1, 64),
+               fmt_bytes(s->page_bytes, b2, 64));
+        printf("usage        %u/%u pages used (%.1f%%), %u free, %u shared\n", s->used_pages,
+               s->num_pages, s->num_pages ? 100.0 * s->used_pages / s->num_pages : 0.0,
+               s->free_pages, s->shared_pages);
+        printf("sequences    %u (%llu tokens) in %u namespace%s\n", s->num_seqs,
+               (unsigned long long)s->num_tokens, (unsigned)s->namespaces_count,
+               s->namespaces_count == 1 ? "" : "s");
+        printf("clients      %u\n", s->num_clients);
+        printf("uptime       %s\n", fmt_duration(s->uptime_ms, b1, sizeof(b1)));
+        printf("rtt          %.1f us\n", (double)rtt_ns / 1000.0);
+    }
+    free(s);
+    return EXIT_OK;
+}
+
+static int cmd_stats(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    kvpool_Stats *s = malloc(sizeof(*s));
+    if (!s)
+        return report(x, KVP_ENOMEM, "stats");
+    rc = get_stats(x, s);
+    if (rc) {
+        free(s);
+        return report(x, rc, "stats");
+    }
+    char b1[64], b2[128];
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_u64(&j, "num_pages", s->num_pages);
+        j_u64(&j, "free_pages", s->free_pages);
+        j_u64(&j, "used_pages", s->used_pages);
+        j_u64(&j, "shared_pages", s->shared_pages);
+        j_u64(&j, "num_seqs", s->num_seqs);
+        j_u64(&j, "num_tokens", s->num_tokens);
+        j_u64(&j, "page_refs", s->page_refs);
+        j_u64(&j, "page_bytes", s->page_bytes);
+        j_u64(&j, "num_clients", s->num_clients);
+        j_u64(&j, "uptime_ms", s->uptime_ms);
+        j_u64(&j, "requests_total", s->requests_total);
+        j_u64(&j, "append_bytes_total", s->append_bytes_total);
+        j_open(&j, "namespaces", '[');
+        for (pb_size_t i = 0; i < s->namespaces_count; i++) {
+            const kvpool_NamespaceStats *n = &s->namespaces[i];
+            j_open(&j, NULL, '{');
+            j_str(&j, "name", n->name);
+            j_u64(&j, "num_seqs", n->num_seqs);
+            j_u64(&j, "num_tokens", n->num_tokens);
+            j_u64(&j, "page_refs", n->page_refs);
+            j_u64(&j, "sessions", n->sessions);
+            j_u64(&j, "lease_ms", n->lease_ms);
+            j_u64(&j, "lease_expires_in_ms", n->lease_expires_in_ms);
+            j_close(&j, '}');
+        }
+        j_close(&j, ']');
+        j_close(&j, '}');
+        free(s);
+        return EXIT_OK;
+    }
+    printf("pages        %u total, %u free, %u used, %u shared\n", s->num_pages, s->free_pages,
+           s->used_pages, s->shared_pages);
+    printf("page refs    %llu\n", (unsigned long long)s->page_refs);
+    printf("page size    %s (all layers, K and V, one device)\n",
+           fmt_bytes(s->page_bytes, b1, sizeof(b1)));
+    printf("sequences    %u (%llu tokens)\n", s->num_seqs, (unsigned long long)s->num_tokens);
+    printf("clients      %u\n", s->num_clients);
+    printf("requests     %llu\n", (unsigned long long)s->requests_total);
+    printf("appended     %s\n", fmt_bytes(s->append_bytes_total, b1, sizeof(b1)));
+    printf("uptime       %s\n", fmt_duration(s->uptime_ms, b1, sizeof(b1)));
+    if (s->namespaces_count) {
+        static const char *hdr[] = {"NAMESPACE", "SEQS",  "TOKENS",    "PAGE_REFS",
+                                    "SESSIONS",  "LEASE", "EXPIRES_IN"};
+        table_t t = {.ncols = 7, .header = hdr, .align = "lrrrrrr"};
+        for (pb_size_t i = 0; i < s->namespaces_count; i++) {
+            const kvpool_NamespaceStats *n = &s->namespaces[i];
+            char lease[32], exp[32];
+            fmt_duration(n->lease_ms, lease, sizeof(lease));
+            if (n->sessions)
+                snprintf(exp, sizeof(exp), "-");
+            else
+                fmt_duration(n->lease_expires_in_ms, exp, sizeof(exp));
+            table_addf(&t, "%s\t%u\t%llu\t%llu\t%u\t%s\t%s", safe(n->name, b2, sizeof(b2)),
+                       n->num_seqs, (unsigned long long)n->num_tokens,
+                       (unsigned long long)n->page_refs, n->sessions, lease, exp);
+        }
+        putchar('\n');
+        table_print(&t, stdout);
+        table_free(&t);
+    }
+    free(s);
+    return EXIT_OK;
+}
+
+static int cmd_pool(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    new_req(x, kvpool_Request_pool_info_tag);
+    x->req.body.pool_info.want_pool_fds = false;
+    rc = ctl_call(x, kvpool_Response_pool_info_tag, NULL);
+    if (rc)
+        return report(x, rc, "pool");
+    const kvpool_PoolInfo *p = &x->resp->body.pool_info;
+    const kvpool_Geometry *g = &p->geometry;
+    char b1[64];
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_str(&j, "backend", backend_name((uint32_t)p->backend));
+        j_open(&j, "geometry", '{');
+        j_u64(&j, "num_layers", g->num_layers);
+        j_u64(&j, "num_pages", g->num_pages);
+        j_u64(&j, "page_size", g->page_size);
+        j_u64(&j, "num_kv_heads", g->num_kv_heads);
+        j_u64(&j, "head_dim", g->head_dim);
+        j_str(&j, "dtype", dtype_name((uint32_t)g->dtype));
+        j_str(&j, "layout", layout_name((uint32_t)g->layout));
+        j_str(&j, "storage", storage_name((uint32_t)g->storage));
+        j_u64(&j, "num_devices", g->num_devices);
+        j_close(&j, '}');
+        j_u64(&j, "pool_bytes", p->pool_bytes);
+        j_u64(&j, "layer_bytes", p->layer_bytes);
+        j_u64(&j, "v_offset_bytes", p->v_offset_bytes);
+        j_i64(&j, "stride_page", p->stride_page);
+        j_i64(&j, "stride_n", p->stride_n);
+        j_i64(&j, "stride_h", p->stride_h);
+        j_u64(&j, "elem_bytes", p->elem_bytes);
+        j_u64(&j, "heads_per_device", p->heads_per_device);
+        j_open(&j, "device_ids", '[');
+        for (pb_size_t i = 0; i < p->device_ids_count; i++)
+            j_i64(&j, NULL, p->device_ids[i]);
+        j_close(&j, ']');
+        j_u64(&j, "map_granularity", p->map_granularity);
+        j_close(&j, '}');
+        return EXIT_OK;
+    }
+    printf("backend            %s\n", backend_name((uint32_t)p->backend));
+    printf("devices            %u", g->num_devices);
+    for (pb_size_t i = 0; i < p->device_ids_count; i++)
+        printf("%s%d", i ? "," : " (cuda ", p->device_ids[i]);
+    printf("%s\n", p->device_ids_count ? ")" : "");
+    printf("layers             %u\n", g->num_layers);
+    printf("pages              %u x %u tokens\n", g->num_pages, g->page_size);
+    printf("kv heads           %u (%u per device) x head_dim %u\n", g->num_kv_heads,
+           p->heads_per_device, g->head_dim);
+    printf("dtype              %s (%u bytes)\n", dtype_name((uint32_t)g->dtype), p->elem_bytes);
+    printf("layout             %s, %s K/V\n", layout_name((uint32_t)g->layout),
+           storage_name((uint32_t)g->storage));
+    printf("pool bytes         %llu (%s per device)\n", (unsigned long long)p->pool_bytes,
+           fmt_bytes(p->pool_bytes, b1, sizeof(b1)));
+    printf("layer bytes        %llu\n", (unsigned long long)p->layer_bytes);
+    printf("v offset bytes     %llu\n", (unsigned long long)p->v_offset_bytes);
+    printf("strides            page %lld, n %lld, h %lld (elements)\n", (long long)p->stride_page,
+           (long long)p->stride_n, (long long)p->stride_h);
+    if (p->map_granularity)
+        printf("map granularity    %s\n", fmt_bytes(p->map_granularity, b1, sizeof(b1)));
+    return EXIT_OK;
+}
+
+typedef struct {
+    char ns[64];
+    kvpool_SequenceInfo info;
+} seq_row_t;
+
+static int cmd_seqs(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    /* which namespaces: the one asked for, or every one the daemon reports */
+    kvpool_Stats *s = calloc(1, sizeof(*s));
+    if (!s)
+        return report(x, KVP_ENOMEM, "seqs");
+    if (x->o->list_ns) {
+        snprintf(s->namespaces[0].name, sizeof(s->namespaces[0].name), "%s", x->o->list_ns);
+        s->namespaces_count = 1;
+    } else {
+        rc = get_stats(x, s);
+        if (rc) {
+            free(s);
+            return report(x, rc, "stats");
+        }
+    }
+    seq_row_t *rows = NULL;
+    size_t nrows = 0, cap = 0;
+    int truncated = 0;
+    for (pb_size_t i = 0; i < s->namespaces_count && !truncated; i++) {
+        uint32_t cursor = 0;
+        do {
+            new_req(x, kvpool_Request_list_sequences_tag);
+            kvpool_ListSequencesRequest *lr = &x->req.body.list_sequences;
+            snprintf(lr->namespace, sizeof(lr->namespace), "%s", s->namespaces[i].name);
+            lr->cursor = cursor;
+            lr->limit = SEQS_PAGE;
+            if (x->o->limit && x->o->limit - nrows < SEQS_PAGE)
+                lr->limit = (uint32_t)(x->o->limit - nrows) + 1; /* +1: learn if there is more */
+            rc = ctl_call(x, kvpool_Response_list_sequences_tag, NULL);
+            if (rc) {
+                free(rows);
+                free(s);
+                return report(x, rc, "list sequences");
+            }
+            const kvpool_ListSequencesResponse *lsr = &x->resp->body.list_sequences;
+            for (pb_size_t k = 0; k < lsr->seqs_count; k++) {
+                if (x->o->limit && nrows == x->o->limit) {
+                    truncated = 1;
+                    break;
+                }
+                if (nrows == cap) {
+                    cap = cap ? 2 * cap : 256;
+                    seq_row_t *nr = realloc(rows, cap * sizeof(*rows));
+                    if (!nr) {
+                        free(rows);
+                        free(s);
+                        return report(x, KVP_ENOMEM, "seqs");
+                    }
+                    rows = nr;
+                }
+                memcpy(rows[nrows].ns, s->namespaces[i].name, sizeof(rows[nrows].ns));
+                rows[nrows].info = lsr->seqs[k];
+                nrows++;
+            }
+            if (x->o->limit && nrows == x->o->limit && lsr->next_cursor)
+                truncated = 1;
+            /* a cursor that does not move, or an empty page, would loop forever */
+            if (lsr->next_cursor == cursor || lsr->seqs_count == 0)
+                break;
+            cursor = lsr->next_cursor;
+        } while (cursor && !truncated);
+    }
+
+    char b1[128], b2[32];
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_open(&j, "sequences", '[');
+        for (size_t r = 0; r < nrows; r++) {
+            j_open(&j, NULL, '{');
+            j_str(&j, "namespace", rows[r].ns);
+            j_u64(&j, "seq_id", rows[r].info.seq_id);
+            j_u64(&j, "num_tokens", rows[r].info.num_tokens);
+            j_u64(&j, "num_pages", rows[r].info.num_pages);
+            j_u64(&j, "shared_pages", rows[r].info.shared_pages);
+            j_u64(&j, "idle_ms", rows[r].info.idle_ms);
+            j_close(&j, '}');
+        }
+        j_close(&j, ']');
+        j_u64(&j, "count", nrows);
+        j_bool(&j, "truncated", truncated);
+        j_close(&j, '}');
+    } else if (nrows == 0) {
+        fprintf(stderr, "no sequences%s%s\n", x->o->list_ns ? " in namespace " : "",
+                x->o->list_ns ? safe(x->o->list_ns, b1, sizeof(b1)) : "");
+    } else {
+        static const char *hdr[] = {"NAMESPACE", "SEQ_ID", "TOKENS", "PAGES", "SHARED", "IDLE"};
+        table_t t = {.ncols = 6, .header = hdr, .align = "lrrrrr"};
+        for (size_t r = 0; r < nrows; r++)
+            table_addf(&t, "%s\t%llu\t%u\t%u\t%u\t%s", safe(rows[r].ns, b1, sizeof(b1)),
+                       (unsigned long long)rows[r].info.seq_id, rows[r].info.num_tokens,
+                       rows[r].info.num_pages, rows[r].info.shared_pages,
+                       fmt_duration(rows[r].info.idle_ms, b2, sizeof(b2)));
+        table_print(&t, stdout);
+        table_free(&t);
+        if (truncated) {
+            fflush(stdout); /* the note comes after the table, also on a shared terminal */
+            fprintf(stderr, "(stopped at --limit %u)\n", x->o->limit);
+        }
+    }
+    free(rows);
+    free(s);
+    return EXIT_OK;
+}
+
+static int cmd_clients(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    new_req(x, kvpool_Request_list_clients_tag);
+    rc = ctl_call(x, kvpool_Response_list_clients_tag, NULL);
+    if (rc)
+        return report(x, rc, "list clients");
+    const kvpool_ListClientsResponse *l = &x->resp->body.list_clients;
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_open(&j, "clients", '[');
+        for (pb_size_t i = 0; i < l->clients_count; i++) {
+            const kvpool_ClientInfo *ci = &l->clients[i];
+            j_open(&j, NULL, '{');
+            j_u64(&j, "session_id", ci->session_id);
+            j_str(&j, "namespace", ci->namespace);
+            j_str(&j, "client_name", ci->client_name);
+            j_i64(&j, "pid", ci->pid);
+            j_u64(&j, "uid", ci->uid);
+            j_u64(&j, "gid", ci->gid);
+            j_u64(&j, "requests", ci->requests);
+            j_u64(&j, "connected_ms", ci->connected_ms);
+            j_u64(&j, "buffers", ci->buffers);
+            j_bool(&j, "self", ci->session_id == kvp_client_session_id(x->c));
+            j_close(&j, '}');
+        }
+        j_close(&j, ']');
+        j_close(&j, '}');
+        return EXIT_OK;
+    }
+    static const char *hdr[] = {"SESSION", "NAMESPACE", "NAME",    "PID", "UID",
+                                "GID",     "REQUESTS",  "BUFFERS", "AGE"};
+    table_t t = {.ncols = 9, .header = hdr, .align = "rllrrrrrr"};
+    for (pb_size_t i = 0; i < l->clients_count; i++) {
+        const kvpool_ClientInfo *ci = &l->clients[i];
+        char b1[128], b2[128], b3[32];
+        table_addf(&t, "%llu%s\t%s\t%s\t%d\t%u\t%u\t%llu\t%u\t%s",
+                   (unsigned long long)ci->session_id,
+                   ci->session_id == kvp_client_session_id(x->c) ? "*" : "",
+                   safe(ci->namespace, b1, sizeof(b1)), safe(ci->client_name, b2, sizeof(b2)),
+                   ci->pid, ci->uid, ci->gid, (unsigned long long)ci->requests, ci->buffers,
+                   fmt_duration(ci->connected_ms, b3, sizeof(b3)));
+    }
+    table_print(&t, stdout);
+    table_free(&t);
+    return EXIT_OK;
+}
+
+static int cmd_audit(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    new_req(x, kvpool_Request_audit_tag);
+    rc = ctl_call(x, kvpool_Response_audit_tag, NULL);
+    if (rc)
+        return report(x, rc, "audit");
+    const kvpool_AuditResponse *a = &x->resp->body.audit;
+    char b1[300];
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_bool(&j, "ok", a->ok);
+        j_str(&j, "message", a->message);
+        j_close(&j, '}');
+    } else if (a->ok) {
+        printf("ok\n");
+    } else {
+        printf("audit failed: %s\n", a->message[0] ? safe(a->message, b1, sizeof(b1)) : "?");
+    }
+    return a->ok ? EXIT_OK : EXIT_SERVER;
+}
+
+static int cmd_metrics(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    char *text = malloc(METRICS_TEXT_BYTES);
+    if (!text)
+        return report(x, KVP_ENOMEM, "metrics");
+    kvp_reply_arrays_t arrays;
+    memset(&arrays, 0, sizeof(arrays));
+    arrays.text.s = text;
+    arrays.text.cap = METRICS_TEXT_BYTES;
+    new_req(x, kvpool_Request_metrics_tag);
+    rc = ctl_call(x, kvpool_Response_metrics_tag, &arrays);
+    if (rc) {
+        free(text);
+        return report(x, rc, "metrics");
+    }
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_str(&j, "text", text);
+        j_close(&j, '}');
+    } else {
+        fwrite(text, 1, arrays.text.len, stdout);
+        if (arrays.text.len && text[arrays.text.len - 1] != '\n')
+            putchar('\n');
+    }
+    free(text);
+    return EXIT_OK;
+}
+
+static int cmd_health(ctl_t *x)
+{
+    char why[512] = "";
+    uint64_t rtt_ns = 0;
+    int healthy = 0;
+    if (ctl_connect(x, why, sizeof(why)) == 0) {
+        int rc = kvp_client_ping(x->c, &rtt_ns);
+        if (rc == 0)
+            rc = kvp_client_audit(x->c);
+        if (rc == 0)
+            healthy = 1;
+        else if (rc == KVP_EAUDIT)
+            snprintf(why, sizeof(why), "audit failed: %s", kvp_client_last_error(x->c));
+        else
+            snprintf(why, sizeof(why), "%s", kvp_client_last_error(x->c));
+    }
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_bool(&j, "healthy", healthy);
+        j_str(&j, "reason", why);
+        if (healthy)
+            j_double(&j, "rtt_us", (double)rtt_ns / 1000.0);
+        j_close(&j, '}');
+    } else if (healthy) {
+        printf("ok\n");
+    } else {
+        char b[600];
+        printf("unhealthy: %s\n", safe(why, b, sizeof(b)));
+    }
+    return healthy ? EXIT_OK : EXIT_SERVER;
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int (*run)(ctl_t *x);
+} commands[] = {
+    {"status", cmd_status},   {"stats", cmd_stats},     {"pool", cmd_pool},
+    {"seqs", cmd_seqs},       {"clients", cmd_clients}, {"audit", cmd_audit},
+    {"metrics", cmd_metrics}, {"health", cmd_health},
+};
+
+enum { OPT_JSON = 256, OPT_VERSION, OPT_LIMIT };
+
+static const struct option long_opts[] = {
+    {"socket", required_argument, NULL, 's'},
+    {"namespace", required_argument, NULL, 'n'},
+    {"timeout", required_argument, NULL, 't'},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {"limit", required_argument, NULL, OPT_LIMIT},
+    {NULL, 0, NULL, 0},
+};
+
+/* Parses options from argv[optind]; stops at the first operand when stop_at_operand. In a
+ * command's own options (is_seqs), -n/--namespace names the namespace to list. */
+static void parse_opts(int argc, char **argv, opts_t *o, int stop_at_operand, int is_seqs,
+                       int allow_limit)
+{
+    int c;
+    const char *shortopts = stop_at_operand ? "+:s:n:t:h" : ":s:n:t:h";
+    while ((c = getopt_long(argc, argv, shortopts, long_opts, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            o->socket_path = optarg;
+            break;
+        case 'n':
+            if (is_seqs)
+                o->list_ns = optarg;
+            else
+                o->ns = optarg;
+            break;
+        case 't':
+            o->timeout_ms = parse_u32("--timeout", optarg, 1, 86400000);
+            break;
+        case OPT_JSON:
+            o->json = 1;
+            break;
+        case OPT_LIMIT:
+            if (!allow_limit)
+                die_usage("--limit applies to the seqs command only");
+            o->limit = parse_u32("--limit", optarg, 1, UINT32_MAX);
+            break;
+        case 'h':
+            usage(stdout);
+            exit(EXIT_OK);
+        case OPT_VERSION:
+            printf("kvpoolctl %s (protocol %u)\n", KVP_VERSION, KVP_PROTOCOL_VERSION);
+            exit(EXIT_OK);
+        case ':':
+            die_usage("option '%s' needs a value", argv[optind - 1]);
+        default:
+            if (optopt)
+                die_usage("unknown option '-%c'", optopt);
+            die_usage("unknown option '%s'", argv[optind - 1]);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.ns = DEFAULT_NAMESPACE;
+    opterr = 0;
+    parse_opts(argc, argv, &o, 1, 0, 0);
+    if (optind >= argc)
+        die_usage("no command given");
+    const char *cmd = argv[optind];
+    int (*run)(ctl_t *) = NULL;
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(cmd, commands[i].name) == 0)
+            run = commands[i].run;
+    if (!run)
+        die_usage("unknown command '%s'", cmd);
+
+    /* the command's own options: argv[optind] plays argv[0] */
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    optind = 0; /* glibc: restart scanning */
+    int is_seqs = strcmp(cmd, "seqs") == 0;
+    parse_opts(sub_argc, sub_argv, &o, 0, is_seqs, is_seqs);
+    if (optind < sub_argc)
+        die_usage("unexpected argument '%s'", sub_argv[optind]);
+
+    if (!o.socket_path) {
+        o.socket_path = kvp_client_default_socket(o.socket_buf, sizeof(o.socket_buf));
+        if (!o.socket_path)
+            die_usage("the default socket path ($KVPOOL_SOCKET or $XDG_RUNTIME_DIR) is too long");
+    } else if (!*o.socket_path || strlen(o.socket_path) >= sizeof(o.socket_buf)) {
+        die_usage("socket path must be 1..%zu bytes", sizeof(o.socket_buf) - 1);
+    }
+    if (strlen(o.ns) >= sizeof(((kvpool_HelloRequest *)0)->namespace))
+        die_usage("namespace longer than %zu bytes",
+                  sizeof(((kvpool_HelloRequest *)0)->namespace) - 1);
+    if (o.list_ns && strlen(o.list_ns) >= sizeof(((kvpool_ListSequencesRequest *)0)->namespace))
+        die_usage("namespace longer than %zu bytes",
+                  sizeof(((kvpool_ListSequencesRequest *)0)->namespace) - 1);
+
+    ctl_t x;
+    memset(&x, 0, sizeof(x));
+    x.o = &o;
+    x.cmd = cmd;
+    x.resp = calloc(1, sizeof(*x.resp));
+    if (!x.resp) {
+        fputs("kvpoolctl: out of memory\n", stderr);
+        return EXIT_SERVER;
+    }
+    int code = run(&x);
+    kvp_client_close(x.c);
+    free(x.resp);
+    if (fflush(stdout) != 0 && code == EXIT_OK)
+        code = EXIT_SERVER; /* e.g. a closed pipe or a full disk */
+    return code;
+}

@@ -1,0 +1,318 @@
+/*
+ * kvp_wire.c - frame helpers, bulk-array callbacks and status mapping (see kvp_wire.h).
+ */
+#include "kvp_wire.h"
+
+#include <string.h>
+
+#include <pb_decode.h>
+#include <pb_encode.h>
+
+#include "kvp_error.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvpool's bulk arrays are little-endian on the wire; this host is not"
+#endif
+
+static bool array_encode(pb_ostream_t *stream, const pb_field_t *field, void *const *arg)
+{
+    const kvp_array_t *a = *arg;
+    if (!pb_encode_tag_for_field(stream, field))
+        return false;
+    return pb_encode_string(stream, a->data, (size_t)a->count * a->elem_size);
+}
+
+static bool array_decode(pb_istream_t *stream, const pb_field_t *field, void **arg)
+{
+    (void)field;
+    kvp_array_t *a = *arg;
+    size_t n = stream->bytes_left;
+    if (n % a->elem_size) {
+        a->bad = KVP_EINVAL;
+        PB_RETURN_ERROR(stream, "array length not a multiple of its element size");
+    }
+    if (n / a->elem_size > a->cap) {
+        a->bad = KVP_ELIMIT;
+        PB_RETURN_ERROR(stream, "array longer than the configured limit");
+    }
+    if (!pb_read(stream, a->data, n))
+        return false;
+    a->count = (uint32_t)(n / a->elem_size);
+    return true;
+}
+
+void kvp_array_bind_encode(pb_callback_t *cb, kvp_array_t *a)
+{
+    cb->funcs.encode = array_encode;
+    cb->arg = a;
+}
+
+void kvp_array_bind_decode(pb_callback_t *cb, kvp_array_t *a)
+{
+    a->count = 0;
+    a->bad = 0;
+    cb->funcs.decode = array_decode;
+    cb->arg = a;
+}
+
+static bool text_encode(pb_ostream_t *stream, const pb_field_t *field, void *const *arg)
+{
+    const kvp_text_t *t = *arg;
+    if (!pb_encode_tag_for_field(stream, field))
+        return false;
+    return pb_encode_string(stream, (const pb_byte_t *)t->s, t->len);
+}
+
+static bool text_decode(pb_istream_t *stream, const pb_field_t *field, void **arg)
+{
+    (void)field;
+    kvp_text_t *t = *arg;
+    size_t n = stream->bytes_left;
+    if (!t->cap || n > t->cap - 1) {
+        t->bad = KVP_ELIMIT;
+        PB_RETURN_ERROR(stream, "text longer than the buffer");
+    }
+    if (!pb_read(stream, (pb_byte_t *)t->s, n))
+        return false;
+    t->s[n] = '\0';
+    t->len = n;
+    return true;
+}
+
+void kvp_text_bind_encode(pb_callback_t *cb, kvp_text_t *t)
+{
+    cb->funcs.encode = text_encode;
+    cb->arg = t;
+}
+
+void kvp_text_bind_decode(pb_callback_t *cb, kvp_text_t *t)
+{
+    t->len = 0;
+    t->bad = 0;
+    if (t->cap)
+        t->s[0] = '\0';
+    cb->funcs.decode = text_decode;
+    cb->arg = t;
+}
+
+static void bind_batch_decode(kvpool_Batch *batch, kvp_batch_arrays_t *b)
+{
+    kvp_array_bind_decode(&batch->seq_ids, &b->seq_ids);
+    kvp_array_bind_decode(&batch->num_tokens, &b->num_tokens);
+}
+
+/* Called by nanopb before a oneof submessage of Request is decoded: binds its arrays. */
+static bool request_body_cb(pb_istream_t *stream, const pb_field_t *field, void **arg)
+{
+    (void)stream;
+    kvp_batch_arrays_t *b = *arg;
+    switch (field->tag) {
+    case kvpool_Request_append_tag:
+        bind_batch_decode(&((kvpool_AppendRequest *)field->pData)->batch, b);
+        break;
+    case kvpool_Request_reserve_tag:
+        bind_batch_decode(&((kvpool_ReserveRequest *)field->pData)->batch, b);
+        break;
+    case kvpool_Request_release_tag:
+        bind_batch_decode(&((kvpool_ReleaseRequest *)field->pData)->batch, b);
+        break;
+    case kvpool_Request_get_page_table_tag:
+        bind_batch_decode(&((kvpool_GetPageTableRequest *)field->pData)->batch, b);
+        break;
+    default:
+        break;
+    }
+    return true;
+}
+
+void kvp_wire_request_bind_decode(kvpool_Request *req, kvp_batch_arrays_t *b)
+{
+    b->seq_ids.count = b->num_tokens.count = 0;
+    b->seq_ids.bad = b->num_tokens.bad = 0;
+    req->cb_body.funcs.decode = request_body_cb;
+    req->cb_body.arg = b;
+}
+
+static void bind_table_decode(kvpool_PageTable *t, kvp_reply_arrays_t *r)
+{
+    kvp_array_bind_decode(&t->kv_indptr, &r->kv_indptr);
+    kvp_array_bind_decode(&t->kv_indices, &r->kv_indices);
+    kvp_array_bind_decode(&t->kv_last_page_len, &r->kv_last_page_len);
+    kvp_array_bind_decode(&t->append_indptr, &r->append_indptr);
+    kvp_array_bind_decode(&t->seq_lens, &r->seq_lens);
+    kvp_array_bind_decode(&t->copies, &r->copies);
+}
+
+static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void **arg)
+{
+    (void)stream;
+    kvp_reply_arrays_t *r = *arg;
+    switch (field->tag) {
+    case kvpool_Response_append_tag:
+        bind_table_decode(&((kvpool_AppendResponse *)field->pData)->table, r);
+        break;
+    case kvpool_Response_reserve_tag:
+        bind_table_decode(&((kvpool_ReserveResponse *)field->pData)->table, r);
+        break;
+    case kvpool_Response_get_page_table_tag:
+        bind_table_decode(&((kvpool_GetPageTableResponse *)field->pData)->table, r);
+        break;
+    case kvpool_Response_metrics_tag:
+        kvp_text_bind_decode(&((kvpool_MetricsResponse *)field->pData)->text, &r->text);
+        break;
+    default:
+        break;
+    }
+    return true;
+}
+
+void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r)
+{
+    kvp_array_t *all[] = {&r->kv_indptr,     &r->kv_indices, &r->kv_last_page_len,
+                          &r->append_indptr, &r->seq_lens,   &r->copies};
+    for (unsigned i = 0; i < 6; i++)
+        all[i]->count = 0, all[i]->bad = 0;
+    r->text.len = 0;
+    r->text.bad = 0;
+    resp->cb_body.funcs.decode = response_body_cb;
+    resp->cb_body.arg = r;
+}
+
+void kvp_wire_batch_bind_encode(kvpool_Batch *batch, kvp_batch_arrays_t *b)
+{
+    kvp_array_bind_encode(&batch->seq_ids, &b->seq_ids);
+    kvp_array_bind_encode(&batch->num_tokens, &b->num_tokens);
+}
+
+void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r)
+{
+    kvp_array_bind_encode(&t->kv_indptr, &r->kv_indptr);
+    kvp_array_bind_encode(&t->kv_indices, &r->kv_indices);
+    kvp_array_bind_encode(&t->kv_last_page_len, &r->kv_last_page_len);
+    kvp_array_bind_encode(&t->append_indptr, &r->append_indptr);
+    kvp_array_bind_encode(&t->seq_lens, &r->seq_lens);
+    kvp_array_bind_encode(&t->copies, &r->copies);
+}
+
+long kvp_wire_encoded_size(const pb_msgdesc_t *fields, const void *msg)
+{
+    size_t n;
+    if (!pb_get_encoded_size(&n, fields, msg))
+        return -1;
+    return (long)n;
+}
+
+long kvp_wire_encode_frame(const pb_msgdesc_t *fields, const void *msg, uint8_t *buf, size_t cap)
+{
+    if (cap < KVP_FRAME_HDR_BYTES)
+        return KVP_ELIMIT;
+    pb_ostream_t os = pb_ostream_from_buffer(buf + KVP_FRAME_HDR_BYTES, cap - KVP_FRAME_HDR_BYTES);
+    if (!pb_encode(&os, fields, msg))
+        return KVP_ELIMIT;
+    kvp_frame_put_len(buf, (uint32_t)os.bytes_written);
+    return (long)(os.bytes_written + KVP_FRAME_HDR_BYTES);
+}
+
+int kvp_wire_decode(const pb_msgdesc_t *fields, void *msg, const uint8_t *buf, size_t len,
+                    const char **err)
+{
+    pb_istream_t is = pb_istream_from_buffer(buf, len);
+    if (pb_decode(&is, fields, msg)) {
+        if (err)
+            *err = NULL;
+        return 0;
+    }
+    if (err)
+        *err = PB_GET_ERROR(&is);
+    return KVP_EINVAL; /* a bound array's own reason is in its `bad` field */
+}
+
+kvpool_Code kvp_wire_code_from_err(int err)
+{
+    switch (err) {
+    case 0:
+        return kvpool_Code_OK;
+    case KVP_ENOENT:
+        return kvpool_Code_NOT_FOUND;
+    case KVP_EEXIST:
+        return kvpool_Code_ALREADY_EXISTS;
+    case KVP_ENOSPC:
+    case KVP_ELIMIT:
+    case KVP_ENOMEM:
+        return kvpool_Code_RESOURCE_EXHAUSTED;
+    case KVP_EPERM:
+        return kvpool_Code_PERMISSION_DENIED;
+    case KVP_EPRECOND:
+    case KVP_EBUSY:
+        return kvpool_Code_FAILED_PRECONDITION;
+    case KVP_EUNAVAIL:
+    case KVP_ECLOSED:
+        return kvpool_Code_UNAVAILABLE;
+    case KVP_ETIMEDOUT:
+        return kvpool_Code_DEADLINE_EXCEEDED;
+    case KVP_EINTERNAL:
+    case KVP_EAUDIT:
+        return kvpool_Code_INTERNAL;
+    default: /* KVP_EINVAL, KVP_ERANGE, KVP_EDUPSEQ, KVP_EPROTO, KVP_EGEOM_* */
+        return err <= -1000 ? kvpool_Code_INVALID_ARGUMENT : kvpool_Code_INTERNAL;
+    }
+}
+
+int kvp_wire_err_from_code(kvpool_Code code)
+{
+    switch (code) {
+    case kvpool_Code_OK:
+        return 0;
+    case kvpool_Code_INVALID_ARGUMENT:
+        return KVP_EINVAL;
+    case kvpool_Code_NOT_FOUND:
+        return KVP_ENOENT;
+    case kvpool_Code_ALREADY_EXISTS:
+        return KVP_EEXIST;
+    case kvpool_Code_RESOURCE_EXHAUSTED:
+        return KVP_ENOSPC;
+    case kvpool_Code_PERMISSION_DENIED:
+        return KVP_EPERM;
+    case kvpool_Code_FAILED_PRECONDITION:
+        return KVP_EPRECOND;
+    case kvpool_Code_UNAVAILABLE:
+        return KVP_EUNAVAIL;
+    case kvpool_Code_DEADLINE_EXCEEDED:
+        return KVP_ETIMEDOUT;
+    default:
+        return KVP_EINTERNAL;
+    }
+}
+
+const char *kvp_wire_code_name(kvpool_Code code)
+{
+    switch (code) {
+    case kvpool_Code_OK:
+        return "OK";
+    case kvpool_Code_CANCELLED:
+        return "CANCELLED";
+    case kvpool_Code_UNKNOWN:
+        return "UNKNOWN";
+    case kvpool_Code_INVALID_ARGUMENT:
+        return "INVALID_ARGUMENT";
+    case kvpool_Code_DEADLINE_EXCEEDED:
+        return "DEADLINE_EXCEEDED";
+    case kvpool_Code_NOT_FOUND:
+        return "NOT_FOUND";
+    case kvpool_Code_ALREADY_EXISTS:
+        return "ALREADY_EXISTS";
+    case kvpool_Code_PERMISSION_DENIED:
+        return "PERMISSION_DENIED";
+    case kvpool_Code_RESOURCE_EXHAUSTED:
+        return "RESOURCE_EXHAUSTED";
+    case kvpool_Code_FAILED_PRECONDITION:
+        return "FAILED_PRECONDITION";
+    case kvpool_Code_UNIMPLEMENTED:
+        return "UNIMPLEMENTED";
+    case kvpool_Code_INTERNAL:
+        return "INTERNAL";
+    case kvpool_Code_UNAVAILABLE:
+        return "UNAVAILABLE";
+    }
+    return "UNKNOWN";
+}

@@ -1,0 +1,119 @@
+/*
+ * kvp_wire.h - what both ends of the socket share besides the generated messages: the frame
+ * header, nanopb callbacks that move bulk arrays (little-endian fixed-width integers in a
+ * `bytes` field, see kvpool.proto) straight between the wire and caller-owned arrays, the
+ * status-code mapping, and encode/decode helpers. No sockets here (server/ and client/ own
+ * those); pure functions over buffers. Little-endian hosts only (checked at compile time).
+ */
+#ifndef KVP_WIRE_H
+#define KVP_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool.pb.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_PROTOCOL_VERSION  1
+#define KVP_FRAME_HDR_BYTES   4
+#define KVP_MAX_FDS_PER_FRAME 16
+
+static inline void kvp_frame_put_len(uint8_t hdr[4], uint32_t len)
+{
+    hdr[0] = (uint8_t)len;
+    hdr[1] = (uint8_t)(len >> 8);
+    hdr[2] = (uint8_t)(len >> 16);
+    hdr[3] = (uint8_t)(len >> 24);
+}
+
+static inline uint32_t kvp_frame_get_len(const uint8_t hdr[4])
+{
+    return (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
+           (uint32_t)hdr[3] << 24;
+}
+
+/*
+ * A bulk array bound to a `bytes` field. Encoding writes count * elem_size bytes from data.
+ * Decoding accepts a field whose length is a multiple of elem_size and at most cap elements,
+ * copies it to data and sets count; otherwise it sets `bad` (KVP_EINVAL: not a multiple,
+ * KVP_ELIMIT: above cap) and the decode fails. The struct is borrowed by the message until the
+ * encode/decode call returns.
+ */
+typedef struct {
+    void *data;
+    uint32_t elem_size;
+    uint32_t count;
+    uint32_t cap;
+    int bad;
+} kvp_array_t;
+
+static inline kvp_array_t kvp_array(void *data, uint32_t elem_size, uint32_t count, uint32_t cap)
+{
+    kvp_array_t a = {data, elem_size, count, cap, 0};
+    return a;
+}
+
+/* Binds a to cb for encoding / for decoding. */
+void kvp_array_bind_encode(pb_callback_t *cb, kvp_array_t *a);
+void kvp_array_bind_decode(pb_callback_t *cb, kvp_array_t *a);
+
+/* A text field (Metrics): encode writes len bytes of s; decode copies at most cap - 1 bytes
+ * and NUL-terminates (bad = KVP_ELIMIT when longer). */
+typedef struct {
+    char *s;
+    size_t len;
+    size_t cap;
+    int bad;
+} kvp_text_t;
+void kvp_text_bind_encode(pb_callback_t *cb, kvp_text_t *t);
+void kvp_text_bind_decode(pb_callback_t *cb, kvp_text_t *t);
+
+/* The arrays a decoded Request's batch lands in (server side). */
+typedef struct {
+    kvp_array_t seq_ids;    /* uint64 */
+    kvp_array_t num_tokens; /* uint32 */
+} kvp_batch_arrays_t;
+
+/* The arrays a decoded Response's page table and metrics text land in (client side). */
+typedef struct {
+    kvp_array_t kv_indptr, kv_indices, kv_last_page_len, append_indptr, seq_lens, copies;
+    kvp_text_t text;
+} kvp_reply_arrays_t;
+
+/* Prepares req for pb_decode: whichever body arrives, its Batch lands in b. */
+void kvp_wire_request_bind_decode(kvpool_Request *req, kvp_batch_arrays_t *b);
+
+/* Prepares resp for pb_decode: a page table or metrics text lands in r. */
+void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r);
+
+/* Binds a Batch for encoding (client side). */
+void kvp_wire_batch_bind_encode(kvpool_Batch *batch, kvp_batch_arrays_t *b);
+
+/* Binds a page table for encoding (server side): arrays as int32 / uint32-pair counts. */
+void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r);
+
+/* Encodes msg into buf[KVP_FRAME_HDR_BYTES ..] and writes the frame header in front.
+ * Returns the total frame length, or a negative code (KVP_ELIMIT: does not fit in cap). */
+long kvp_wire_encode_frame(const pb_msgdesc_t *fields, const void *msg, uint8_t *buf, size_t cap);
+
+/* Size of the encoding of msg (no header), or -1. */
+long kvp_wire_encoded_size(const pb_msgdesc_t *fields, const void *msg);
+
+/* Decodes len bytes (one frame payload, no header). Returns 0 or KVP_EINVAL (malformed, or a
+ * bound array refused its field: its `bad` field then says why, KVP_EINVAL or KVP_ELIMIT).
+ * err, when not NULL, receives nanopb's reason. */
+int kvp_wire_decode(const pb_msgdesc_t *fields, void *msg, const uint8_t *buf, size_t len,
+                    const char **err);
+
+/* Our error code -> wire status code, and back (for clients). */
+kvpool_Code kvp_wire_code_from_err(int err);
+int kvp_wire_err_from_code(kvpool_Code code);
+const char *kvp_wire_code_name(kvpool_Code code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,249 @@
+/*
+ * kvp_config.h - the configuration of kvpoold: every setting with its default, loaded from an
+ * INI file (libinih), then command-line flags over it, then validated as a whole.
+ *
+ * Order of precedence: built-in defaults < the file named by --config < the other flags
+ * (whatever their order on the command line). kvp_config_validate checks each value's range,
+ * the relations between values and the pool geometry (through kvp_geom_validate), and derives
+ * num_pages from pool_bytes. A reload (SIGHUP) reads the file again, re-applies the command-line
+ * settings and reports the changed settings that only take effect at a restart. This module
+ * only parses and checks: it opens no socket, resolves no user or group and starts nothing.
+ *
+ * The file (every key optional; '#' or ';' starts a comment line; sizes take a K, M, G or T
+ * suffix, alone or with "iB": all are powers of 1024; booleans are true|false|yes|no|on|off|
+ * 1|0). A key outside these sections, a key set twice in one file and a line longer than
+ * 199 characters (libinih's line buffer) are errors, except that the list keys (devices,
+ * allowed_uids, allowed_gids) may be repeated: each line adds its entries to the list.
+ *
+ *   [server]
+ *   socket           path of the listening Unix socket, absolute, at most 107 bytes.
+ *                    Default: /run/kvpool/kvpool.sock when run as root (euid 0), else
+ *                    $XDG_RUNTIME_DIR/kvpool/kvpool.sock, else /tmp/kvpool-<uid>/kvpool.sock
+ *                    (the rule of kvp_client_default_socket). Ignored under socket activation.
+ *   socket_mode      permission bits of the socket file, octal, <= 0777. Default 0660.
+ *   socket_group     group (name or number) given to the socket file; empty: the daemon's
+ *                    group. Default empty.
+ *   max_connections  connections served at once; more are refused. 1..1048576. Default 256.
+ *   max_frame_bytes  largest frame accepted or sent (DESIGN.md §5). 4 KiB..1 GiB. Default 16 MiB.
+ *   max_queued_bytes responses queued unsent on one connection before it stops being read;
+ *                    must be >= max_frame_bytes. Up to 16 GiB. Default 64 MiB.
+ *   log_level        emerg|alert|crit|err|warning|notice|info|debug. Default info.
+ *   watchdog         send WATCHDOG=1 when systemd asks for it (WATCHDOG_USEC). Default true.
+ *   metrics_listen   host:port of the Prometheus HTTP endpoint ("127.0.0.1:9464",
+ *                    "[::1]:9464"); empty: off. Default empty.
+ *   drain_timeout_ms on SIGTERM, how long in-flight work may take before exit. 0..3600000.
+ *                    Default 10000.
+ *   copy_threads     CPU copy threads of the host backend; 0: the number of usable CPUs, at
+ *                    most 8 (see kvp_config_copy_threads). 0..256. Default 0.
+ *   [pool]           (the geometry: DESIGN.md §3, kvp_geom.h)
+ *   backend          auto|host|cuda. auto: cuda when a GPU is usable, else host. Default auto.
+ *   devices          comma list of distinct CUDA ordinals (0..1023), 1..64 of them. The
+ *                    geometry's num_devices (tensor-parallel group size G) is their number,
+ *                    whatever the backend. Default "0".
+ *   num_layers       Default 2.
+ *   num_pages        pages in the pool; 0: derived from pool_bytes. Default 0.
+ *   pool_bytes       bytes of the pool on ONE device (all layers, K and V); used only when
+ *                    num_pages = 0, then num_pages = pool_bytes / (bytes of one page over all
+ *                    layers, K and V, on one device). Default 256 MiB.
+ *   page_size        tokens per page. Default 16.
+ *   num_kv_heads     H, over all devices. Default 8.
+ *   head_dim         D. Default 128.
+ *   dtype            fp8_e4m3|fp8_e5m2|fp16|bf16|fp32. Default fp16.
+ *   layout           nhd|hnd. Default nhd.
+ *   storage          combined|split. Default combined.
+ *   [limits]
+ *   max_seqs               live sequences over all namespaces. 1..67108864. Default 65536.
+ *   max_namespaces         namespaces at once. 1..1048576. Default 256.
+ *   max_batch              sequences in one Append/Reserve. 1..1048576. Default 4096.
+ *   max_batch_tokens       tokens in one Append/Reserve. 1..2147483647. Default 1048576.
+ *   max_seq_tokens         tokens of one sequence; 0: the pool's capacity. 0..2147483647.
+ *                          Default 0.
+ *   max_buffers_per_client registered buffers of one connection. 1..65536. Default 64.
+ *   max_buffer_bytes       size of one registered buffer. 1..2^50. Default 64 GiB.
+ *   dedup_window           request ids remembered per namespace for retries. 1..1048576.
+ *                          Default 1024.
+ *   default_lease_ms       lease of a Hello that asks for none. Default 30000.
+ *   max_lease_ms           largest lease a client may ask for; >= default_lease_ms.
+ *                          Up to 2^32-1. Default 86400000 (one day).
+ *   [access]
+ *   allowed_uids     comma list of numeric uids that may connect, at most 64.
+ *   allowed_gids     comma list of numeric gids whose members may connect, at most 64.
+ *                    Both empty (the default): the server's default policy applies.
+ *
+ * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
+ * server.drain_timeout_ms, every [limits] and [access] key. Every other key (server.socket,
+ * socket_mode, socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, and all
+ * of [pool]) needs a restart.
+ */
+#ifndef KVP_CONFIG_H
+#define KVP_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvp_geom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_CONFIG_SOCKET_MAX    108  /* sizeof(sun_path): at most 107 bytes and a NUL */
+#define KVP_CONFIG_NAME_MAX      64   /* socket_group, metrics_listen, with the NUL */
+#define KVP_CONFIG_PATH_MAX      4096 /* the config file's path, with the NUL */
+#define KVP_CONFIG_MAX_IDS       64   /* entries of devices, allowed_uids, allowed_gids */
+#define KVP_CONFIG_VALUE_MAX     256  /* one value given on the command line, with the NUL */
+#define KVP_CONFIG_MAX_OVERRIDES 64   /* >= the number of keys: one slot per key */
+
+typedef enum {
+    KVP_CONFIG_BACKEND_AUTO = 0,
+    KVP_CONFIG_BACKEND_HOST = 1,
+    KVP_CONFIG_BACKEND_CUDA = 2,
+} kvp_config_backend_t;
+
+/* What the command line asks for (kvp_config_parse_args). */
+typedef enum {
+    KVP_CONFIG_RUN = 0,     /* serve */
+    KVP_CONFIG_CHECK = 1,   /* --check-config: validate, print the effective config, exit */
+    KVP_CONFIG_VERSION = 2, /* --version */
+    KVP_CONFIG_HELP = 3,    /* -h, --help */
+} kvp_config_action_t;
+
+typedef struct {
+    uint32_t count;
+    uint32_t ids[KVP_CONFIG_MAX_IDS];
+} kvp_config_idlist_t;
+
+/* One command-line setting, kept so that a reload can apply it again over the new file. */
+typedef struct {
+    uint32_t key; /* internal index of the setting */
+    char value[KVP_CONFIG_VALUE_MAX];
+} kvp_config_override_t;
+
+/* Plain data: may be copied by assignment. Field meanings and defaults: see the file header. */
+typedef struct {
+    /* [server] */
+    char socket[KVP_CONFIG_SOCKET_MAX];
+    uint32_t socket_mode;
+    char socket_group[KVP_CONFIG_NAME_MAX];
+    uint32_t max_connections;
+    uint64_t max_frame_bytes;
+    uint64_t max_queued_bytes;
+    int log_level; /* KVP_LOG_* */
+    bool watchdog;
+    char metrics_listen[KVP_CONFIG_NAME_MAX];
+    uint32_t drain_timeout_ms;
+    uint32_t copy_threads;
+    /* [pool] */
+    kvp_config_backend_t backend;
+    kvp_config_idlist_t devices;
+    uint32_t num_layers;
+    uint32_t num_pages;
+    uint64_t pool_bytes;
+    uint32_t page_size;
+    uint32_t num_kv_heads;
+    uint32_t head_dim;
+    kvp_dtype_t dtype;
+    kvp_layout_t layout;
+    kvp_storage_t storage;
+    /* [limits] */
+    uint32_t max_seqs;
+    uint32_t max_namespaces;
+    uint32_t max_batch;
+    uint32_t max_batch_tokens;
+    uint32_t max_seq_tokens;
+    uint32_t max_buffers_per_client;
+    uint64_t max_buffer_bytes;
+    uint32_t dedup_window;
+    uint32_t default_lease_ms;
+    uint32_t max_lease_ms;
+    /* [access] */
+    kvp_config_idlist_t allowed_uids;
+    kvp_config_idlist_t allowed_gids;
+
+    /* Where the settings came from: the last file loaded ("" for none) and the command-line
+     * settings recorded by kvp_config_parse_args, in the order of first appearance. */
+    char config_path[KVP_CONFIG_PATH_MAX];
+    uint32_t num_overrides;
+    kvp_config_override_t overrides[KVP_CONFIG_MAX_OVERRIDES];
+} kvp_config_t;
+
+/* Every error message below is written to err (NUL-terminated, truncated to err_len; err may be
+ * NULL) and names the file and line where there is one, the key, and the offending value. On
+ * success err holds "" (except for kvp_config_reload_file, see there). */
+
+/* Fills *cfg with the defaults (reads geteuid() and $XDG_RUNTIME_DIR for the socket path).
+ * No file, no overrides. */
+void kvp_config_defaults(kvp_config_t *cfg);
+
+/* Applies the settings of the INI file at path over *cfg and records path in cfg->config_path.
+ * Returns 0; -errno when the file cannot be opened or read ("cannot open PATH: reason");
+ * KVP_EINVAL for an unknown section or key, a key outside a section or set twice, a bad value,
+ * a syntax error or a line that is too long ("PATH:LINE: ..."). On error *cfg is unchanged. */
+int kvp_config_load_file(kvp_config_t *cfg, const char *path, char *err, size_t err_len);
+
+/* The same for INI text in memory; `name` stands for the file name in messages. Does not touch
+ * cfg->config_path. */
+int kvp_config_load_string(kvp_config_t *cfg, const char *text, const char *name, char *err,
+                           size_t err_len);
+
+/* Sets one key ("server.log_level") from its text form, as a file line would. Returns 0 or
+ * KVP_EINVAL (unknown key, bad value); on error *cfg is unchanged. Not recorded as an override. */
+int kvp_config_set(kvp_config_t *cfg, const char *key, const char *value, char *err,
+                   size_t err_len);
+
+/* Reads the command line over *cfg (normally fresh from kvp_config_defaults): argv[1..argc)
+ * holds long options as "--opt value" or "--opt=value":
+ *   --config FILE, --socket PATH, --backend B, --devices LIST, --num-layers N, --num-pages N,
+ *   --pool-bytes SIZE, --page-size N, --num-kv-heads N, --head-dim N, --dtype T, --layout L,
+ *   --storage S, --log-level L, --set SECTION.KEY=VALUE (any key; may repeat),
+ *   --check-config, --version, -h/--help.
+ * The file named by --config (at most once) is loaded first, then every other setting applies
+ * over it in command-line order; the settings are recorded in cfg->overrides for reloads. With
+ * -h/--help or --version nothing is loaded or applied. Sets *action. Returns 0, or -errno /
+ * KVP_EINVAL with a message (unknown option, missing value, positional argument, a file or
+ * value error); on error *cfg is unchanged. Does not validate: call kvp_config_validate next. */
+int kvp_config_parse_args(kvp_config_t *cfg, int argc, char *const argv[],
+                          kvp_config_action_t *action, char *err, size_t err_len);
+
+/* Prints the command-line help to out. */
+void kvp_config_usage(FILE *out, const char *prog);
+
+/* Checks the whole configuration: each value's range (also for fields set directly in the
+ * struct), then relations (max_queued_bytes >= max_frame_bytes, default_lease_ms <=
+ * max_lease_ms, distinct devices), then the geometry. When num_pages is 0 it is derived from
+ * pool_bytes and stored in cfg (KVP_EINVAL when pool_bytes holds no page or too many). Returns
+ * 0; KVP_EINVAL naming the key(s); or the KVP_EGEOM_* code of kvp_geom_validate with its
+ * message ("pool: invalid geometry: ..."). On error *cfg is unchanged. */
+int kvp_config_validate(kvp_config_t *cfg, char *err, size_t err_len);
+
+/* The pool geometry of cfg (num_devices = the number of devices). Meaningful after
+ * kvp_config_validate succeeded; before it num_pages may still be 0. */
+void kvp_config_geom(const kvp_config_t *cfg, kvp_geom_t *g);
+
+/* The number of host copy threads to start: copy_threads, or when 0 the number of CPUs this
+ * process may run on (sched_getaffinity), clamped to 1..8. */
+uint32_t kvp_config_copy_threads(const kvp_config_t *cfg);
+
+/* Prints the configuration in INI form, every key, to out: a file that loads back to the same
+ * settings. Used by --check-config. */
+void kvp_config_dump(const kvp_config_t *cfg, FILE *out);
+
+/* For a reload: builds in *out a fresh configuration from the defaults, the file at path and
+ * old's command-line settings, and validates it. Every changed key that is not reloadable keeps
+ * old's value in *out (so *out is what the daemon can run with now), and is listed in err as
+ * "not reloadable, restart to apply: pool.num_pages, server.socket" (err is "" when there is
+ * none); the result is validated again. Returns the number of such keys (>= 0), or a negative
+ * code as kvp_config_load_file / kvp_config_validate do, with their message; on error *out is
+ * unchanged. old is only read; out may not alias old. */
+int kvp_config_reload_file(const kvp_config_t *old, const char *path, kvp_config_t *out, char *err,
+                           size_t err_len);
+
+/* "auto", "host", "cuda"; "invalid" otherwise. Static. */
+const char *kvp_config_backend_name(kvp_config_backend_t b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1178 @@
+/*
+ * kvp_rpc.c - the daemon's state and the pure dispatch (see kvp_rpc.h). One function per call,
+ * each validating its request before touching anything, so a bad request gets a status and
+ * changes nothing.
+ */
+#include "kvp_rpc.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvp_error.h"
+#include "kvp_log.h"
+
+#ifndef KVP_VERSION
+#define KVP_VERSION "0.1.0"
+#endif
+
+#define NUM_CALLS   18 /* Request body tags 2..17 */
+#define NUM_CODES   15
+#define NUM_BUCKETS 16 /* latency histogram: 1us * 2^k, k = 0..14, +Inf */
+
+struct kvp_rpc_job {
+    kvp_rpc_t *rpc;
+    kvp_exec_t exec;
+    int rc;
+    uint64_t req_id;
+    uint32_t batch_size, nnz, num_copies, num_indices;
+    int32_t *kv_indptr, *kv_indices, *kv_last_page_len, *append_indptr, *seq_lens;
+    int32_t *batch_indices, *positions;
+    kvp_page_copy_t *copies;
+    uint32_t *pinned;
+    uint32_t num_pinned;
+    uint64_t bytes;
+};
+
+struct kvp_rpc {
+    kvp_backend_t *backend;
+    kvp_alloc_t *alloc;
+    kvp_seqtab_t *seqs;
+    kvp_plan_t plan;
+    kvp_plan_limits_t plan_limits;
+    kvp_ns_table_t ns;
+    kvp_rpc_limits_t lim;
+    kvp_plan_item_t *items; /* [max_batch] */
+    kvp_session_t *sessions;
+    uint32_t num_sessions;
+    uint32_t num_clients;
+    uint64_t next_session_id;
+    uint64_t start_ms;
+    int draining;
+    int unhealthy;
+    /* metrics */
+    uint64_t calls[NUM_CALLS][NUM_CODES];
+    uint64_t lat_buckets[NUM_CALLS][NUM_BUCKETS];
+    uint64_t lat_sum_ns[NUM_CALLS];
+    uint64_t requests_total;
+    uint64_t append_bytes_total;
+    uint64_t alloc_failures[4]; /* exhausted, limit, invalid, other */
+    uint64_t pages_allocated_total;
+    uint64_t lease_expiries_total;
+    uint64_t cow_copies_total;
+};
+
+void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)
+{
+    memset(resp, 0, sizeof(*resp));
+    resp->id = id;
+    resp->has_status = true;
+    resp->status.code = kvp_wire_code_from_err(err);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(resp->status.message, sizeof(resp->status.message), fmt, ap);
+    va_end(ap);
+}
+
+int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t now_ms,
+                   kvp_rpc_t **out)
+{
+    if (!backend || !lim || !out || !lim->max_batch || !lim->max_seqs || !lim->max_namespaces)
+        return KVP_EINVAL;
+    kvp_rpc_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return KVP_ENOMEM;
+    int rc;
+    r->lim = *lim;
+    r->start_ms = now_ms;
+    r->next_session_id = 1;
+    kvp_plan_init(&r->plan);
+    r->plan_limits.max_batch = lim->max_batch;
+    r->plan_limits.max_tokens = lim->max_batch_tokens;
+    kvp_seqtab_config_t cfg = {.max_seqs = lim->max_seqs,
+                               .max_namespaces = lim->max_namespaces,
+                               .max_seq_tokens = lim->max_seq_tokens};
+    if ((rc = kvp_alloc_create(backend->geom.num_pages, &r->alloc)))
+        goto fail;
+    if ((rc = kvp_seqtab_create(r->alloc, backend->geom.page_size, &cfg, &r->seqs)))
+        goto fail;
+    if ((rc = kvp_ns_table_init(&r->ns, lim->max_namespaces, lim->dedup_window)))
+        goto fail;
+    r->items = calloc(lim->max_batch, sizeof(*r->items));
+    if (!r->items) {
+        rc = KVP_ENOMEM;
+        goto fail;
+    }
+    r->backend = backend;
+    *out = r;
+    return 0;
+fail:
+    kvp_rpc_destroy(r);
+    return rc;
+}
+
+void kvp_rpc_destroy(kvp_rpc_t *r)
+{
+    if (!r)
+        return;
+    while (r->sessions)
+        kvp_rpc_session_close(r, r->sessions, 0);
+    free(r->items);
+    kvp_ns_table_free(&r->ns);
+    kvp_plan_free(&r->plan);
+    kvp_seqtab_destroy(r->seqs);
+    kvp_alloc_destroy(r->alloc);
+    if (r->backend)
+        r->backend->ops->destroy(r->backend);
+    free(r);
+}
+
+kvp_seqtab_t *kvp_rpc_seqtab(kvp_rpc_t *r)
+{
+    return r->seqs;
+}
+
+kvp_backend_t *kvp_rpc_backend(kvp_rpc_t *r)
+{
+    return r->backend;
+}
+
+void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n)
+{
+    r->num_clients = n;
+}
+
+void kvp_rpc_set_draining(kvp_rpc_t *r, int draining)
+{
+    r->draining = draining;
+}
+
+int kvp_rpc_healthy(kvp_rpc_t *r)
+{
+    return !r->unhealthy && r->backend->ops->health(r->backend) == 0;
+}
+
+/* ---- sessions ------------------------------------------------------------------------- */
+
+kvp_session_t *kvp_rpc_session_open(kvp_rpc_t *r, int32_t pid, uint32_t uid, uint32_t gid,
+                                    uint64_t now_ms)
+{
+    kvp_session_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->buffers = calloc(r->lim.max_buffers_per_client ? r->lim.max_buffers_per_client : 1,
+                        sizeof(*s->buffers));
+    if (!s->buffers) {
+        free(s);
+        return NULL;
+    }
+    s->id = r->next_session_id++;
+    s->pid = pid;
+    s->uid = uid;
+    s->gid = gid;
+    s->connected_ms = now_ms;
+    s->next_buffer_id = 1;
+    s->next = r->sessions;
+    if (r->sessions)
+        r->sessions->prev = s;
+    r->sessions = s;
+    r->num_sessions++;
+    return s;
+}
+
+static void release_namespace(kvp_rpc_t *r, uint32_t ns, const char *why)
+{
+    uint32_t n = kvp_seqtab_release_ns(r->seqs, ns);
+    kvp_log(KVP_LOG_INFO, "namespace released ns=%s sequences=%u reason=%s", r->ns.ns[ns].name, n,
+            why);
+    kvp_ns_forget(&r->ns, ns);
+}
+
+void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
+{
+    for (uint32_t i = 0; i < s->num_buffers; i++)
+        r->backend->ops->release_buffer(r->backend, &s->buffers[i].buf);
+    if (s->hello_done && kvp_ns_detach(&r->ns, s->ns, now_ms))
+        release_namespace(r, s->ns, "lease 0");
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        r->sessions = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    r->num_sessions--;
+    free(s->buffers);
+    free(s);
+}
+
+uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms)
+{
+    uint32_t n = 0;
+    int id;
+    while ((id = kvp_ns_next_expired(&r->ns, now_ms)) >= 0) {
+        release_namespace(r, (uint32_t)id, "lease expired");
+        r->lease_expiries_total++;
+        n++;
+    }
+    return n;
+}
+
+uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r)
+{
+    return kvp_ns_next_deadline(&r->ns);
+}
+
+/* ---- idempotency ---------------------------------------------------------------------- */
+
+int kvp_rpc_is_mutating(pb_size_t which)
+{
+    switch (which) {
+    case kvpool_Request_append_tag:
+    case kvpool_Request_reserve_tag:
+    case kvpool_Request_fork_tag:
+    case kvpool_Request_truncate_tag:
+    case kvpool_Request_release_tag:
+    case kvpool_Request_register_buffer_tag:
+    case kvpool_Request_unregister_buffer_tag:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int kvp_rpc_replay(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id, const uint8_t **frame,
+                   uint32_t *len)
+{
+    if (!s->hello_done || req_id == 0)
+        return 0;
+    const kvp_dedup_entry_t *e = kvp_ns_dedup_find(&r->ns, s->ns, req_id);
+    if (!e)
+        return 0;
+    if (e->state == 2) {
+        *frame = e->frame;
+        *len = e->len;
+        return 1;
+    }
+    return e->state == 1 ? 2 : 3;
+}
+
+void kvp_rpc_begin(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id)
+{
+    if (s->hello_done)
+        kvp_ns_dedup_begin(&r->ns, s->ns, req_id);
+}
+
+void kvp_rpc_remember(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id, const uint8_t *frame,
+                      uint32_t len)
+{
+    if (s->hello_done)
+        kvp_ns_dedup_end(&r->ns, s->ns, req_id, frame, len);
+}
+
+/* ---- helpers -------------------------------------------------------------------------- */
+
+static void ok(kvpool_Response *resp, uint64_t id, pb_size_t which)
+{
+    memset(resp, 0, sizeof(*resp));
+    resp->id = id;
+    resp->has_status = true;
+    resp->status.code = kvpool_Code_OK;
+    resp->which_body = which;
+}
+
+static void fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi)
+{
+    const kvp_backend_t *b = r->backend;
+    const kvp_geom_t *g = &b->geom;
+    const kvp_geom_derived_t *d = &b->derived;
+    pi->has_geometry = true;
+    pi->geometry.num_layers = g->num_layers;
+    pi->geometry.num_pages = g->num_pages;
+    pi->geometry.page_size = g->page_size;
+    pi->geometry.num_kv_heads = g->num_kv_heads;
+    pi->geometry.head_dim = g->head_dim;
+    pi->geometry.dtype = (kvpool_DType)g->dtype;
+    pi->geometry.layout = (kvpool_Layout)g->layout;
+    pi->geometry.storage = (kvpool_Storage)g->storage;
+    pi->geometry.num_devices = g->num_devices ? g->num_devices : 1;
+    pi->backend = (kvpool_BackendKind)b->kind;
+    pi->pool_bytes = d->pool_bytes;
+    pi->layer_bytes = d->layer_bytes;
+    pi->v_offset_bytes = d->v_offset_bytes;
+    pi->stride_page = d->stride_page;
+    pi->stride_n = d->stride_n;
+    pi->stride_h = d->stride_h;
+    pi->elem_bytes = d->elem_bytes;
+    pi->heads_per_device = d->heads;
+}
+
+static int attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi)
+{
+    int n = r->backend->ops->export_fds(r->backend, io->fds_out, KVP_MAX_FDS_PER_FRAME);
+    if (n < 0)
+        return n;
+    io->nfds_out = n;
+    pi->num_fds = (uint32_t)n;
+    return 0;
+}
+
+static const char *plan_error_text(int rc)
+{
+    switch (rc) {
+    case KVP_ENOSPC:
+        return "pool exhausted";
+    case KVP_ELIMIT:
+        return "limit or quota exceeded";
+    case KVP_EDUPSEQ:
+        return "sequence named twice in one batch";
+    case KVP_EINVAL:
+        return "invalid batch";
+    default:
+        return kvp_strerror(rc);
+    }
+}
+
+/* Reads the batch of a request into r->items (ns of the session); n_tokens optional. */
+static int take_batch(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io_t *io, int with_tokens,
+                      uint32_t *n_out, kvpool_Response *resp, uint64_t id)
+{
+    const kvp_batch_arrays_t *b = io->batch;
+    uint32_t n = b->seq_ids.count;
+    if (n == 0) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "empty batch: seq_ids has no entries");
+        return KVP_EINVAL;
+    }
+    if (n > r->lim.max_batch) {
+        kvp_rpc_error(resp, id, KVP_ELIMIT, "batch of %u sequences above max_batch %u", n,
+                      r->lim.max_batch);
+        return KVP_ELIMIT;
+    }
+    if (with_tokens && b->num_tokens.count != n) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "num_tokens has %u entries, seq_ids %u",
+                      b->num_tokens.count, n);
+        return KVP_EINVAL;
+    }
+    const uint64_t *ids = b->seq_ids.data;
+    const uint32_t *toks = b->num_tokens.data;
+    for (uint32_t i = 0; i < n; i++) {
+        r->items[i].ns = s->ns;
+        r->items[i].seq_id = ids[i];
+        r->items[i].num_tokens = with_tokens ? toks[i] : 0;
+    }
+    *n_out = n;
+    return 0;
+}
+
+/* Points the response arrays at the planner's page table. */
+static void table_from_plan(kvp_rpc_t *r, kvpool_PageTable *t, kvp_reply_arrays_t *out)
+{
+    const kvp_plan_t *p = &r->plan;
+    uint32_t B = p->batch_size;
+    t->batch_size = B;
+    t->nnz = p->nnz;
+    out->kv_indptr = kvp_array(p->kv_indptr, 4, B + 1, B + 1);
+    out->kv_indices = kvp_array(p->kv_indices, 4, (uint32_t)p->kv_indptr[B], 0);
+    out->kv_last_page_len = kvp_array(p->kv_last_page_len, 4, B, B);
+    out->append_indptr = kvp_array(p->append_indptr, 4, B + 1, B + 1);
+    out->seq_lens = kvp_array(p->seq_lens, 4, B, B);
+    out->copies = kvp_array(p->copies, 4, 2 * p->num_copies, 0);
+    kvp_wire_table_bind_encode(t, out);
+}
+
+static void count_alloc_failure(kvp_rpc_t *r, int rc)
+{
+    r->alloc_failures[rc == KVP_ENOSPC ? 0 : rc == KVP_ELIMIT ? 1 : rc == KVP_EINVAL ? 2 : 3]++;
+}
+
+/* ---- the calls -------------------------------------------------------------------------- */
+
+static int do_hello(kvp_rpc_t *r, kvp_session_t *s, const kvpool_HelloRequest *h, kvp_rpc_io_t *io,
+                    uint64_t id)
+{
+    kvpool_Response *resp = &io->resp;
+    if (s->hello_done) {
+        kvp_rpc_error(resp, id, KVP_EPRECOND, "hello already done on this connection");
+        return 0;
+    }
+    if (h->protocol_version != KVP_PROTOCOL_VERSION) {
+        kvp_rpc_error(resp, id, KVP_EPRECOND, "protocol version %u not supported (daemon: %u)",
+                      h->protocol_version, KVP_PROTOCOL_VERSION);
+        return 0;
+    }
+    if (r->draining) {
+        kvp_rpc_error(resp, id, KVP_EUNAVAIL, "daemon is shutting down");
+        return 0;
+    }
+    const char *name = h->namespace[0] ? h->namespace : "default";
+    uint32_t lease = h->has_lease_ms ? h->lease_ms : r->lim.default_lease_ms;
+    int set_lease = h->has_lease_ms;
+    if (lease > r->lim.max_lease_ms) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "lease_ms %u above max_lease_ms %u", lease,
+                      r->lim.max_lease_ms);
+        return 0;
+    }
+    uint32_t ns;
+    int rc = kvp_ns_attach(&r->ns, name, s->uid, lease, set_lease, &ns);
+    if (rc) {
+        kvp_rpc_error(resp, id, rc,
+                      rc == KVP_EPERM    ? "namespace '%s' belongs to another user"
+                      : rc == KVP_ELIMIT ? "no free namespace slot for '%s'"
+                                         : "invalid namespace name '%s'",
+                      name);
+        return 0;
+    }
+    ok(resp, id, kvpool_Response_hello_tag);
+    kvpool_HelloResponse *hr = &resp->body.hello;
+    hr->protocol_version = KVP_PROTOCOL_VERSION;
+    snprintf(hr->server_version, sizeof(hr->server_version), "%s", KVP_VERSION);
+    hr->session_id = s->id;
+    hr->has_pool = true;
+    fill_pool_info(r, &hr->pool);
+    if (h->want_pool_fds && (rc = attach_pool_fds(r, io, &hr->pool))) {
+        kvp_ns_detach(&r->ns, ns, 0);
+        kvp_rpc_error(resp, id, KVP_EINTERNAL, "cannot export the pool: %s", kvp_strerror(rc));
+        return 0;
+    }
+    s->hello_done = 1;
+    s->ns = ns;
+    snprintf(s->name, sizeof(s->name), "%s", h->client_name);
+    snprintf(s->ns_name, sizeof(s->ns_name), "%s", name);
+    kvp_log(KVP_LOG_INFO, "session hello session=%llu ns=%s client=%s pid=%d uid=%u lease_ms=%u",
+            (unsigned long long)s->id, name, s->name, s->pid, s->uid, lease);
+    return 0;
+}
+
+static int do_register(kvp_rpc_t *r, kvp_session_t *s, const kvpool_RegisterBufferRequest *q,
+                       kvp_rpc_io_t *io, uint64_t id)
+{
+    kvpool_Response *resp = &io->resp;
+    if (q->kind != kvpool_BufferKind_BUFFER_MEMFD &&
+        r->backend->kind == kvpool_BackendKind_BACKEND_HOST) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "buffer kind %d not supported by the host backend",
+                      (int)q->kind);
+        return 0;
+    }
+    if (q->size_bytes == 0 || q->size_bytes > r->lim.max_buffer_bytes) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "size_bytes %llu outside 1..%llu",
+                      (unsigned long long)q->size_bytes,
+                      (unsigned long long)r->lim.max_buffer_bytes);
+        return 0;
+    }
+    if (io->nfds_in != 1 || io->fds_in[0] < 0) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "RegisterBuffer needs exactly one fd, got %d",
+                      io->nfds_in);
+        return 0;
+    }
+    if (s->num_buffers >= r->lim.max_buffers_per_client) {
+        kvp_rpc_error(resp, id, KVP_ELIMIT, "buffer limit %u reached",
+                      r->lim.max_buffers_per_client);
+        return 0;
+    }
+    kvp_session_buffer_t *sb = &s->buffers[s->num_buffers];
+    int rc = r->backend->ops->import_buffer(r->backend, (uint32_t)q->kind, io->fds_in[0],
+                                            q->size_bytes, &sb->buf);
+    if (rc) {
+        kvp_rpc_error(resp, id, rc == KVP_EPERM ? KVP_EINVAL : rc, "cannot import the buffer: %s",
+                      rc == KVP_EPERM ? "a memfd must carry F_SEAL_SHRINK (so it cannot be "
+                                        "shrunk under the daemon)"
+                                      : kvp_strerror(rc));
+        return 0;
+    }
+    io->fds_in[0] = -1; /* the backend owns it now */
+    sb->id = s->next_buffer_id++;
+    s->num_buffers++;
+    ok(resp, id, kvpool_Response_register_buffer_tag);
+    resp->body.register_buffer.buffer_id = sb->id;
+    return 0;
+}
+
+static kvp_session_buffer_t *find_buffer(kvp_session_t *s, uint32_t buffer_id)
+{
+    for (uint32_t i = 0; i < s->num_buffers; i++)
+        if (s->buffers[i].id == buffer_id)
+            return &s->buffers[i];
+    return NULL;
+}
+
+static int do_unregister(kvp_rpc_t *r, kvp_session_t *s, const kvpool_UnregisterBufferRequest *q,
+                         kvp_rpc_io_t *io, uint64_t id)
+{
+    kvp_session_buffer_t *sb = find_buffer(s, q->buffer_id);
+    if (!sb) {
+        kvp_rpc_error(&io->resp, id, KVP_ENOENT, "no buffer %u", q->buffer_id);
+        return 0;
+    }
+    r->backend->ops->release_buffer(r->backend, &sb->buf);
+    *sb = s->buffers[--s->num_buffers];
+    ok(&io->resp, id, kvpool_Response_unregister_buffer_tag);
+    return 0;
+}
+
+static int do_reserve(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io, uint64_t id,
+                      uint64_t now_ms)
+{
+    uint32_t n;
+    if (take_batch(r, s, io, 1, &n, &io->resp, id))
+        return 0;
+    int rc = kvp_plan_append(r->seqs, r->items, n, &r->plan_limits, now_ms, &r->plan);
+    if (rc) {
+        count_alloc_failure(r, rc);
+        kvp_rpc_error(&io->resp, id, rc, "%s (batch item %u)", plan_error_text(rc),
+                      r->plan.fail_index);
+        return 0;
+    }
+    r->pages_allocated_total += r->plan.num_new_pages;
+    r->cow_copies_total += r->plan.num_copies;
+    ok(&io->resp, id, kvpool_Response_reserve_tag);
+    io->resp.body.reserve.has_table = true;
+    table_from_plan(r, &io->resp.body.reserve.table, &io->out);
+    return 0;
+}
+
+/* Checks the source ranges of an append against the buffer: every byte any layer, token and
+ * head reads lies inside it, offsets and strides are multiples of the element size. */
+static int check_source(const kvp_rpc_t *r, const kvpool_Source *src, const kvp_buffer_t *buf,
+                        uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
+{
+    const kvp_geom_derived_t *d = &r->backend->derived;
+    uint64_t e = d->elem_bytes;
+    uint64_t vals[] = {src->k_offset,   src->v_offset,   src->k_stride_n,  src->k_stride_h,
+                       src->v_stride_n, src->v_stride_h, src->layer_stride};
+    for (unsigned i = 0; i < 7; i++)
+        if (vals[i] % e) {
+            snprintf(why, why_len, "source offsets and strides must be multiples of %llu bytes",
+                     (unsigned long long)e);
+            return KVP_EINVAL;
+        }
+    if (nnz == 0)
+        return 0;
+    uint64_t H = d->heads;
+    for (int kv = 0; kv < 2; kv++) {
+        uint64_t off = kv ? src->v_offset : src->k_offset;
+        uint64_t sn = kv ? src->v_stride_n : src->k_stride_n;
+        uint64_t sh = kv ? src->v_stride_h : src->k_stride_h;
+        uint64_t a, b, c, end;
+        if (__builtin_mul_overflow((uint64_t)(le - lb - 1), src->layer_stride, &a) ||
+            __builtin_mul_overflow((uint64_t)(nnz - 1), sn, &b) ||
+            __builtin_mul_overflow(H - 1, sh, &c) || __builtin_add_overflow(off, a, &end) ||
+            __builtin_add_overflow(end, b, &end) || __builtin_add_overflow(end, c, &end) ||
+            __builtin_add_overflow(end, d->row_bytes, &end) || end > buf->size_bytes) {
+            snprintf(why, why_len, "%s source range exceeds buffer of %llu bytes", kv ? "V" : "K",
+                     (unsigned long long)buf->size_bytes);
+            return KVP_ERANGE;
+        }
+    }
+    return 0;
+}
+
+static void job_free_arrays(kvp_rpc_job_t *j)
+{
+    free(j->kv_indptr);
+    free(j->pinned);
+}
+
+void kvp_rpc_job_free(kvp_rpc_job_t *job)
+{
+    if (!job)
+        return;
+    job_free_arrays(job);
+    free(job);
+}
+
+/* Copies the plan into a job (the planner's arrays are reused by the next call) and pins
+ * every page the job reads or writes. */
+static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpool_Source *src,
+                               uint32_t lb, uint32_t le, uint64_t id)
+{
+    const kvp_plan_t *p = &r->plan;
+    uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies, N = p->nnz;
+    kvp_rpc_job_t *j = calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    size_t words = (size_t)(B + 1) * 2 + (size_t)B * 2 + I + (size_t)N * 2 + (size_t)C * 2;
+    int32_t *w = malloc(words * sizeof(int32_t) + 4);
+    j->pinned = malloc(((size_t)I + 2 * C + 1) * sizeof(uint32_t));
+    if (!w || !j->pinned) {
+        free(w);
+        free(j->pinned);
+        free(j);
+        return NULL;
+    }
+    j->kv_indptr = w, w += B + 1;
+    j->append_indptr = w, w += B + 1;
+    j->kv_last_page_len = w, w += B;
+    j->seq_lens = w, w += B;
+    j->kv_indices = w, w += I;
+    j->batch_indices = w, w += N;
+    j->positions = w, w += N;
+    j->copies = (kvp_page_copy_t *)w;
+    memcpy(j->kv_indptr, p->kv_indptr, (B + 1) * 4);
+    memcpy(j->append_indptr, p->append_indptr, (B + 1) * 4);
+    memcpy(j->kv_last_page_len, p->kv_last_page_len, B * 4);
+    memcpy(j->seq_lens, p->seq_lens, B * 4);
+    if (I)
+        memcpy(j->kv_indices, p->kv_indices, (size_t)I * 4);
+    if (C)
+        memcpy(j->copies, p->copies, (size_t)C * sizeof(kvp_page_copy_t));
+    if (N)
+        kvp_get_batch_indices_positions_cpu(j->append_indptr, j->seq_lens, B, N, j->batch_indices,
+                                            j->positions);
+    j->rpc = r;
+    j->req_id = id;
+    j->batch_size = B, j->nnz = N, j->num_copies = C, j->num_indices = I;
+    /* pin: copy sources and destinations, and the pages that receive tokens */
+    for (uint32_t c = 0; c < C; c++) {
+        kvp_alloc_pin(r->alloc, j->copies[c].src);
+        j->pinned[j->num_pinned++] = j->copies[c].src;
+        kvp_alloc_pin(r->alloc, j->copies[c].dst);
+        j->pinned[j->num_pinned++] = j->copies[c].dst;
+    }
+    const uint32_t ps = r->backend->geom.page_size;
+    for (uint32_t b = 0; b < B; b++) {
+        uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]);
+        if (!add)
+            continue;
+        uint32_t first = (uint32_t)(j->seq_lens[b] - (int32_t)add) / ps;
+        for (int32_t k = j->kv_indptr[b] + (int32_t)first; k < j->kv_indptr[b + 1]; k++) {
+            kvp_alloc_pin(r->alloc, (uint32_t)j->kv_indices[k]);
+            j->pinned[j->num_pinned++] = (uint32_t)j->kv_indices[k];
+        }
+    }
+    kvp_exec_t *e = &j->exec;
+    e->batch_size = B;
+    e->nnz = N;
+    e->kv_indptr = j->kv_indptr;
+    e->kv_indices = j->kv_indices;
+    e->kv_last_page_len = j->kv_last_page_len;
+    e->batch_indices = j->batch_indices;
+    e->positions = j->positions;
+    e->copies = j->copies;
+    e->num_copies = C;
+    e->src = buf;
+    e->k_offset = src->k_offset;
+    e->v_offset = src->v_offset;
+    e->k_stride_n = src->k_stride_n;
+    e->k_stride_h = src->k_stride_h;
+    e->v_stride_n = src->v_stride_n;
+    e->v_stride_h = src->v_stride_h;
+    e->layer_stride = src->layer_stride;
+    e->layer_begin = lb;
+    e->layer_end = le;
+    j->bytes =
+        (uint64_t)N * 2 * r->backend->derived.heads * r->backend->derived.row_bytes * (le - lb);
+    return j;
+}
+
+static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest *q,
+                     kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    kvpool_Response *resp = &io->resp;
+    if (!q->has_source) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "append needs a source");
+        return KVP_RPC_DONE;
+    }
+    const kvpool_Source *src = &q->source;
+    kvp_session_buffer_t *sb = find_buffer(s, src->buffer_id);
+    if (!sb) {
+        kvp_rpc_error(resp, id, KVP_ENOENT, "no buffer %u registered on this connection",
+                      src->buffer_id);
+        return KVP_RPC_DONE;
+    }
+    if (q->sync != kvpool_SyncMode_SYNC_NONE &&
+        r->backend->kind == kvpool_BackendKind_BACKEND_HOST) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "sync mode %d needs the cuda backend", (int)q->sync);
+        return KVP_RPC_DONE;
+    }
+    uint32_t L = r->backend->geom.num_layers;
+    uint32_t lb = src->layer_begin, le = src->layer_end ? src->layer_end : L;
+    if (lb >= le || le > L) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "layer range [%u, %u) outside [0, %u)", lb, le, L);
+        return KVP_RPC_DONE;
+    }
+    uint32_t n;
+    if (take_batch(r, s, io, 1, &n, resp, id))
+        return KVP_RPC_DONE;
+    uint64_t nnz = 0;
+    for (uint32_t i = 0; i < n; i++)
+        nnz += r->items[i].num_tokens;
+    if (nnz == 0) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "nothing to append: every num_tokens is 0");
+        return KVP_RPC_DONE;
+    }
+    char why[160];
+    int rc = nnz > 0x7fffffffu
+                 ? KVP_ELIMIT
+                 : check_source(r, src, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
+    if (rc) {
+        kvp_rpc_error(resp, id, rc, "%s", rc == KVP_ELIMIT ? "too many tokens" : why);
+        return KVP_RPC_DONE;
+    }
+    rc = kvp_plan_append(r->seqs, r->items, n, &r->plan_limits, now_ms, &r->plan);
+    if (rc) {
+        count_alloc_failure(r, rc);
+        kvp_rpc_error(resp, id, rc, "%s (batch item %u)", plan_error_text(rc), r->plan.fail_index);
+        return KVP_RPC_DONE;
+    }
+    r->pages_allocated_total += r->plan.num_new_pages;
+    r->cow_copies_total += r->plan.num_copies;
+    kvp_rpc_job_t *j = make_job(r, &sb->buf, src, lb, le, id);
+    if (!j) {
+        /* the plan is committed but cannot be executed: give the pages back by rolling the
+         * sequences back to their previous lengths */
+        for (uint32_t i = 0; i < n; i++)
+            kvp_seqtab_truncate(r->seqs, s->ns, r->items[i].seq_id,
+                                (uint32_t)r->plan.seq_lens[i] - r->items[i].num_tokens, now_ms);
+        kvp_rpc_error(resp, id, KVP_ENOMEM, "out of memory for the append job");
+        return KVP_RPC_DONE;
+    }
+    io->job = j;
+    return KVP_RPC_ASYNC;
+}
+
+void kvp_rpc_job_run(kvp_rpc_job_t *job)
+{
+    kvp_backend_t *b = job->rpc->backend;
+    job->rc = b->ops->run(b, &job->exec);
+}
+
+void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io)
+{
+    for (uint32_t i = 0; i < j->num_pinned; i++)
+        kvp_alloc_unpin(r->alloc, j->pinned[i]);
+    j->num_pinned = 0;
+    if (j->rc) {
+        /* a validated plan failed in the backend: the pool can no longer be trusted */
+        r->unhealthy = 1;
+        kvp_log(KVP_LOG_CRIT, "append failed in backend rc=%s", kvp_errname(j->rc));
+        kvp_rpc_error(&io->resp, j->req_id, KVP_EINTERNAL, "append failed in the backend: %s",
+                      kvp_strerror(j->rc));
+        return;
+    }
+    r->append_bytes_total += j->bytes;
+    ok(&io->resp, j->req_id, kvpool_Response_append_tag);
+    kvpool_AppendResponse *ar = &io->resp.body.append;
+    ar->has_table = true;
+    uint32_t B = j->batch_size;
+    ar->table.batch_size = B;
+    ar->table.nnz = j->nnz;
+    io->out.kv_indptr = kvp_array(j->kv_indptr, 4, B + 1, 0);
+    io->out.kv_indices = kvp_array(j->kv_indices, 4, j->num_indices, 0);
+    io->out.kv_last_page_len = kvp_array(j->kv_last_page_len, 4, B, 0);
+    io->out.append_indptr = kvp_array(j->append_indptr, 4, B + 1, 0);
+    io->out.seq_lens = kvp_array(j->seq_lens, 4, B, 0);
+    io->out.copies = kvp_array(j->copies, 4, 2 * j->num_copies, 0);
+    kvp_wire_table_bind_encode(&ar->table, &io->out);
+}
+
+static int do_fork(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ForkRequest *q, kvp_rpc_io_t *io,
+                   uint64_t id, uint64_t now_ms)
+{
+    int rc = kvp_seqtab_fork(r->seqs, s->ns, q->parent, q->child, now_ms);
+    if (rc) {
+        kvp_rpc_error(&io->resp, id, rc,
+                      rc == KVP_ENOENT   ? "no sequence %llu"
+                      : rc == KVP_EEXIST ? "sequence %llu already exists"
+                                         : "cannot fork %llu: limit or quota",
+                      (unsigned long long)(rc == KVP_EEXIST ? q->child : q->parent));
+        return 0;
+    }
+    ok(&io->resp, id, kvpool_Response_fork_tag);
+    io->resp.body.fork.num_tokens = kvp_seqtab_find(r->seqs, s->ns, q->child)->num_tokens;
+    return 0;
+}
+
+static int do_truncate(kvp_rpc_t *r, kvp_session_t *s, const kvpool_TruncateRequest *q,
+                       kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, s->ns, q->seq_id);
+    uint32_t before = seq ? seq->num_pages : 0;
+    int rc = kvp_seqtab_truncate(r->seqs, s->ns, q->seq_id, q->num_tokens, now_ms);
+    if (rc) {
+        if (rc == KVP_ENOENT)
+            kvp_rpc_error(&io->resp, id, rc, "no sequence %llu", (unsigned long long)q->seq_id);
+        else
+            kvp_rpc_error(&io->resp, id, KVP_EINVAL, "cannot truncate %u-token sequence to %u",
+                          seq ? seq->num_tokens : 0, q->num_tokens);
+        return 0;
+    }
+    ok(&io->resp, id, kvpool_Response_truncate_tag);
+    io->resp.body.truncate.pages_freed = before - seq->num_pages;
+    return 0;
+}
+
+static int do_release(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io, uint64_t id)
+{
+    uint32_t n, released = 0;
+    if (take_batch(r, s, io, 0, &n, &io->resp, id))
+        return 0;
+    for (uint32_t i = 0; i < n; i++)
+        released += kvp_seqtab_release(r->seqs, s->ns, r->items[i].seq_id) == 0;
+    ok(&io->resp, id, kvpool_Response_release_tag);
+    io->resp.body.release.released = released;
+    return 0;
+}
+
+static int do_page_table(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io, uint64_t id)
+{
+    uint32_t n;
+    if (take_batch(r, s, io, 0, &n, &io->resp, id))
+        return 0;
+    int rc = kvp_plan_page_table(r->seqs, r->items, n, &r->plan_limits, &r->plan);
+    if (rc) {
+        kvp_rpc_error(&io->resp, id, rc, "%s (batch item %u)",
+                      rc == KVP_ENOENT ? "no such sequence" : kvp_strerror(rc), r->plan.fail_index);
+        return 0;
+    }
+    ok(&io->resp, id, kvpool_Response_get_page_table_tag);
+    io->resp.body.get_page_table.has_table = true;
+    table_from_plan(r, &io->resp.body.get_page_table.table, &io->out);
+    return 0;
+}
+
+static int do_stats(kvp_rpc_t *r, kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    ok(&io->resp, id, kvpool_Response_stats_tag);
+    kvpool_StatsResponse *sr = &io->resp.body.stats;
+    sr->has_stats = true;
+    kvpool_Stats *st = &sr->stats;
+    kvp_stats_t s;
+    kvp_seqtab_stats(r->seqs, &s);
+    st->num_pages = s.num_pages;
+    st->free_pages = s.free_pages;
+    st->used_pages = s.used_pages;
+    st->shared_pages = s.shared_pages;
+    st->num_seqs = s.num_seqs;
+    st->num_tokens = s.num_tokens;
+    st->page_refs = s.page_refs;
+    st->page_bytes =
+        r->backend->derived.layer_bytes / r->backend->geom.num_pages * r->backend->geom.num_layers;
+    st->num_clients = r->num_clients;
+    st->uptime_ms = now_ms - r->start_ms;
+    st->requests_total = r->requests_total;
+    st->append_bytes_total = r->append_bytes_total;
+    for (uint32_t i = 0; i < r->ns.max && st->namespaces_count < 64; i++) {
+        const kvp_ns_t *n = &r->ns.ns[i];
+        if (!n->in_use)
+            continue;
+        kvp_ns_stats_t ns;
+        kvp_seqtab_ns_stats(r->seqs, i, &ns);
+        kvpool_NamespaceStats *o = &st->namespaces[st->namespaces_count++];
+        snprintf(o->name, sizeof(o->name), "%s", n->name);
+        o->num_seqs = ns.num_seqs;
+        o->num_tokens = ns.num_tokens;
+        o->page_refs = ns.page_refs;
+        o->sessions = n->sessions;
+        o->lease_ms = n->lease_ms;
+        o->lease_expires_in_ms = n->expires_at_ms > now_ms ? n->expires_at_ms - now_ms : 0;
+    }
+    return 0;
+}
+
+static int do_list_seqs(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ListSequencesRequest *q,
+                        kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    uint32_t ns = s->ns;
+    if (q->namespace[0]) {
+        int found = -1;
+        for (uint32_t i = 0; i < r->ns.max; i++)
+            if (r->ns.ns[i].in_use && strcmp(r->ns.ns[i].name, q->namespace) == 0)
+                found = (int)i;
+        if (found < 0) {
+            kvp_rpc_error(&io->resp, id, KVP_ENOENT, "no namespace '%s'", q->namespace);
+            return 0;
+        }
+        ns = (uint32_t)found;
+    }
+    uint32_t limit = q->limit && q->limit < 256 ? q->limit : 256;
+    ok(&io->resp, id, kvpool_Response_list_sequences_tag);
+    kvpool_ListSequencesResponse *lr = &io->resp.body.list_sequences;
+    uint32_t cur = q->cursor;
+    const kvp_seq_t *seq;
+    while (lr->seqs_count < limit && (seq = kvp_seqtab_next(r->seqs, &cur))) {
+        if (seq->ns != ns)
+            continue;
+        kvpool_SequenceInfo *o = &lr->seqs[lr->seqs_count++];
+        o->seq_id = seq->id;
+        o->num_tokens = seq->num_tokens;
+        o->num_pages = seq->num_pages;
+        for (uint32_t i = 0; i < seq->num_pages; i++)
+            o->shared_pages += kvp_alloc_refcount(r->alloc, seq->pages[i]) > 1;
+        o->idle_ms = now_ms > seq->last_touch_ms ? now_ms - seq->last_touch_ms : 0;
+    }
+    /* a cursor is a record index + 1; 0 means done */
+    uint32_t probe = cur;
+    lr->next_cursor = kvp_seqtab_next(r->seqs, &probe) ? cur : 0;
+    return 0;
+}
+
+static int do_list_clients(kvp_rpc_t *r, kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    ok(&io->resp, id, kvpool_Response_list_clients_tag);
+    kvpool_ListClientsResponse *lr = &io->resp.body.list_clients;
+    for (kvp_session_t *s = r->sessions; s && lr->clients_count < 256; s = s->next) {
+        kvpool_ClientInfo *o = &lr->clients[lr->clients_count++];
+        o->session_id = s->id;
+        snprintf(o->namespace, sizeof(o->namespace), "%s", s->ns_name);
+        snprintf(o->client_name, sizeof(o->client_name), "%s", s->name);
+        o->pid = s->pid;
+        o->uid = s->uid;
+        o->gid = s->gid;
+        o->requests = s->requests;
+        o->connected_ms = now_ms - s->connected_ms;
+        o->buffers = s->num_buffers;
+    }
+    return 0;
+}
+
+static int do_audit(kvp_rpc_t *r, kvp_rpc_io_t *io, uint64_t id)
+{
+    ok(&io->resp, id, kvpool_Response_audit_tag);
+    kvpool_AuditResponse *ar = &io->resp.body.audit;
+    int rc = kvp_seqtab_audit(r->seqs, ar->message, sizeof(ar->message));
+    ar->ok = rc == 0;
+    if (rc == 0)
+        snprintf(ar->message, sizeof(ar->message), "ok");
+    else if (rc != KVP_EAUDIT)
+        snprintf(ar->message, sizeof(ar->message), "audit could not run: %s", kvp_strerror(rc));
+    if (rc)
+        kvp_log(KVP_LOG_ERR, "audit failed reason=\"%s\"", ar->message);
+    return 0;
+}
+
+int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    io->job = NULL;
+    io->nfds_out = 0;
+    io->mutating = kvp_rpc_is_mutating(req->which_body);
+    memset(&io->out, 0, sizeof(io->out));
+    s->requests++;
+    r->requests_total++;
+    if (!s->hello_done && req->which_body != kvpool_Request_hello_tag &&
+        req->which_body != kvpool_Request_ping_tag) {
+        kvp_rpc_error(&io->resp, id, KVP_EPRECOND, "the first request must be Hello");
+        return KVP_RPC_DONE;
+    }
+    if (io->nfds_in > 0 && req->which_body != kvpool_Request_register_buffer_tag) {
+        kvp_rpc_error(&io->resp, id, KVP_EINVAL,
+                      "request carries %d fds; only RegisterBuffer takes one", io->nfds_in);
+        return KVP_RPC_DONE;
+    }
+    if (r->unhealthy && req->which_body != kvpool_Request_ping_tag) {
+        kvp_rpc_error(&io->resp, id, KVP_EUNAVAIL, "daemon is unhealthy");
+        return KVP_RPC_DONE;
+    }
+    switch (req->which_body) {
+    case kvpool_Request_hello_tag:
+        return do_hello(r, s, &req->body.hello, io, id);
+    case kvpool_Request_ping_tag:
+        ok(&io->resp, id, kvpool_Response_ping_tag);
+        io->resp.body.ping.nonce = req->body.ping.nonce;
+        return KVP_RPC_DONE;
+    case kvpool_Request_pool_info_tag: {
+        ok(&io->resp, id, kvpool_Response_pool_info_tag);
+        fill_pool_info(r, &io->resp.body.pool_info);
+        int rc = req->body.pool_info.want_pool_fds
+                     ? attach_pool_fds(r, io, &io->resp.body.pool_info)
+                     : 0;
+        if (rc)
+            kvp_rpc_error(&io->resp, id, KVP_EINTERNAL, "cannot export the pool");
+        return KVP_RPC_DONE;
+    }
+    case kvpool_Request_register_buffer_tag:
+        return do_register(r, s, &req->body.register_buffer, io, id);
+    case kvpool_Request_unregister_buffer_tag:
+        return do_unregister(r, s, &req->body.unregister_buffer, io, id);
+    case kvpool_Request_append_tag:
+        return do_append(r, s, &req->body.append, io, id, now_ms);
+    case kvpool_Request_reserve_tag:
+        return do_reserve(r, s, io, id, now_ms);
+    case kvpool_Request_fork_tag:
+        return do_fork(r, s, &req->body.fork, io, id, now_ms);
+    case kvpool_Request_truncate_tag:
+        return do_truncate(r, s, &req->body.truncate, io, id, now_ms);
+    case kvpool_Request_release_tag:
+        return do_release(r, s, io, id);
+    case kvpool_Request_get_page_table_tag:
+        return do_page_table(r, s, io, id);
+    case kvpool_Request_stats_tag:
+        return do_stats(r, io, id, now_ms);
+    case kvpool_Request_list_sequences_tag:
+        return do_list_seqs(r, s, &req->body.list_sequences, io, id, now_ms);
+    case kvpool_Request_list_clients_tag:
+        return do_list_clients(r, io, id, now_ms);
+    case kvpool_Request_audit_tag:
+        return do_audit(r, io, id);
+    case kvpool_Request_metrics_tag:
+        /* the text is produced by the server layer, which owns the buffer (kvp_rpc_metrics) */
+        ok(&io->resp, id, kvpool_Response_metrics_tag);
+        return KVP_RPC_DONE;
+    default:
+        kvp_rpc_error(&io->resp, id, KVP_EINVAL, "unknown or empty request body (tag %u)",
+                      (unsigned)req->which_body);
+        return KVP_RPC_DONE;
+    }
+}
+
+/* ---- metrics -------------------------------------------------------------------------- */
+
+static const char *const call_names[NUM_CALLS] = {NULL,
+                                                  NULL,
+                                                  "hello",
+                                                  "ping",
+                                                  "pool_info",
+                                                  "register_buffer",
+                                                  "unregister_buffer",
+                                                  "append",
+                                                  "reserve",
+                                                  "fork",
+                                                  "truncate",
+                                                  "release",
+                                                  "get_page_table",
+                                                  "stats",
+                                                  "list_sequences",
+                                                  "list_clients",
+                                                  "audit",
+                                                  "metrics"};
+
+void kvp_rpc_observe(kvp_rpc_t *r, pb_size_t which, kvpool_Code code, uint64_t latency_ns)
+{
+    if (which >= NUM_CALLS || !call_names[which] || (unsigned)code >= NUM_CODES)
+        return;
+    r->calls[which][code]++;
+    unsigned k = 0;
+    uint64_t bound = 1000;
+    while (k < NUM_BUCKETS - 1 && latency_ns > bound) {
+        k++;
+        bound <<= 1;
+    }
+    r->lat_buckets[which][k]++;
+    r->lat_sum_ns[which] += latency_ns;
+}
+
+typedef struct {
+    char *buf;
+    size_t cap, len;
+} sbuf_t;
+
+static void put(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf_t *b, const char *fmt, ...)
+{
+    if (b->len + 1 >= b->cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        b->len = b->len + (size_t)n < b->cap ? b->len + (size_t)n : b->cap - 1;
+}
+
+size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms)
+{
+    sbuf_t b = {buf, cap, 0};
+    if (cap)
+        buf[0] = '\0';
+    kvp_stats_t s;
+    kvp_seqtab_stats(r->seqs, &s);
+    const kvp_backend_t *be = r->backend;
+    uint64_t page_bytes = be->derived.layer_bytes / be->geom.num_pages * be->geom.num_layers;
+    put(&b, "# HELP kvpool_build_info Build information.\n# TYPE kvpool_build_info gauge\n");
+    put(&b, "kvpool_build_info{version=\"%s\",backend=\"%s\"} 1\n", KVP_VERSION, be->ops->name);
+    put(&b,
+        "# HELP kvpool_up Whether the daemon can serve (1) or is unhealthy (0).\n"
+        "# TYPE kvpool_up gauge\nkvpool_up %d\n",
+        kvp_rpc_healthy(r));
+    put(&b,
+        "# HELP kvpool_uptime_seconds Seconds since the daemon started.\n"
+        "# TYPE kvpool_uptime_seconds gauge\nkvpool_uptime_seconds %.3f\n",
+        (double)(now_ms - r->start_ms) / 1000.0);
+    const char *names[] = {"capacity", "used", "free", "shared"};
+    uint32_t vals[] = {s.num_pages, s.used_pages, s.free_pages, s.shared_pages};
+    put(&b, "# HELP kvpool_pages Pages of the pool by state.\n# TYPE kvpool_pages gauge\n");
+    for (int i = 0; i < 4; i++)
+        put(&b, "kvpool_pages{device=\"0\",state=\"%s\"} %u\n", names[i], vals[i]);
+    put(&b,
+        "# HELP kvpool_pool_bytes Bytes of the pool by state.\n# TYPE kvpool_pool_bytes gauge\n");
+    for (int i = 0; i < 4; i++)
+        put(&b, "kvpool_pool_bytes{device=\"0\",state=\"%s\"} %llu\n", names[i],
+            (unsigned long long)vals[i] * page_bytes);
+    put(&b, "# HELP kvpool_sequences Live sequences per namespace.\n"
+            "# TYPE kvpool_sequences gauge\n");
+    for (uint32_t i = 0; i < r->ns.max; i++) {
+        if (!r->ns.ns[i].in_use)
+            continue;
+        kvp_ns_stats_t ns;
+        kvp_seqtab_ns_stats(r->seqs, i, &ns);
+        put(&b, "kvpool_sequences{namespace=\"%s\"} %u\n", r->ns.ns[i].name, ns.num_seqs);
+    }
+    put(&b, "# HELP kvpool_tokens Tokens held per namespace.\n# TYPE kvpool_tokens gauge\n");
+    for (uint32_t i = 0; i < r->ns.max; i++) {
+        if (!r->ns.ns[i].in_use)
+            continue;
+        kvp_ns_stats_t ns;
+        kvp_seqtab_ns_stats(r->seqs, i, &ns);
+        put(&b, "kvpool_tokens{namespace=\"%s\"} %llu\n", r->ns.ns[i].name,
+            (unsigned long long)ns.num_tokens);
+    }
+    put(&b,
+        "# HELP kvpool_connected_clients Open client connections.\n"
+        "# TYPE kvpool_connected_clients gauge\nkvpool_connected_clients %u\n",
+        r->num_clients);
+    put(&b,
+        "# HELP kvpool_page_allocations_total Pages allocated.\n"
+        "# TYPE kvpool_page_allocations_total counter\nkvpool_page_allocations_total %llu\n",
+        (unsigned long long)r->pages_allocated_total);
+    put(&b, "# HELP kvpool_allocation_failures_total Failed batch allocations by reason.\n"
+            "# TYPE kvpool_allocation_failures_total counter\n");
+    const char *reasons[] = {"exhausted", "limit", "invalid", "other"};
+    for (int i = 0; i < 4; i++)
+        put(&b, "kvpool_allocation_failures_total{reason=\"%s\"} %llu\n", reasons[i],
+            (unsigned long long)r->alloc_failures[i]);
+    put(&b,
+        "# HELP kvpool_cow_copies_total Pages copied on write.\n"
+        "# TYPE kvpool_cow_copies_total counter\nkvpool_cow_copies_total %llu\n",
+        (unsigned long long)r->cow_copies_total);
+    put(&b,
+        "# HELP kvpool_lease_expiries_total Namespaces released when their lease ran out.\n"
+        "# TYPE kvpool_lease_expiries_total counter\nkvpool_lease_expiries_total %llu\n",
+        (unsigned long long)r->lease_expiries_total);
+    put(&b,
+        "# HELP kvpool_append_bytes_total K and V bytes appended by the daemon.\n"
+        "# TYPE kvpool_append_bytes_total counter\nkvpool_append_bytes_total %llu\n",
+        (unsigned long long)r->append_bytes_total);
+    put(&b, "# HELP kvpool_rpc_requests_total Requests answered by call and status.\n"
+            "# TYPE kvpool_rpc_requests_total counter\n");
+    for (unsigned c = 0; c < NUM_CALLS; c++)
+        for (unsigned k = 0; k < NUM_CODES; k++)
+            if (call_names[c] && r->calls[c][k])
+                put(&b, "kvpool_rpc_requests_total{call=\"%s\",code=\"%s\"} %llu\n", call_names[c],
+                    kvp_wire_code_name((kvpool_Code)k), (unsigned long long)r->calls[c][k]);
+    put(&b, "# HELP kvpool_rpc_duration_seconds Time from a request's frame to its answer.\n"
+            "# TYPE kvpool_rpc_duration_seconds histogram\n");
+    for (unsigned c = 0; c < NUM_CALLS; c++) {
+        if (!call_names[c])
+            continue;
+        uint64_t cum = 0, total = 0;
+        for (unsigned k = 0; k < NUM_BUCKETS; k++)
+            total += r->lat_buckets[c][k];
+        if (!total)
+            continue;
+        double bound = 1e-6;
+        for (unsigned k = 0; k < NUM_BUCKETS - 1; k++, bound *= 2) {
+            cum += r->lat_buckets[c][k];
+            put(&b, "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"%g\"} %llu\n",
+                call_names[c], bound, (unsigned long long)cum);
+        }
+        put(&b, "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"+Inf\"} %llu\n", call_names[c],
+            (unsigned long long)total);
+        put(&b, "kvpool_rpc_duration_seconds_sum{call=\"%s\"} %.9f\n", call_names[c],
+            (double)r->lat_sum_ns[c] / 1e9);
+        put(&b, "kvpool_rpc_duration_seconds_count{call=\"%s\"} %llu\n", call_names[c],
+            (unsigned long long)total);
+    }
+    return b.len;
+}

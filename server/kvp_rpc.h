@@ -1,0 +1,136 @@
+/*
+ * kvp_rpc.h - the daemon's state and the pure dispatch: a decoded Request in, a Response out
+ * (STYLE.md rule 8). No sockets and no clock reads here: the server layer frames bytes, passes
+ * the fds that arrived with a frame, supplies the time, and sends what dispatch answers. Unit
+ * tests drive it directly (tests/unit/test_rpc.c), and the fuzzer feeds it decoded garbage.
+ *
+ * An Append answers asynchronously: dispatch plans it (pages allocated, tables updated, pages
+ * in flight pinned) and hands back a job; the server runs kvp_rpc_job_run() on a copy worker
+ * thread and then kvp_rpc_job_finish() on the loop thread, which fills the response. Every
+ * other call answers at once. Loop thread only, except kvp_rpc_job_run.
+ */
+#ifndef KVP_RPC_H
+#define KVP_RPC_H
+
+#include <stdint.h>
+
+#include "kvp_backend.h"
+#include "kvp_ns.h"
+#include "kvp_plan.h"
+#include "kvp_seqtab.h"
+#include "kvp_wire.h"
+
+typedef struct kvp_rpc kvp_rpc_t;
+typedef struct kvp_rpc_job kvp_rpc_job_t;
+
+typedef struct {
+    uint32_t max_seqs;
+    uint32_t max_namespaces;
+    uint32_t max_seq_tokens;
+    uint32_t max_batch;
+    uint32_t max_batch_tokens;
+    uint32_t max_buffers_per_client;
+    uint64_t max_buffer_bytes;
+    uint32_t dedup_window;
+    uint32_t default_lease_ms;
+    uint32_t max_lease_ms;
+} kvp_rpc_limits_t;
+
+typedef struct {
+    uint32_t id;
+    kvp_buffer_t buf;
+} kvp_session_buffer_t;
+
+/* A connection's session. Created by kvp_rpc_session_open, freed by kvp_rpc_session_close. */
+typedef struct kvp_session {
+    struct kvp_session *next, *prev;
+    uint64_t id;
+    int hello_done;
+    uint32_t ns;
+    int32_t pid;
+    uint32_t uid, gid;
+    char name[KVP_NS_NAME_MAX + 1];
+    char ns_name[KVP_NS_NAME_MAX + 1];
+    uint64_t connected_ms;
+    uint64_t requests;
+    kvp_session_buffer_t *buffers; /* [max_buffers_per_client] */
+    uint32_t num_buffers;
+    uint32_t next_buffer_id;
+} kvp_session_t;
+
+/* What one dispatch reads and writes besides the request. */
+typedef struct {
+    const kvp_batch_arrays_t *batch; /* the decoded bulk arrays of the request */
+    int *fds_in;                     /* fds that arrived with the frame; dispatch sets the ones
+                                        it takes to -1, the caller closes the rest */
+    int nfds_in;
+    kvpool_Response resp;               /* filled by dispatch (or by job_finish) */
+    kvp_reply_arrays_t out;             /* bulk arrays the response points at */
+    int fds_out[KVP_MAX_FDS_PER_FRAME]; /* borrowed fds to attach to the response */
+    int nfds_out;
+    kvp_rpc_job_t *job; /* set when dispatch returns KVP_RPC_ASYNC */
+    int mutating;       /* set by dispatch: the call is subject to dedup */
+} kvp_rpc_io_t;
+
+enum { KVP_RPC_DONE = 0, KVP_RPC_ASYNC = 1 };
+
+/* Takes ownership of `backend`. Returns 0, KVP_EINVAL, KVP_ENOMEM. */
+int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t now_ms,
+                   kvp_rpc_t **out);
+/* Frees everything, the backend included; sessions must be closed first. NULL: no-op. */
+void kvp_rpc_destroy(kvp_rpc_t *r);
+
+kvp_session_t *kvp_rpc_session_open(kvp_rpc_t *r, int32_t pid, uint32_t uid, uint32_t gid,
+                                    uint64_t now_ms);
+/* Detaches from the namespace (releasing its sequences when the lease is 0), releases the
+ * session's buffers and frees it. */
+void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms);
+
+/* Dispatches one request (see the file comment). Returns KVP_RPC_DONE or KVP_RPC_ASYNC. */
+int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms);
+
+/* Copy worker thread: runs the job's plan on the backend. */
+void kvp_rpc_job_run(kvp_rpc_job_t *job);
+/* Loop thread, after job_run: unpins, fills io->resp / io->out; the job stays alive (its
+ * arrays back io->out) until kvp_rpc_job_free after the response is encoded. */
+void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, kvp_rpc_io_t *io);
+void kvp_rpc_job_free(kvp_rpc_job_t *job);
+
+/* Releases the sequences of namespaces whose lease ran out; returns how many namespaces. */
+uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms);
+/* Earliest lease deadline (ms), UINT64_MAX when none. */
+uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r);
+
+/* Idempotency (kvpool.proto): before dispatching a mutating call with id req_id, the server
+ * asks replay: 1 with *frame and *len = the stored answer; 2 = still in flight (answer
+ * UNAVAILABLE); 3 = answered but not kept (answer FAILED_PRECONDITION); 0 = new (dispatch it).
+ * After encoding the answer of a new one it calls remember. */
+int kvp_rpc_replay(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id, const uint8_t **frame,
+                   uint32_t *len);
+void kvp_rpc_begin(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id);
+void kvp_rpc_remember(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id, const uint8_t *frame,
+                      uint32_t len);
+/* True for the calls that change state (Append, Reserve, Fork, Truncate, Release,
+ * RegisterBuffer, UnregisterBuffer). */
+int kvp_rpc_is_mutating(pb_size_t which_body);
+
+/* Fills resp with an error status (code from a KVP_E* value) and message. */
+void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Metrics: one observation per answered request. */
+void kvp_rpc_observe(kvp_rpc_t *r, pb_size_t which_body, kvpool_Code code, uint64_t latency_ns);
+/* Prometheus text exposition 0.0.4 into buf; returns its length (truncated at cap - 1). */
+size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms);
+
+/* Server facts dispatch reports (Stats, metrics). */
+void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n);
+void kvp_rpc_set_draining(kvp_rpc_t *r, int draining);
+int kvp_rpc_healthy(kvp_rpc_t *r);
+
+/* For tests and kvpoold: the core the dispatch works on. */
+kvp_seqtab_t *kvp_rpc_seqtab(kvp_rpc_t *r);
+kvp_backend_t *kvp_rpc_backend(kvp_rpc_t *r);
+
+#endif

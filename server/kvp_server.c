@@ -1,0 +1,846 @@
+/*
+ * kvp_server.c - listening socket, connections, framing, fd passing and the write path of
+ * kvpoold (see kvp_server.h). The read path reads like a sentence: on_readable -> read_some
+ * (recvmsg, fds noted with the stream offset they arrived at) -> next_frame (cut one frame) ->
+ * handle_frame (decode, replay or dispatch) -> send_response (encode, queue, sendmsg).
+ *
+ * A connection answers in order: while one of its Appends runs on the thread pool, its later
+ * frames wait in its read buffer and it stops reading once a full frame is buffered (so one
+ * client's flood costs it, not the daemon). A client that does not read its answers is dropped
+ * when its unsent bytes pass max_queued_bytes.
+ */
+#include "kvp_server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvp_error.h"
+#include "kvp_log.h"
+#include "kvp_wire.h"
+
+#define MAX_PENDING_FDS 32
+#define METRICS_CAP     (1u << 20)
+
+typedef struct out_frame {
+    struct out_frame *next;
+    uint8_t *buf;
+    size_t len, off;
+    int fds[KVP_MAX_FDS_PER_FRAME]; /* borrowed from the backend: never closed here */
+    int nfds;
+} out_frame_t;
+
+typedef struct {
+    int fd;
+    uint64_t at; /* stream offset of the first byte read with it */
+} rx_fd_t;
+
+typedef struct conn {
+    uv_poll_t poll;
+    kvp_server_t *srv;
+    struct conn *next, *prev;
+    int fd;
+    kvp_session_t *sess;
+    uint8_t *rbuf;
+    size_t rlen, rcap;
+    uint64_t rx_total; /* bytes read so far: stream offset of rbuf[rlen] */
+    rx_fd_t rfds[MAX_PENDING_FDS];
+    int nrfds;
+    out_frame_t *out_head, *out_tail;
+    uint64_t queued;
+    int events;
+    int busy;    /* an Append of this connection is on the thread pool */
+    int closing; /* close once the job (if any) is back */
+    int close_after_flush;
+    uv_work_t work;
+    kvp_rpc_job_t *job;
+    uint64_t job_start_ns;
+    pb_size_t job_which;
+    int job_mutating;
+    uint64_t job_req_id;
+} conn_t;
+
+struct kvp_server {
+    uv_loop_t *loop;
+    kvp_server_config_t cfg;
+    char *socket_path; /* owned copy; unlinked on destroy when created here */
+    int created_socket;
+    int listen_fd;
+    uv_poll_t listen_poll;
+    int listening;
+    uv_timer_t accept_retry;
+    uv_timer_t drain_timer;
+    kvp_rpc_t *rpc;
+    conn_t *conns;
+    uint32_t num_conns;
+    int draining;
+    void (*drain_done)(void *);
+    void *drain_arg;
+    int destroying;
+    int open_handles;
+    /* decode scratch, reused by every frame (loop thread only) */
+    kvpool_Request req;
+    uint64_t *seq_ids;
+    uint32_t *num_tokens;
+    kvp_batch_arrays_t batch;
+    kvp_rpc_io_t io;
+    char *metrics;
+    kvp_text_t metrics_text;
+};
+
+static void conn_close(conn_t *c);
+static void conn_update_events(conn_t *c);
+static void process_frames(conn_t *c);
+
+uint64_t kvp_server_now_ms(void)
+{
+    return uv_hrtime() / 1000000u;
+}
+
+/* ---- write path -------------------------------------------------------------------------- */
+
+/* Writes as much of the queue as the socket takes. Returns 0, or -1 when the connection broke. */
+static int flush(conn_t *c)
+{
+    while (c->out_head) {
+        out_frame_t *f = c->out_head;
+        struct iovec iov = {f->buf + f->off, f->len - f->off};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        char cbuf[CMSG_SPACE(sizeof(int) * KVP_MAX_FDS_PER_FRAME)];
+        if (f->off == 0 && f->nfds) {
+            memset(cbuf, 0, sizeof(cbuf));
+            msg.msg_control = cbuf;
+            msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)f->nfds);
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)f->nfds);
+            memcpy(CMSG_DATA(cm), f->fds, sizeof(int) * (size_t)f->nfds);
+        }
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            return -1;
+        }
+        f->off += (size_t)n;
+        c->queued -= (uint64_t)n;
+        if (f->off == f->len) {
+            c->out_head = f->next;
+            if (!c->out_head)
+                c->out_tail = NULL;
+            free(f->buf);
+            free(f);
+        }
+    }
+    return 0;
+}
+
+/* Queues one encoded frame (takes ownership of buf) and tries to send it now. */
+static void queue_frame(conn_t *c, uint8_t *buf, size_t len, const int *fds, int nfds)
+{
+    out_frame_t *f = calloc(1, sizeof(*f));
+    if (!f) {
+        free(buf);
+        conn_close(c);
+        return;
+    }
+    f->buf = buf;
+    f->len = len;
+    f->nfds = nfds;
+    if (nfds)
+        memcpy(f->fds, fds, sizeof(int) * (size_t)nfds);
+    if (c->out_tail)
+        c->out_tail->next = f;
+    else
+        c->out_head = f;
+    c->out_tail = f;
+    c->queued += len;
+    if (flush(c) < 0) {
+        conn_close(c);
+        return;
+    }
+    if (c->queued > c->srv->cfg.max_queued_bytes) {
+        kvp_log(KVP_LOG_WARNING,
+                "client dropped reason=\"not reading its answers\" session=%llu queued=%llu",
+                (unsigned long long)(c->sess ? c->sess->id : 0), (unsigned long long)c->queued);
+        conn_close(c);
+        return;
+    }
+    conn_update_events(c);
+}
+
+/* Encodes resp (with its bound arrays) into a frame and queues it. Returns the frame bytes
+ * for the dedup window through *copy_out/len when wanted. */
+static void send_response(conn_t *c, const kvpool_Response *resp, const int *fds, int nfds,
+                          int remember_id_set, uint64_t remember_id)
+{
+    kvp_server_t *s = c->srv;
+    long size = kvp_wire_encoded_size(kvpool_Response_fields, resp);
+    if (size < 0) {
+        kvp_log(KVP_LOG_ERR, "cannot size response id=%llu", (unsigned long long)resp->id);
+        conn_close(c);
+        return;
+    }
+    size_t cap = (size_t)size + KVP_FRAME_HDR_BYTES;
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        conn_close(c);
+        return;
+    }
+    long n = kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap);
+    if (n < 0) {
+        free(buf);
+        kvp_log(KVP_LOG_ERR, "cannot encode response id=%llu", (unsigned long long)resp->id);
+        conn_close(c);
+        return;
+    }
+    if (remember_id_set && c->sess)
+        kvp_rpc_remember(s->rpc, c->sess, remember_id, buf, (uint32_t)n);
+    queue_frame(c, buf, (size_t)n, fds, nfds);
+}
+
+static void send_error(conn_t *c, uint64_t id, int err, const char *msg)
+{
+    kvpool_Response resp;
+    kvp_rpc_error(&resp, id, err, "%s", msg);
+    send_response(c, &resp, NULL, 0, 0, 0);
+}
+
+/* ---- connection lifetime ------------------------------------------------------------------ */
+
+static void close_rx_fds(conn_t *c)
+{
+    for (int i = 0; i < c->nrfds; i++)
+        close(c->rfds[i].fd);
+    c->nrfds = 0;
+}
+
+static void maybe_drain_done(kvp_server_t *s)
+{
+    if (s->draining && s->num_conns == 0 && s->drain_done) {
+        void (*cb)(void *) = s->drain_done;
+        s->drain_done = NULL;
+        uv_timer_stop(&s->drain_timer);
+        cb(s->drain_arg);
+    }
+}
+
+static void on_server_handle_closed(uv_handle_t *h)
+{
+    kvp_server_t *s = h->data;
+    if (--s->open_handles == 0) {
+        free(s->seq_ids);
+        free(s->num_tokens);
+        free(s->metrics);
+        free(s->socket_path);
+        free(s);
+    }
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    conn_t *c = h->data;
+    kvp_server_t *s = c->srv;
+    close(c->fd);
+    close_rx_fds(c);
+    while (c->out_head) {
+        out_frame_t *f = c->out_head;
+        c->out_head = f->next;
+        free(f->buf);
+        free(f);
+    }
+    if (c->sess)
+        kvp_rpc_session_close(s->rpc, c->sess, kvp_server_now_ms());
+    free(c->rbuf);
+    free(c);
+    maybe_drain_done(s);
+    on_server_handle_closed((uv_handle_t *)&s->listen_poll); /* may free s: last */
+}
+
+static void conn_close(conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    kvp_server_t *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->num_conns--;
+    kvp_rpc_set_num_clients(s->rpc, s->num_conns);
+    uv_poll_stop(&c->poll);
+    if (c->sess)
+        kvp_log(KVP_LOG_INFO, "client disconnected session=%llu pid=%d",
+                (unsigned long long)c->sess->id, c->sess->pid);
+    if (!c->busy)
+        uv_close((uv_handle_t *)&c->poll, on_conn_closed);
+    /* else: after_work closes it once the job is back */
+}
+
+static void on_conn_event(uv_poll_t *h, int status, int events);
+
+static void conn_update_events(conn_t *c)
+{
+    if (c->closing)
+        return;
+    int ev = 0;
+    int frame_ready = 0;
+    if (c->rlen >= KVP_FRAME_HDR_BYTES)
+        frame_ready = c->rlen >= KVP_FRAME_HDR_BYTES + (size_t)kvp_frame_get_len(c->rbuf);
+    if (!c->close_after_flush && !c->srv->draining && !frame_ready)
+        ev |= UV_READABLE;
+    if (c->out_head)
+        ev |= UV_WRITABLE;
+    if (c->close_after_flush && !c->out_head) {
+        conn_close(c);
+        return;
+    }
+    if (c->srv->draining && !c->busy && !c->out_head && !frame_ready) {
+        conn_close(c);
+        return;
+    }
+    if (ev != c->events) {
+        c->events = ev;
+        if (ev)
+            uv_poll_start(&c->poll, ev, on_conn_event);
+        else
+            uv_poll_stop(&c->poll);
+    }
+}
+
+/* ---- read path --------------------------------------------------------------------------- */
+
+/* One recvmsg into the read buffer. Returns bytes read, 0 on EOF, -1 on error / EAGAIN (with
+ * errno). Received fds are remembered with the stream offset they arrived at. */
+static ssize_t read_some(conn_t *c)
+{
+    size_t want = c->srv->cfg.max_frame_bytes + KVP_FRAME_HDR_BYTES;
+    if (c->rcap - c->rlen < 65536 && c->rcap < want) {
+        size_t ncap = c->rcap ? c->rcap * 2 : 65536;
+        if (ncap > want)
+            ncap = want;
+        uint8_t *nb = realloc(c->rbuf, ncap);
+        if (!nb) {
+            errno = ENOMEM;
+            return -1;
+        }
+        c->rbuf = nb;
+        c->rcap = ncap;
+    }
+    if (c->rlen == c->rcap) {
+        errno = EAGAIN;
+        return -1;
+    }
+    struct iovec iov = {c->rbuf + c->rlen, c->rcap - c->rlen};
+    char cbuf[CMSG_SPACE(sizeof(int) * KVP_MAX_FDS_PER_FRAME)];
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    ssize_t n;
+    do
+        n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int *fds = (int *)CMSG_DATA(cm);
+        for (int i = 0; i < nfd; i++) {
+            if (c->nrfds < MAX_PENDING_FDS) {
+                c->rfds[c->nrfds].fd = fds[i];
+                c->rfds[c->nrfds].at = c->rx_total;
+                c->nrfds++;
+            } else {
+                close(fds[i]);
+                c->close_after_flush = 1; /* fd flood: protocol abuse */
+            }
+        }
+    }
+    if (msg.msg_flags & MSG_CTRUNC)
+        c->close_after_flush = 1;
+    c->rlen += (size_t)n;
+    c->rx_total += (uint64_t)n;
+    return n;
+}
+
+/* Takes the fds that arrived with the bytes of the frame [start, end) of the stream. */
+static int take_fds(conn_t *c, uint64_t start, uint64_t end, int *out)
+{
+    int n = 0, k = 0;
+    for (int i = 0; i < c->nrfds; i++) {
+        if (c->rfds[i].at >= start && c->rfds[i].at < end && n < KVP_MAX_FDS_PER_FRAME)
+            out[n++] = c->rfds[i].fd;
+        else if (c->rfds[i].at < start)
+            close(c->rfds[i].fd); /* arrived with an earlier frame that did not use it */
+        else
+            c->rfds[k++] = c->rfds[i];
+    }
+    c->nrfds = k;
+    return n;
+}
+
+static void metrics_into(kvp_server_t *s, kvp_rpc_io_t *io)
+{
+    s->metrics_text.len =
+        kvp_rpc_metrics_text(s->rpc, s->metrics, METRICS_CAP, kvp_server_now_ms());
+    s->metrics_text.s = s->metrics;
+    kvp_text_bind_encode(&io->resp.body.metrics.text, &s->metrics_text);
+}
+
+static void after_work(uv_work_t *w, int status);
+
+static void work_cb(uv_work_t *w)
+{
+    conn_t *c = w->data;
+    kvp_rpc_job_run(c->job);
+}
+
+/* Decodes and answers one frame's payload. */
+static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *fds, int nfds)
+{
+    kvp_server_t *s = c->srv;
+    uint64_t t0 = uv_hrtime();
+    kvpool_Request *req = &s->req;
+    memset(req, 0, sizeof(*req));
+    s->batch.seq_ids = kvp_array(s->seq_ids, 8, 0, s->cfg.max_frame_bytes / 8);
+    s->batch.num_tokens = kvp_array(s->num_tokens, 4, 0, s->cfg.max_frame_bytes / 8);
+    kvp_wire_request_bind_decode(req, &s->batch);
+    const char *why = NULL;
+    if (kvp_wire_decode(kvpool_Request_fields, req, payload, len, &why)) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        char msg[200];
+        snprintf(msg, sizeof(msg), "malformed request: %s", why ? why : "decode failed");
+        send_error(c, req->id, KVP_EINVAL, msg);
+        kvp_rpc_observe(s->rpc, 0, kvpool_Code_INVALID_ARGUMENT, uv_hrtime() - t0);
+        return;
+    }
+    uint64_t id = req->id;
+    int mutating = kvp_rpc_is_mutating(req->which_body) && id != 0;
+    if (mutating) {
+        const uint8_t *old;
+        uint32_t old_len;
+        int st = kvp_rpc_replay(s->rpc, c->sess, id, &old, &old_len);
+        if (st) {
+            for (int i = 0; i < nfds; i++)
+                close(fds[i]);
+            if (st == 1) {
+                uint8_t *copy = malloc(old_len);
+                if (!copy) {
+                    conn_close(c);
+                    return;
+                }
+                memcpy(copy, old, old_len);
+                queue_frame(c, copy, old_len, NULL, 0);
+            } else {
+                send_error(c, id, st == 2 ? KVP_EUNAVAIL : KVP_EPRECOND,
+                           st == 2 ? "request id still in flight; retry later"
+                                   : "request id already applied; its answer was too large "
+                                     "to keep (read it with GetPageTable)");
+            }
+            return;
+        }
+        kvp_rpc_begin(s->rpc, c->sess, id);
+    }
+    kvp_rpc_io_t *io = &s->io;
+    memset(io, 0, sizeof(*io));
+    io->batch = &s->batch;
+    io->fds_in = fds;
+    io->nfds_in = nfds;
+    int rc = kvp_rpc_dispatch(s->rpc, c->sess, req, io, kvp_server_now_ms());
+    for (int i = 0; i < nfds; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    if (rc == KVP_RPC_ASYNC) {
+        c->busy = 1;
+        c->job = io->job;
+        c->job_start_ns = t0;
+        c->job_which = req->which_body;
+        c->job_mutating = mutating;
+        c->job_req_id = id;
+        c->work.data = c;
+        uv_queue_work(s->loop, &c->work, work_cb, after_work);
+        return;
+    }
+    if (io->resp.which_body == kvpool_Response_metrics_tag && io->resp.status.code == 0)
+        metrics_into(s, io);
+    kvp_rpc_observe(s->rpc, req->which_body, io->resp.status.code, uv_hrtime() - t0);
+    send_response(c, &io->resp, io->fds_out, io->nfds_out, mutating, id);
+}
+
+static void after_work(uv_work_t *w, int status)
+{
+    (void)status;
+    conn_t *c = w->data;
+    kvp_server_t *s = c->srv;
+    kvp_rpc_io_t *io = &s->io;
+    memset(io, 0, sizeof(*io));
+    kvp_rpc_job_finish(s->rpc, c->job, io);
+    c->busy = 0;
+    if (c->closing) {
+        kvp_rpc_job_free(c->job);
+        c->job = NULL;
+        uv_close((uv_handle_t *)&c->poll, on_conn_closed);
+        return;
+    }
+    kvp_rpc_observe(s->rpc, c->job_which, io->resp.status.code, uv_hrtime() - c->job_start_ns);
+    send_response(c, &io->resp, NULL, 0, c->job_mutating, c->job_req_id);
+    kvp_rpc_job_free(c->job);
+    c->job = NULL;
+    if (!c->closing)
+        process_frames(c);
+}
+
+/* Cuts and handles every complete frame in the read buffer (stopping while a job runs). */
+static void process_frames(conn_t *c)
+{
+    kvp_server_t *s = c->srv;
+    size_t off = 0;
+    while (!c->closing && !c->busy && !c->close_after_flush) {
+        size_t avail = c->rlen - off;
+        if (avail < KVP_FRAME_HDR_BYTES)
+            break;
+        uint32_t len = kvp_frame_get_len(c->rbuf + off);
+        if (len > s->cfg.max_frame_bytes) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "frame of %u bytes above max_frame_bytes %u; closing", len,
+                     s->cfg.max_frame_bytes);
+            kvp_log(KVP_LOG_WARNING, "client dropped reason=\"frame too large\" bytes=%u", len);
+            send_error(c, 0, KVP_EINVAL, msg);
+            c->close_after_flush = 1;
+            break;
+        }
+        if (avail < KVP_FRAME_HDR_BYTES + (size_t)len)
+            break;
+        uint64_t start = c->rx_total - c->rlen + off;
+        uint64_t end = start + KVP_FRAME_HDR_BYTES + len;
+        int fds[KVP_MAX_FDS_PER_FRAME];
+        int nfds = take_fds(c, start, end, fds);
+        handle_frame(c, c->rbuf + off + KVP_FRAME_HDR_BYTES, len, fds, nfds);
+        off += KVP_FRAME_HDR_BYTES + len;
+    }
+    if (off) {
+        memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+        c->rlen -= off;
+    }
+    if (!c->closing)
+        conn_update_events(c);
+}
+
+static void on_conn_event(uv_poll_t *h, int status, int events)
+{
+    conn_t *c = h->data;
+    if (status < 0) {
+        conn_close(c);
+        return;
+    }
+    if (events & UV_WRITABLE) {
+        if (flush(c) < 0) {
+            conn_close(c);
+            return;
+        }
+    }
+    if (events & UV_READABLE) {
+        for (int i = 0; i < 16 && !c->closing; i++) {
+            ssize_t n = read_some(c);
+            if (n == 0) {
+                /* EOF: answer what is complete, then close */
+                process_frames(c);
+                if (!c->closing) {
+                    if (c->busy || c->out_head)
+                        c->close_after_flush = 1;
+                    else
+                        conn_close(c);
+                }
+                return;
+            }
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK)
+                    break;
+                conn_close(c);
+                return;
+            }
+            if (c->rlen == c->rcap)
+                break;
+        }
+        if (!c->closing)
+            process_frames(c);
+        return;
+    }
+    conn_update_events(c);
+}
+
+/* ---- accept -------------------------------------------------------------------------------- */
+
+static void on_accept(uv_poll_t *h, int status, int events);
+
+static void on_accept_retry(uv_timer_t *t)
+{
+    kvp_server_t *s = t->data;
+    if (!s->draining && s->listening)
+        uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+}
+
+static void on_accept(uv_poll_t *h, int status, int events)
+{
+    (void)events;
+    kvp_server_t *s = h->data;
+    if (status < 0 || s->draining)
+        return;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* out of fds: stop polling the listener for a moment instead of spinning */
+                kvp_log(KVP_LOG_WARNING, "accept failed err=%s; pausing 100 ms",
+                        kvp_errname(-errno));
+                uv_poll_stop(&s->listen_poll);
+                uv_timer_start(&s->accept_retry, on_accept_retry, 100, 0);
+            }
+            return;
+        }
+        struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
+        socklen_t cl = sizeof(cred);
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+        conn_t *c = calloc(1, sizeof(*c));
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->srv = s;
+        c->fd = fd;
+        c->poll.data = c;
+        if (uv_poll_init(s->loop, &c->poll, fd)) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        s->open_handles++;
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        s->num_conns++;
+        kvp_rpc_set_num_clients(s->rpc, s->num_conns);
+        if (s->num_conns > s->cfg.max_connections) {
+            kvp_log(KVP_LOG_WARNING, "connection refused reason=\"max_connections\" pid=%d",
+                    (int)cred.pid);
+            send_error(c, 0, KVP_EUNAVAIL, "too many connections");
+            c->close_after_flush = 1;
+            conn_update_events(c);
+            continue;
+        }
+        c->sess = kvp_rpc_session_open(s->rpc, cred.pid, cred.uid, cred.gid, kvp_server_now_ms());
+        if (!c->sess) {
+            conn_close(c);
+            continue;
+        }
+        kvp_log(KVP_LOG_DEBUG, "client connected session=%llu pid=%d uid=%u",
+                (unsigned long long)c->sess->id, (int)cred.pid, (unsigned)cred.uid);
+        conn_update_events(c);
+    }
+}
+
+/* ---- listener ------------------------------------------------------------------------------ */
+
+static int mkdir_parent(const char *path)
+{
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    for (char *p = dir + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+            *p = '/';
+        }
+    }
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+static int make_listener(kvp_server_t *s)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    const char *path = s->cfg.socket_path;
+    if (!path || !*path || strlen(path) >= sizeof(a.sun_path))
+        return KVP_EINVAL;
+    strcpy(a.sun_path, path);
+    int rc = mkdir_parent(path);
+    if (rc)
+        return rc;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        if (errno != EADDRINUSE)
+            goto fail;
+        /* a socket file exists: stale (nobody listening) or a live daemon */
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int live = probe >= 0 && connect(probe, (struct sockaddr *)&a, sizeof(a)) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (live) {
+            close(fd);
+            kvp_log(KVP_LOG_ERR, "another daemon is listening socket=%s", path);
+            return -EADDRINUSE;
+        }
+        unlink(path);
+        if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0)
+            goto fail;
+    }
+    if (chmod(path, s->cfg.socket_mode) < 0)
+        goto fail;
+    if (s->cfg.socket_gid >= 0 && chown(path, (uid_t)-1, (gid_t)s->cfg.socket_gid) < 0)
+        goto fail;
+    if (listen(fd, 512) < 0)
+        goto fail;
+    s->listen_fd = fd;
+    s->created_socket = 1;
+    return 0;
+fail:
+    rc = -errno;
+    close(fd);
+    return rc;
+}
+
+int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t *rpc,
+                      kvp_server_t **out)
+{
+    if (!loop || !cfg || !rpc || !out || !cfg->max_frame_bytes)
+        return KVP_EINVAL;
+    kvp_server_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return KVP_ENOMEM;
+    int rc;
+    s->loop = loop;
+    s->cfg = *cfg;
+    s->rpc = rpc;
+    s->listen_fd = -1;
+    s->socket_path = cfg->socket_path ? strdup(cfg->socket_path) : NULL;
+    s->cfg.socket_path = s->socket_path;
+    s->seq_ids = malloc(cfg->max_frame_bytes);
+    s->num_tokens = malloc(cfg->max_frame_bytes / 2 + 4);
+    s->metrics = malloc(METRICS_CAP);
+    if (!s->seq_ids || !s->num_tokens || !s->metrics || (cfg->socket_path && !s->socket_path)) {
+        rc = KVP_ENOMEM;
+        goto fail;
+    }
+    if (cfg->listen_fd >= 0) {
+        s->listen_fd = cfg->listen_fd;
+        int fl = fcntl(s->listen_fd, F_GETFL);
+        fcntl(s->listen_fd, F_SETFL, fl | O_NONBLOCK);
+    } else if ((rc = make_listener(s))) {
+        goto fail;
+    }
+    uv_poll_init(loop, &s->listen_poll, s->listen_fd);
+    s->listen_poll.data = s;
+    uv_timer_init(loop, &s->accept_retry);
+    s->accept_retry.data = s;
+    uv_timer_init(loop, &s->drain_timer);
+    s->drain_timer.data = s;
+    s->open_handles = 3;
+    s->listening = 1;
+    uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+    kvp_log(KVP_LOG_NOTICE, "listening socket=%s mode=%04o inherited=%d",
+            s->socket_path ? s->socket_path : "(inherited)", cfg->socket_mode, cfg->listen_fd >= 0);
+    *out = s;
+    return 0;
+fail:
+    if (s->listen_fd >= 0 && cfg->listen_fd < 0)
+        close(s->listen_fd);
+    free(s->seq_ids);
+    free(s->num_tokens);
+    free(s->metrics);
+    free(s->socket_path);
+    free(s);
+    return rc;
+}
+
+uint32_t kvp_server_num_connections(const kvp_server_t *s)
+{
+    return s->num_conns;
+}
+
+void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes)
+{
+    s->cfg.max_connections = max_connections;
+    s->cfg.max_queued_bytes = max_queued_bytes;
+}
+
+static void stop_listening(kvp_server_t *s)
+{
+    if (!s->listening)
+        return;
+    s->listening = 0;
+    uv_poll_stop(&s->listen_poll);
+    uv_timer_stop(&s->accept_retry);
+    close(s->listen_fd);
+    if (s->created_socket && s->socket_path)
+        unlink(s->socket_path);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    kvp_server_t *s = t->data;
+    kvp_log(KVP_LOG_WARNING, "drain timeout; closing %u connections", s->num_conns);
+    for (conn_t *c = s->conns, *n; c; c = n) {
+        n = c->next;
+        conn_close(c);
+    }
+}
+
+void kvp_server_drain(kvp_server_t *s, void (*done)(void *arg), void *arg)
+{
+    if (s->draining)
+        return;
+    s->draining = 1;
+    s->drain_done = done;
+    s->drain_arg = arg;
+    kvp_rpc_set_draining(s->rpc, 1);
+    stop_listening(s);
+    kvp_log(KVP_LOG_NOTICE, "draining connections=%u", s->num_conns);
+    uv_timer_start(&s->drain_timer, on_drain_timeout, s->cfg.drain_timeout_ms, 0);
+    for (conn_t *c = s->conns, *n; c; c = n) {
+        n = c->next;
+        process_frames(c); /* answer what was already received */
+    }
+    maybe_drain_done(s);
+}
+
+void kvp_server_destroy(kvp_server_t *s)
+{
+    if (!s || s->destroying)
+        return;
+    s->destroying = 1;
+    s->drain_done = NULL;
+    stop_listening(s);
+    for (conn_t *c = s->conns, *n; c; c = n) {
+        n = c->next;
+        conn_close(c);
+    }
+    uv_close((uv_handle_t *)&s->listen_poll, on_server_handle_closed);
+    uv_close((uv_handle_t *)&s->accept_retry, on_server_handle_closed);
+    uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
+}

@@ -1,0 +1,55 @@
+/*
+ * kvp_server.h - the socket side of kvpoold: a Unix listening socket on a libuv loop,
+ * connections read with our own recvmsg (SCM_RIGHTS fd passing, which libuv's pipes cannot
+ * hand over for memfds), frames cut and decoded, the pure kvp_rpc_dispatch called, answers
+ * encoded and written with sendmsg (fds attached to their first byte). Appends run on libuv's
+ * thread pool and answer when the data is in the pool; requests on one connection are answered
+ * in order. Knows nothing of the core beyond kvp_rpc.h (STYLE.md: files are layers).
+ *
+ * Loop thread only. One server object per daemon, no globals: a test can run two.
+ */
+#ifndef KVP_SERVER_H
+#define KVP_SERVER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "kvp_rpc.h"
+
+typedef struct kvp_server kvp_server_t;
+
+typedef struct {
+    const char *socket_path; /* created unless listen_fd >= 0 */
+    uint32_t socket_mode;    /* e.g. 0660 */
+    int64_t socket_gid;      /* chown group, or -1 */
+    int listen_fd;           /* an inherited listening socket (socket activation), or -1 */
+    uint32_t max_connections;
+    uint32_t max_frame_bytes;
+    uint64_t max_queued_bytes; /* per connection, unsent answers; above it the client is dropped */
+    uint32_t drain_timeout_ms;
+} kvp_server_config_t;
+
+/* Creates the server on loop with rpc (borrowed; must outlive the server). Binds and listens
+ * (or adopts listen_fd). Returns 0 or a negative code; the socket path is unlinked on destroy
+ * when we created it. */
+int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t *rpc,
+                      kvp_server_t **out);
+
+/* Begins a drain: stop accepting, stop reading new requests, finish and answer what is in
+ * flight or already received, close every connection; then calls done(arg) once (from the
+ * loop). Connections still open after drain_timeout_ms are closed forcibly. */
+void kvp_server_drain(kvp_server_t *s, void (*done)(void *arg), void *arg);
+
+/* Closes everything at once (after a drain, or on a fatal error) and frees the server once
+ * its handles are closed: run the loop until it returns after calling this. */
+void kvp_server_destroy(kvp_server_t *s);
+
+uint32_t kvp_server_num_connections(const kvp_server_t *s);
+
+/* Updates run-time reloadable limits (SIGHUP). */
+void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes);
+
+/* Monotonic milliseconds as the server and dispatch see them. */
+uint64_t kvp_server_now_ms(void);
+
+#endif

@@ -1,0 +1,301 @@
+/*
+ * kvpoold.c - the daemon's main: configuration (file, flags, --check-config), logging, the
+ * backend, the RPC state and the socket server on one libuv loop, signals (SIGTERM/SIGINT
+ * drain and exit 0, SIGHUP reloads what can be reloaded), systemd notify (READY, STATUS,
+ * WATCHDOG, STOPPING), socket activation (LISTEN_FDS), lease expiry and the health check
+ * that makes an unhealthy daemon exit non-zero so its service manager restarts it.
+ *
+ * With no configuration and no GPU it serves the embedded default: a host-backend pool of
+ * 256 MiB (2 layers, 8 KV heads, head_dim 128, fp16, page 16) on the default socket.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "kvp_config.h"
+#include "kvp_error.h"
+#include "kvp_log.h"
+#include "kvp_notify.h"
+#include "kvp_rpc.h"
+#include "kvp_server.h"
+
+#ifndef KVP_VERSION
+#define KVP_VERSION "0.1.0"
+#endif
+
+#define EXIT_UNHEALTHY 70 /* EX_SOFTWARE: restart me */
+
+typedef struct {
+    uv_loop_t *loop;
+    kvp_config_t cfg;
+    kvp_rpc_t *rpc;
+    kvp_server_t *server;
+    kvp_notify_t notify;
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_timer_t tick;     /* leases, health, status */
+    uv_timer_t watchdog; /* WATCHDOG=1 */
+    uint64_t watchdog_usec;
+    int exit_code;
+    int stopping;
+} daemon_t;
+
+static void close_handles(daemon_t *d)
+{
+    uv_handle_t *hs[] = {(uv_handle_t *)&d->sig_term, (uv_handle_t *)&d->sig_int,
+                         (uv_handle_t *)&d->sig_hup, (uv_handle_t *)&d->tick,
+                         (uv_handle_t *)&d->watchdog};
+    for (unsigned i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
+        if (!uv_is_closing(hs[i]))
+            uv_close(hs[i], NULL);
+    kvp_server_destroy(d->server);
+}
+
+static void on_drained(void *arg)
+{
+    daemon_t *d = arg;
+    kvp_log(KVP_LOG_NOTICE, "drained; exiting");
+    close_handles(d);
+}
+
+static void begin_stop(daemon_t *d, const char *why)
+{
+    if (d->stopping)
+        return;
+    d->stopping = 1;
+    kvp_log(KVP_LOG_NOTICE, "stopping reason=%s", why);
+    kvp_notify_send(&d->notify, "STOPPING=1\nSTATUS=draining");
+    kvp_server_drain(d->server, on_drained, d);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    daemon_t *d = h->data;
+    if (signum == SIGHUP) {
+        if (!d->cfg.config_path[0]) {
+            kvp_log(KVP_LOG_NOTICE, "reload skipped reason=\"no config file\"");
+            return;
+        }
+        kvp_notify_send(&d->notify, "RELOADING=1");
+        kvp_config_t next;
+        char err[512];
+        int rc = kvp_config_reload_file(&d->cfg, d->cfg.config_path, &next, err, sizeof(err));
+        if (rc < 0) {
+            kvp_log(KVP_LOG_ERR, "reload failed; keeping the running config reason=\"%s\"", err);
+        } else {
+            if (rc > 0)
+                kvp_log(KVP_LOG_WARNING, "reload: %s", err);
+            d->cfg = next;
+            kvp_log_set_level(d->cfg.log_level);
+            kvp_server_set_limits(d->server, d->cfg.max_connections, d->cfg.max_queued_bytes);
+            kvp_log(KVP_LOG_NOTICE, "reloaded config=%s", d->cfg.config_path);
+        }
+        kvp_notify_send(&d->notify, "READY=1");
+        return;
+    }
+    begin_stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    daemon_t *d = t->data;
+    kvp_rpc_expire_leases(d->rpc, kvp_server_now_ms());
+    if (!d->stopping && !kvp_rpc_healthy(d->rpc)) {
+        kvp_log(KVP_LOG_CRIT, "unhealthy; exiting so the service manager restarts the daemon");
+        kvp_notify_send(&d->notify, "STATUS=unhealthy\nSTOPPING=1");
+        d->exit_code = EXIT_UNHEALTHY;
+        d->stopping = 1;
+        close_handles(d);
+    }
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+    daemon_t *d = t->data;
+    if (kvp_rpc_healthy(d->rpc))
+        kvp_notify_send(&d->notify, "WATCHDOG=1");
+}
+
+static int resolve_group(const char *name, int64_t *gid, char *err, size_t err_len)
+{
+    *gid = -1;
+    if (!name[0])
+        return 0;
+    char *end;
+    unsigned long v = strtoul(name, &end, 10);
+    if (!*end) {
+        *gid = (int64_t)v;
+        return 0;
+    }
+    struct group *g = getgrnam(name);
+    if (!g) {
+        snprintf(err, err_len, "server.socket_group: no group '%s'", name);
+        return KVP_EINVAL;
+    }
+    *gid = g->gr_gid;
+    return 0;
+}
+
+static int create_backend(const kvp_config_t *cfg, kvp_backend_t **out, char *err, size_t err_len)
+{
+    kvp_geom_t g;
+    kvp_config_geom(cfg, &g);
+    if (cfg->backend == KVP_CONFIG_BACKEND_CUDA) {
+        snprintf(err, err_len, "pool.backend=cuda: this build has no cuda backend yet");
+        return KVP_EINVAL;
+    }
+    if (g.num_devices > 1) {
+        snprintf(err, err_len, "pool.devices: the host backend serves one device, got %u",
+                 g.num_devices);
+        return KVP_EINVAL;
+    }
+    int rc = kvp_backend_host_create(&g, out);
+    if (rc)
+        snprintf(err, err_len, "cannot create the host pool: %s", kvp_strerror(rc));
+    return rc;
+}
+
+static int run(daemon_t *d)
+{
+    char err[512] = "";
+    int rc;
+    int64_t gid;
+    if ((rc = resolve_group(d->cfg.socket_group, &gid, err, sizeof(err))))
+        goto fail;
+    int listen_fd = -1, fds[4];
+    int n = kvp_listen_fds(fds, 4);
+    if (n < 0) {
+        snprintf(err, sizeof(err), "LISTEN_FDS: %s", kvp_strerror(n));
+        rc = n;
+        goto fail;
+    }
+    if (n >= 1)
+        listen_fd = fds[0];
+    for (int i = 1; i < n; i++)
+        close(fds[i]);
+
+    /* libuv's thread pool runs the host copies */
+    char threads[16];
+    snprintf(threads, sizeof(threads), "%u", kvp_config_copy_threads(&d->cfg));
+    setenv("UV_THREADPOOL_SIZE", threads, 1);
+
+    kvp_backend_t *backend;
+    if ((rc = create_backend(&d->cfg, &backend, err, sizeof(err))))
+        goto fail;
+    kvp_rpc_limits_t lim = {
+        .max_seqs = d->cfg.max_seqs,
+        .max_namespaces = d->cfg.max_namespaces,
+        .max_seq_tokens = d->cfg.max_seq_tokens,
+        .max_batch = d->cfg.max_batch,
+        .max_batch_tokens = d->cfg.max_batch_tokens,
+        .max_buffers_per_client = d->cfg.max_buffers_per_client,
+        .max_buffer_bytes = d->cfg.max_buffer_bytes,
+        .dedup_window = d->cfg.dedup_window,
+        .default_lease_ms = d->cfg.default_lease_ms,
+        .max_lease_ms = d->cfg.max_lease_ms,
+    };
+    if ((rc = kvp_rpc_create(backend, &lim, kvp_server_now_ms(), &d->rpc))) {
+        backend->ops->destroy(backend);
+        snprintf(err, sizeof(err), "cannot create the daemon state: %s", kvp_strerror(rc));
+        goto fail;
+    }
+    kvp_server_config_t sc = {
+        .socket_path = d->cfg.socket,
+        .socket_mode = d->cfg.socket_mode,
+        .socket_gid = gid,
+        .listen_fd = listen_fd,
+        .max_connections = d->cfg.max_connections,
+        .max_frame_bytes = (uint32_t)d->cfg.max_frame_bytes,
+        .max_queued_bytes = d->cfg.max_queued_bytes,
+        .drain_timeout_ms = d->cfg.drain_timeout_ms,
+    };
+    if ((rc = kvp_server_create(d->loop, &sc, d->rpc, &d->server))) {
+        snprintf(err, sizeof(err), "cannot listen on %s: %s", d->cfg.socket, kvp_strerror(rc));
+        goto fail_rpc;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    uv_signal_t *sigs[] = {&d->sig_term, &d->sig_int, &d->sig_hup};
+    int nums[] = {SIGTERM, SIGINT, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        uv_signal_init(d->loop, sigs[i]);
+        sigs[i]->data = d;
+        uv_signal_start(sigs[i], on_signal, nums[i]);
+    }
+    uv_timer_init(d->loop, &d->tick);
+    d->tick.data = d;
+    uv_timer_start(&d->tick, on_tick, 100, 100);
+    uv_timer_init(d->loop, &d->watchdog);
+    d->watchdog.data = d;
+    kvp_notify_open(&d->notify);
+    if (d->cfg.watchdog && kvp_notify_watchdog_usec(&d->watchdog_usec) == 0 && d->watchdog_usec) {
+        uint64_t every_ms = d->watchdog_usec / 2000 ? d->watchdog_usec / 2000 : 1;
+        uv_timer_start(&d->watchdog, on_watchdog, every_ms, every_ms);
+        kvp_log(KVP_LOG_INFO, "watchdog interval_ms=%llu", (unsigned long long)every_ms);
+    }
+    kvp_geom_t g;
+    kvp_config_geom(&d->cfg, &g);
+    kvp_log(KVP_LOG_NOTICE,
+            "ready version=%s backend=%s pages=%u page_size=%u layers=%u heads=%u head_dim=%u "
+            "dtype=%s layout=%s storage=%s",
+            KVP_VERSION, kvp_rpc_backend(d->rpc)->ops->name, g.num_pages, g.page_size, g.num_layers,
+            g.num_kv_heads, g.head_dim, kvp_dtype_name(g.dtype), kvp_layout_name(g.layout),
+            kvp_storage_name(g.storage));
+    char status[256];
+    snprintf(status, sizeof(status), "READY=1\nSTATUS=serving %u pages on %s\nMAINPID=%d",
+             g.num_pages, kvp_rpc_backend(d->rpc)->ops->name, (int)getpid());
+    kvp_notify_send(&d->notify, status);
+
+    uv_run(d->loop, UV_RUN_DEFAULT);
+
+    kvp_stats_t st;
+    kvp_seqtab_stats(kvp_rpc_seqtab(d->rpc), &st);
+    kvp_log(KVP_LOG_NOTICE, "final seqs=%u tokens=%llu used_pages=%u exit_code=%d", st.num_seqs,
+            (unsigned long long)st.num_tokens, st.used_pages, d->exit_code);
+    kvp_notify_close(&d->notify);
+    kvp_rpc_destroy(d->rpc);
+    return d->exit_code;
+
+fail_rpc:
+    kvp_rpc_destroy(d->rpc);
+fail:
+    kvp_log(KVP_LOG_ERR, "startup failed reason=\"%s\"", err);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    static daemon_t d;
+    char err[1024] = "";
+    kvp_log_init();
+    kvp_config_defaults(&d.cfg);
+    kvp_config_action_t action;
+    if (kvp_config_parse_args(&d.cfg, argc, argv, &action, err, sizeof(err))) {
+        fprintf(stderr, "kvpoold: %s\n(kvpoold --help for usage)\n", err);
+        return 2;
+    }
+    if (action == KVP_CONFIG_HELP) {
+        kvp_config_usage(stdout, "kvpoold");
+        return 0;
+    }
+    if (action == KVP_CONFIG_VERSION) {
+        printf("kvpoold %s\n", KVP_VERSION);
+        return 0;
+    }
+    if (kvp_config_validate(&d.cfg, err, sizeof(err))) {
+        fprintf(stderr, "kvpoold: invalid configuration: %s\n", err);
+        return action == KVP_CONFIG_CHECK ? 1 : 2;
+    }
+    if (action == KVP_CONFIG_CHECK) {
+        kvp_config_dump(&d.cfg, stdout);
+        fprintf(stderr, "kvpoold: configuration ok\n");
+        return 0;
+    }
+    kvp_log_set_level(d.cfg.log_level);
+    d.loop = uv_default_loop();
+    int rc = run(&d);
+    uv_loop_close(d.loop);
+    return rc;
+}

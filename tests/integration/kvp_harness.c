@@ -1,0 +1,115 @@
+/* kvp_harness.c - see kvp_harness.h. */
+#include "kvp_harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef KVPOOLD_PATH
+#define KVPOOLD_PATH "kvpoold"
+#endif
+
+static int try_connect(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+void kvp_daemon_dump_log(const kvp_daemon_t *d)
+{
+    FILE *f = fopen(d->log, "r");
+    if (!f)
+        return;
+    char line[1024];
+    fprintf(stderr, "---- kvpoold log (%s) ----\n", d->log);
+    while (fgets(line, sizeof(line), f))
+        fputs(line, stderr);
+    fprintf(stderr, "---- end of log ----\n");
+    fclose(f);
+}
+
+int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/kvpool-test-XXXXXX");
+    if (!mkdtemp(d->dir))
+        return -1;
+    snprintf(d->sock, sizeof(d->sock), "%s/kvpool.sock", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/kvpoold.log", d->dir);
+    const char *bin = getenv("KVPOOLD") ? getenv("KVPOOLD") : KVPOOLD_PATH;
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = bin;
+    argv[n++] = "--socket";
+    argv[n++] = d->sock;
+    argv[n++] = "--log-level";
+    argv[n++] = getenv("KVP_TEST_LOG_LEVEL") ? getenv("KVP_TEST_LOG_LEVEL") : "info";
+    for (int i = 0; extra && extra[i] && n < 62; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    d->pid = fork();
+    if (d->pid < 0)
+        return -1;
+    if (d->pid == 0) {
+        int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+        unsetenv("NOTIFY_SOCKET");
+        unsetenv("LISTEN_FDS");
+        unsetenv("LISTEN_PID");
+        execv(bin, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+        _exit(127);
+    }
+    for (int i = 0; i < 1000; i++) {
+        if (try_connect(d->sock))
+            return 0;
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            d->pid = 0;
+            kvp_daemon_dump_log(d);
+            return -1;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kvp_daemon_dump_log(d);
+    kvp_daemon_stop(d, SIGKILL);
+    return -1;
+}
+
+int kvp_daemon_stop(kvp_daemon_t *d, int sig)
+{
+    int code = -1;
+    if (d->pid > 0) {
+        if (sig)
+            kill(d->pid, sig);
+        int st;
+        while (waitpid(d->pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        code = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+        d->pid = 0;
+        if (code != 0 && sig != SIGKILL)
+            kvp_daemon_dump_log(d);
+    }
+    unlink(d->sock);
+    unlink(d->log);
+    rmdir(d->dir);
+    return code;
+}

@@ -1,0 +1,31 @@
+/*
+ * kvp_harness.h - runs a real kvpoold process for integration, stress and benchmark programs:
+ * a private directory holds its socket and log; start waits until it accepts connections;
+ * stop signals it and returns its exit status (printing its log when that is not 0). The binary is
+ * $KVPOOLD or the one built next to the tests (KVPOOLD_PATH).
+ */
+#ifndef KVP_HARNESS_H
+#define KVP_HARNESS_H
+
+#include <sys/types.h>
+
+typedef struct {
+    pid_t pid;
+    char dir[64];
+    char sock[100]; /* fits sun_path */
+    char log[100];
+} kvp_daemon_t;
+
+/* Starts kvpoold with --socket <dir>/kvpool.sock and the extra arguments (NULL-terminated
+ * list, may be NULL). Returns 0 once the socket accepts, -1 when the daemon exited or did not
+ * come up within 10 s (its log is printed to stderr). */
+int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra_args);
+
+/* Sends sig (0: none) and waits for the process. Returns its exit code (128 + signal when it
+ * died of one), or -1. Removes the directory. */
+int kvp_daemon_stop(kvp_daemon_t *d, int sig);
+
+/* Prints the daemon's log to stderr (for failures). */
+void kvp_daemon_dump_log(const kvp_daemon_t *d);
+
+#endif

@@ -1,0 +1,792 @@
+/*
+ * test_client_wire.c - libkvpool against the daemon's side of the wire. First the pure steps:
+ * a Request built the way the client builds it decodes exactly with the server's decoder, and a
+ * page table encoded the way the server encodes it lands exactly in the caller's arrays (NULL
+ * arrays skipped but counted, small capacities KVP_ELIMIT, inconsistent tables KVP_EPROTO).
+ * Then the whole client against a scripted fake daemon on a real socket: Hello and the pool
+ * mapping, request ids, status codes and messages, staging buffers, timeouts.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "kvp_client_internal.h"
+#include "kvp_error.h"
+#include "kvp_sock.h"
+#include "kvp_test_util.h"
+#include "kvp_wire.h"
+#include "kvpool.h"
+
+/* The seed example of DESIGN.md §1 as the daemon would answer it, plus two copies. */
+static const int32_t seed_indptr[] = {0, 3, 4, 6, 8};
+static const int32_t seed_indices[] = {0, 1, 2, 3, 4, 5, 6, 7};
+static const int32_t seed_last[] = {13, 8, 9, 6};
+static const int32_t seed_append[] = {0, 45, 53, 78, 100};
+static const int32_t seed_lens[] = {45, 8, 25, 22};
+static const uint32_t seed_copies[] = {1, 9, 2, 10};
+
+/* Server side: a Response whose body `which` carries the seed page table, as a frame. */
+static long encode_seed_table(pb_size_t which, uint64_t id, uint8_t *buf, size_t cap,
+                              const int32_t *indptr)
+{
+    kvpool_Response *resp = calloc(1, sizeof(*resp));
+    kvp_reply_arrays_t out;
+    memset(&out, 0, sizeof(out));
+    out.kv_indptr = kvp_array((void *)indptr, 4, 5, 5);
+    out.kv_indices = kvp_array((void *)seed_indices, 4, 8, 8);
+    out.kv_last_page_len = kvp_array((void *)seed_last, 4, 4, 4);
+    out.append_indptr = kvp_array((void *)seed_append, 4, 5, 5);
+    out.seq_lens = kvp_array((void *)seed_lens, 4, 4, 4);
+    out.copies = kvp_array((void *)seed_copies, 8, 2, 2);
+    resp->id = id;
+    resp->has_status = true;
+    resp->status.code = kvpool_Code_OK;
+    resp->which_body = which;
+    kvpool_PageTable *t = which == kvpool_Response_reserve_tag  ? &resp->body.reserve.table
+                          : which == kvpool_Response_append_tag ? &resp->body.append.table
+                                                                : &resp->body.get_page_table.table;
+    if (which == kvpool_Response_reserve_tag)
+        resp->body.reserve.has_table = true;
+    else if (which == kvpool_Response_append_tag)
+        resp->body.append.has_table = true;
+    else
+        resp->body.get_page_table.has_table = true;
+    t->batch_size = 4;
+    t->nnz = 100;
+    kvp_wire_table_bind_encode(t, &out);
+    long n = kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap);
+    free(resp);
+    return n;
+}
+
+typedef struct {
+    int32_t indptr[16], indices[16], last[16], append[16], lens[16];
+    uint32_t copies[16];
+    kvp_page_table_t t;
+} table_buf_t;
+
+static void table_init(table_buf_t *b, uint32_t cap_batch, uint32_t cap_indices,
+                       uint32_t cap_copies)
+{
+    memset(b, 0x7f, sizeof(*b));
+    memset(&b->t, 0, sizeof(b->t));
+    b->t.kv_indptr = b->indptr;
+    b->t.kv_indices = b->indices;
+    b->t.kv_last_page_len = b->last;
+    b->t.append_indptr = b->append;
+    b->t.seq_lens = b->lens;
+    b->t.copies = b->copies;
+    b->t.cap_batch = cap_batch;
+    b->t.cap_indices = cap_indices;
+    b->t.cap_copies = cap_copies;
+}
+
+/* Client side: decodes one frame into t as the library does. */
+static int client_decode_table(const uint8_t *frame, long n, kvp_page_table_t *t, char *err,
+                               size_t err_len)
+{
+    kvpool_Response *resp = calloc(1, sizeof(*resp));
+    kvp_reply_arrays_t r;
+    kvp__client_table_arrays(&r, t);
+    int rc = kvp__client_decode_response(resp, &r, frame + 4, (size_t)n - 4, err, err_len);
+    if (rc == 0)
+        rc = kvp__client_table_fill(t, resp, &r);
+    free(resp);
+    return rc;
+}
+
+START_TEST(reserve_of_256_sequences_decodes_exactly_on_the_server)
+{
+    enum { N = 256 };
+    uint64_t ids[N];
+    uint32_t toks[N];
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, kvp_test_seed(21));
+    for (int i = 0; i < N; i++) {
+        ids[i] = kvp_rng_next(&rng) | (i % 2 ? 1ull << 63 : 0); /* the high bit survives */
+        toks[i] = 1 + kvp_rng_below(&rng, 5000);
+    }
+    kvpool_Request req;
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, ids, toks, N);
+    ck_assert_int_eq(kvp__client_request_batch(&req, kvpool_Request_reserve_tag, &b), 0);
+    req.id = 0xfedcba9876543210ull;
+    uint8_t frame[8192];
+    long n = kvp_wire_encode_frame(kvpool_Request_fields, &req, frame, sizeof(frame));
+    ck_assert_int_gt(n, N * 12);
+    ck_assert_uint_eq(kvp_frame_get_len(frame), (uint64_t)n - 4);
+
+    /* the daemon's decoder, with its configured bound of exactly 256 */
+    uint64_t got_ids[N];
+    uint32_t got_toks[N];
+    kvpool_Request sreq;
+    memset(&sreq, 0, sizeof(sreq));
+    kvp_batch_arrays_t sb = {kvp_array(got_ids, 8, 0, N), kvp_array(got_toks, 4, 0, N)};
+    kvp_wire_request_bind_decode(&sreq, &sb);
+    ck_assert_int_eq(kvp_wire_decode(kvpool_Request_fields, &sreq, frame + 4, (size_t)n - 4, NULL),
+                     0);
+    ck_assert_uint_eq(sreq.id, 0xfedcba9876543210ull);
+    ck_assert_uint_eq(sreq.which_body, kvpool_Request_reserve_tag);
+    ck_assert(sreq.body.reserve.has_batch);
+    ck_assert_uint_eq(sb.seq_ids.count, N);
+    ck_assert_uint_eq(sb.num_tokens.count, N);
+    ck_assert_int_eq(memcmp(got_ids, ids, sizeof(ids)), 0);
+    ck_assert_int_eq(memcmp(got_toks, toks, sizeof(toks)), 0);
+
+    /* one more than the daemon's bound is refused by its decoder */
+    kvp_batch_arrays_t small = {kvp_array(got_ids, 8, 0, N - 1), kvp_array(got_toks, 4, 0, N)};
+    memset(&sreq, 0, sizeof(sreq));
+    kvp_wire_request_bind_decode(&sreq, &small);
+    ck_assert_int_eq(kvp_wire_decode(kvpool_Request_fields, &sreq, frame + 4, (size_t)n - 4, NULL),
+                     KVP_EINVAL);
+    ck_assert_int_eq(small.seq_ids.bad, KVP_ELIMIT);
+}
+END_TEST
+
+START_TEST(release_and_page_table_requests_carry_seq_ids_only)
+{
+    uint64_t ids[3] = {7, 8, UINT64_MAX};
+    static const pb_size_t bodies[] = {kvpool_Request_release_tag,
+                                       kvpool_Request_get_page_table_tag};
+    for (size_t k = 0; k < 2; k++) {
+        kvpool_Request req;
+        kvp_batch_arrays_t b;
+        kvp__client_batch_arrays(&b, ids, NULL, 3);
+        ck_assert_int_eq(kvp__client_request_batch(&req, bodies[k], &b), 0);
+        req.id = 5;
+        uint8_t frame[256];
+        long n = kvp_wire_encode_frame(kvpool_Request_fields, &req, frame, sizeof(frame));
+        ck_assert_int_gt(n, 0);
+        uint64_t got[8];
+        uint32_t toks[8];
+        kvpool_Request sreq;
+        memset(&sreq, 0, sizeof(sreq));
+        kvp_batch_arrays_t sb = {kvp_array(got, 8, 0, 8), kvp_array(toks, 4, 0, 8)};
+        kvp_wire_request_bind_decode(&sreq, &sb);
+        ck_assert_int_eq(
+            kvp_wire_decode(kvpool_Request_fields, &sreq, frame + 4, (size_t)n - 4, NULL), 0);
+        ck_assert_uint_eq(sreq.which_body, bodies[k]);
+        ck_assert_uint_eq(sb.seq_ids.count, 3);
+        ck_assert_uint_eq(sb.num_tokens.count, 0);
+        ck_assert_uint_eq(got[2], UINT64_MAX);
+    }
+    kvpool_Request req;
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, ids, NULL, 3);
+    ck_assert_int_eq(kvp__client_request_batch(&req, kvpool_Request_fork_tag, &b), KVP_EINVAL);
+}
+END_TEST
+
+START_TEST(page_table_lands_exactly_in_the_callers_arrays)
+{
+    static const pb_size_t bodies[] = {kvpool_Response_reserve_tag, kvpool_Response_append_tag,
+                                       kvpool_Response_get_page_table_tag};
+    for (size_t k = 0; k < 3; k++) {
+        uint8_t frame[1024];
+        long n = encode_seed_table(bodies[k], 99, frame, sizeof(frame), seed_indptr);
+        ck_assert_int_gt(n, 0);
+        table_buf_t b;
+        table_init(&b, 5, 8, 2); /* exactly enough */
+        char err[200];
+        ck_assert_int_eq(client_decode_table(frame, n, &b.t, err, sizeof(err)), 0);
+        ck_assert_uint_eq(b.t.batch_size, 4);
+        ck_assert_uint_eq(b.t.nnz, 100);
+        ck_assert_uint_eq(b.t.num_indices, 8);
+        ck_assert_uint_eq(b.t.num_copies, 2);
+        ck_assert_int_eq(memcmp(b.indptr, seed_indptr, sizeof(seed_indptr)), 0);
+        ck_assert_int_eq(memcmp(b.indices, seed_indices, sizeof(seed_indices)), 0);
+        ck_assert_int_eq(memcmp(b.last, seed_last, sizeof(seed_last)), 0);
+        ck_assert_int_eq(memcmp(b.append, seed_append, sizeof(seed_append)), 0);
+        ck_assert_int_eq(memcmp(b.lens, seed_lens, sizeof(seed_lens)), 0);
+        ck_assert_int_eq(memcmp(b.copies, seed_copies, sizeof(seed_copies)), 0);
+        ck_assert_int_eq(b.indptr[5], 0x7f7f7f7f); /* nothing written past the data */
+    }
+}
+END_TEST
+
+START_TEST(null_arrays_are_skipped_but_counted)
+{
+    uint8_t frame[1024];
+    long n = encode_seed_table(kvpool_Response_reserve_tag, 1, frame, sizeof(frame), seed_indptr);
+    table_buf_t b;
+    table_init(&b, 5, 0, 0);
+    b.t.kv_indices = NULL;
+    b.t.copies = NULL;
+    b.t.seq_lens = NULL;
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), 0);
+    ck_assert_uint_eq(b.t.num_indices, 8);
+    ck_assert_uint_eq(b.t.num_copies, 2);
+    ck_assert_int_eq(memcmp(b.indptr, seed_indptr, sizeof(seed_indptr)), 0);
+    ck_assert_int_eq(memcmp(b.last, seed_last, sizeof(seed_last)), 0);
+    ck_assert_int_eq(memcmp(b.append, seed_append, sizeof(seed_append)), 0);
+    ck_assert_int_eq(b.lens[0], 0x7f7f7f7f);
+
+    /* no table at all: only the counts */
+    table_buf_t none;
+    table_init(&none, 0, 0, 0);
+    ck_assert_int_eq(client_decode_table(frame, n, NULL, NULL, 0), 0);
+}
+END_TEST
+
+START_TEST(capacities_below_the_reply_give_elimit)
+{
+    uint8_t frame[1024];
+    long n = encode_seed_table(kvpool_Response_reserve_tag, 1, frame, sizeof(frame), seed_indptr);
+    char err[200];
+    table_buf_t b;
+    table_init(&b, 5, 7, 2);
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, err, sizeof(err)), KVP_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "kv_indices"));
+    table_init(&b, 4, 8, 2); /* kv_indptr needs batch_size + 1 */
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, err, sizeof(err)), KVP_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "kv_indptr"));
+    table_init(&b, 5, 8, 1);
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, err, sizeof(err)), KVP_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "copies"));
+}
+END_TEST
+
+START_TEST(inconsistent_or_malformed_replies_are_protocol_errors)
+{
+    /* kv_indptr[B] says 9 indices, 8 came */
+    static const int32_t bad_indptr[] = {0, 3, 4, 6, 9};
+    uint8_t frame[1024];
+    long n = encode_seed_table(kvpool_Response_reserve_tag, 1, frame, sizeof(frame), bad_indptr);
+    table_buf_t b;
+    table_init(&b, 5, 8, 2);
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), KVP_EPROTO);
+
+    /* garbage */
+    uint8_t junk[] = {0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    char err[200];
+    ck_assert_int_eq(client_decode_table(junk, sizeof(junk), &b.t, err, sizeof(err)), KVP_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "malformed"));
+
+    /* an int32 array whose length is not a multiple of 4 */
+    kvpool_Response *resp = calloc(1, sizeof(*resp));
+    uint8_t three[3] = {1, 2, 3};
+    kvp_reply_arrays_t out;
+    memset(&out, 0, sizeof(out));
+    out.kv_indices = kvp_array(three, 1, 3, 3);
+    resp->id = 1;
+    resp->which_body = kvpool_Response_get_page_table_tag;
+    resp->body.get_page_table.has_table = true;
+    kvp_wire_table_bind_encode(&resp->body.get_page_table.table, &out);
+    n = kvp_wire_encode_frame(kvpool_Response_fields, resp, frame, sizeof(frame));
+    ck_assert_int_gt(n, 0);
+    free(resp);
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), KVP_EPROTO);
+}
+END_TEST
+
+START_TEST(metrics_text_is_read_skipped_or_refused_when_too_long)
+{
+    kvpool_Response *resp = calloc(1, sizeof(*resp));
+    char text[] = "kvpool_free_pages 12\nkvpool_used_pages 4\n";
+    kvp_reply_arrays_t out;
+    memset(&out, 0, sizeof(out));
+    out.text.s = text;
+    out.text.len = strlen(text);
+    resp->id = 3;
+    resp->which_body = kvpool_Response_metrics_tag;
+    kvp_text_bind_encode(&resp->body.metrics.text, &out.text);
+    uint8_t frame[512];
+    long n = kvp_wire_encode_frame(kvpool_Response_fields, resp, frame, sizeof(frame));
+    ck_assert_int_gt(n, 0);
+
+    char got[64];
+    kvp_reply_arrays_t r;
+    memset(&r, 0, sizeof(r)); /* as kvpoolctl does: only the text bound */
+    r.text.s = got;
+    r.text.cap = sizeof(got);
+    memset(resp, 0, sizeof(*resp));
+    ck_assert_int_eq(kvp__client_decode_response(resp, &r, frame + 4, (size_t)n - 4, NULL, 0), 0);
+    ck_assert_str_eq(got, text);
+    ck_assert_uint_eq(r.text.len, strlen(text));
+
+    kvp__client_table_arrays(&r, NULL); /* no text buffer: skipped */
+    ck_assert_int_eq(kvp__client_decode_response(resp, &r, frame + 4, (size_t)n - 4, NULL, 0), 0);
+    ck_assert_uint_eq(resp->id, 3);
+
+    memset(&r, 0, sizeof(r));
+    r.text.s = got;
+    r.text.cap = 10;
+    char err[200];
+    ck_assert_int_eq(
+        kvp__client_decode_response(resp, &r, frame + 4, (size_t)n - 4, err, sizeof(err)),
+        KVP_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "text"));
+    free(resp);
+}
+END_TEST
+
+/* ---- a scripted fake daemon on a real socket ------------------------------------------- */
+
+enum { FAKE_MAX_IDS = 64, FAKE_POOL_BYTES = 1 << 20 };
+
+typedef struct {
+    char path[108];
+    int lfd;
+    pthread_t th;
+    int joined;
+    /* script */
+    kvpool_BackendKind backend;
+    kvpool_Code hello_code;
+    int ping_silent;   /* never answer a Ping */
+    int ping_wrong_id; /* answer a Ping with another id */
+    /* what happened */
+    kvpool_HelloRequest hello;
+    uint64_t ids[FAKE_MAX_IDS];
+    unsigned nids;
+    int pool_fd;   /* the pool memfd the fake hands out (kept) */
+    int buf_fd;    /* the staging buffer received (kept) */
+    int buf_seals; /* its seals */
+    uint64_t buf_size;
+    uint32_t unregistered;
+    uint64_t reserve_ids[4];
+    uint32_t reserve_toks[4];
+    uint32_t reserve_n;
+    kvpool_Response resp;
+} fake_t;
+
+static void fake_status(kvpool_Response *resp, kvpool_Code code, const char *msg)
+{
+    resp->has_status = true;
+    resp->status.code = code;
+    snprintf(resp->status.message, sizeof(resp->status.message), "%s", msg);
+}
+
+static void *fake_main(void *arg)
+{
+    fake_t *f = arg;
+    int c = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0)
+        return NULL;
+    uint8_t *in = NULL, *out = malloc(1 << 16);
+    size_t cap = 0;
+    for (;;) {
+        uint32_t len;
+        int fds[KVP_MAX_FDS_PER_FRAME];
+        unsigned nfds = 0;
+        if (kvp_sock_recv_frame(c, &in, &cap, &len, 1 << 20, fds, KVP_MAX_FDS_PER_FRAME, &nfds,
+                                KVP_SOCK_NO_DEADLINE))
+            break;
+        kvpool_Request req;
+        memset(&req, 0, sizeof(req));
+        uint64_t ids[64];
+        uint32_t toks[64];
+        kvp_batch_arrays_t b = {kvp_array(ids, 8, 0, 64), kvp_array(toks, 4, 0, 64)};
+        kvp_wire_request_bind_decode(&req, &b);
+        if (kvp_wire_decode(kvpool_Request_fields, &req, in, len, NULL))
+            break;
+        if (f->nids < FAKE_MAX_IDS)
+            f->ids[f->nids++] = req.id;
+        kvpool_Response *resp = &f->resp;
+        memset(resp, 0, sizeof(*resp));
+        resp->id = req.id;
+        int send_fd = -1;
+        long n = 0;
+        switch (req.which_body) {
+        case kvpool_Request_hello_tag: {
+            f->hello = req.body.hello;
+            if (f->hello_code != kvpool_Code_OK) {
+                fake_status(resp, f->hello_code, "namespace is owned by another user");
+                break;
+            }
+            resp->which_body = kvpool_Response_hello_tag;
+            kvpool_HelloResponse *h = &resp->body.hello;
+            h->protocol_version = KVP_PROTOCOL_VERSION;
+            snprintf(h->server_version, sizeof(h->server_version), "9.9.9-fake");
+            h->session_id = 4242;
+            h->has_pool = true;
+            h->pool.has_geometry = true;
+            h->pool.geometry.num_layers = 2;
+            h->pool.geometry.num_pages = 16;
+            h->pool.geometry.page_size = 16;
+            h->pool.geometry.num_kv_heads = 2;
+            h->pool.geometry.head_dim = 64;
+            h->pool.geometry.dtype = kvpool_DType_FP16;
+            h->pool.geometry.num_devices = 1;
+            h->pool.backend = f->backend;
+            h->pool.pool_bytes = FAKE_POOL_BYTES;
+            h->pool.layer_bytes = FAKE_POOL_BYTES / 2;
+            h->pool.elem_bytes = 2;
+            h->pool.device_ids_count = 1;
+            h->pool.device_ids[0] = 3;
+            h->pool.map_granularity = 2 << 20;
+            if (req.body.hello.want_pool_fds) {
+                h->pool.num_fds = 1;
+                send_fd = f->pool_fd;
+            }
+            break;
+        }
+        case kvpool_Request_ping_tag:
+            if (f->ping_silent)
+                continue;
+            resp->which_body = kvpool_Response_ping_tag;
+            resp->body.ping.nonce = req.body.ping.nonce;
+            if (f->ping_wrong_id)
+                resp->id = req.id + 1;
+            break;
+        case kvpool_Request_fork_tag:
+            fake_status(resp, kvpool_Code_NOT_FOUND, "sequence 7 not found");
+            break;
+        case kvpool_Request_register_buffer_tag:
+            if (nfds == 1) {
+                f->buf_fd = fds[0];
+                f->buf_seals = fcntl(fds[0], F_GET_SEALS);
+                f->buf_size = req.body.register_buffer.size_bytes;
+                nfds = 0;
+            }
+            resp->which_body = kvpool_Response_register_buffer_tag;
+            resp->body.register_buffer.buffer_id = 5;
+            break;
+        case kvpool_Request_unregister_buffer_tag:
+            f->unregistered = req.body.unregister_buffer.buffer_id;
+            resp->which_body = kvpool_Response_unregister_buffer_tag;
+            break;
+        case kvpool_Request_reserve_tag:
+            f->reserve_n = b.seq_ids.count;
+            memcpy(f->reserve_ids, ids, sizeof(f->reserve_ids));
+            memcpy(f->reserve_toks, toks, sizeof(f->reserve_toks));
+            n = encode_seed_table(kvpool_Response_reserve_tag, req.id, out, 1 << 16, seed_indptr);
+            break;
+        default:
+            fake_status(resp, kvpool_Code_UNIMPLEMENTED, "not in the script");
+            break;
+        }
+        for (unsigned i = 0; i < nfds; i++)
+            close(fds[i]);
+        if (n == 0)
+            n = kvp_wire_encode_frame(kvpool_Response_fields, resp, out, 1 << 16);
+        if (n < 0 || kvp_sock_send_frame(c, out, (size_t)n, send_fd >= 0 ? &send_fd : NULL,
+                                         send_fd >= 0 ? 1 : 0, KVP_SOCK_NO_DEADLINE))
+            break;
+    }
+    free(in);
+    free(out);
+    close(c);
+    return NULL;
+}
+
+static fake_t *fake_start(kvpool_BackendKind backend)
+{
+    fake_t *f = calloc(1, sizeof(*f));
+    ck_assert_ptr_nonnull(f);
+    static unsigned counter;
+    snprintf(f->path, sizeof(f->path), "/tmp/kvp_test_client_%d_%u.sock", (int)getpid(), counter++);
+    unlink(f->path);
+    f->backend = backend;
+    f->buf_fd = -1;
+    f->pool_fd = memfd_create("fake-pool", MFD_CLOEXEC);
+    ck_assert_int_ge(f->pool_fd, 0);
+    ck_assert_int_eq(ftruncate(f->pool_fd, FAKE_POOL_BYTES), 0);
+    ck_assert_int_eq(pwrite(f->pool_fd, "POOL", 4, 0), 4);
+    ck_assert_int_eq(pwrite(f->pool_fd, "TAIL", 4, FAKE_POOL_BYTES - 4), 4);
+    f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", f->path);
+    ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    ck_assert_int_eq(listen(f->lfd, 4), 0);
+    ck_assert_int_eq(pthread_create(&f->th, NULL, fake_main, f), 0);
+    return f;
+}
+
+/* Waits for the fake to see the client go (the client must have closed by now). */
+static void fake_join(fake_t *f)
+{
+    if (!f->joined)
+        pthread_join(f->th, NULL);
+    f->joined = 1;
+}
+
+static void fake_stop(fake_t *f)
+{
+    fake_join(f);
+    close(f->lfd);
+    close(f->pool_fd);
+    if (f->buf_fd >= 0)
+        close(f->buf_fd);
+    unlink(f->path);
+    free(f);
+}
+
+static kvp_client_t *connect_to(fake_t *f, int map_pool, uint32_t timeout_ms)
+{
+    kvp_client_opts_t o = {.socket_path = f->path,
+                           .ns = "engine-a",
+                           .client_name = "worker-0",
+                           .lease_ms = 30000,
+                           .timeout_ms = timeout_ms,
+                           .map_pool = map_pool};
+    kvp_client_t *c = NULL;
+    char err[256];
+    int rc = kvp_client_connect(&o, &c, err, sizeof(err));
+    ck_assert_msg(rc == 0, "connect: %s (%s)", kvp_strerror(rc), err);
+    return c;
+}
+
+START_TEST(hello_maps_the_host_pool_and_ids_count_up_from_a_random_start)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 1, 5000);
+    ck_assert_uint_eq(f->hello.protocol_version, KVP_PROTOCOL_VERSION);
+    ck_assert_str_eq(f->hello.namespace, "engine-a");
+    ck_assert_str_eq(f->hello.client_name, "worker-0");
+    ck_assert(f->hello.has_lease_ms);
+    ck_assert_uint_eq(f->hello.lease_ms, 30000);
+    ck_assert(f->hello.want_pool_fds);
+    ck_assert_uint_eq(kvp_client_session_id(c), 4242);
+    ck_assert_str_eq(kvp_client_server_version(c), "9.9.9-fake");
+    const kvp_pool_info_t *p = kvp_client_pool_info(c);
+    ck_assert_uint_eq(p->num_layers, 2);
+    ck_assert_uint_eq(p->pool_bytes, FAKE_POOL_BYTES);
+    ck_assert_uint_eq(p->dtype, 3);
+    ck_assert_int_eq(p->device_ids[0], 3);
+    ck_assert_uint_eq(p->map_granularity, 2u << 20);
+
+    /* the mapping is the daemon's memory, both ways; the fd itself was closed */
+    char *base = kvp_client_pool_base(c, 0);
+    ck_assert_ptr_nonnull(base);
+    ck_assert_ptr_null(kvp_client_pool_base(c, 1));
+    ck_assert_int_eq(kvp_client_pool_fd(c, 0), -1);
+    ck_assert_int_eq(memcmp(base, "POOL", 4), 0);
+    ck_assert_int_eq(memcmp(base + FAKE_POOL_BYTES - 4, "TAIL", 4), 0);
+    memcpy(base + 100, "from the worker", 15);
+    char check[16] = {0};
+    ck_assert_int_eq(pread(f->pool_fd, check, 15, 100), 15);
+    ck_assert_str_eq(check, "from the worker");
+
+    uint64_t rtt = 0;
+    ck_assert_int_eq(kvp_client_ping(c, &rtt), 0);
+    ck_assert_uint_gt(rtt, 0);
+    ck_assert_int_eq(kvp_client_ping(c, NULL), 0);
+    ck_assert_str_eq(kvp_client_last_error(c), "");
+    kvp_client_close(c);
+    fake_join(f);
+    ck_assert_uint_eq(f->nids, 3);
+    ck_assert_uint_ne(f->ids[0], 0);
+    ck_assert_uint_eq(f->ids[1], f->ids[0] + 1 + (f->ids[0] + 1 == 0));
+    ck_assert_uint_eq(f->ids[2], f->ids[1] + 1 + (f->ids[1] + 1 == 0));
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(cuda_pool_fds_are_kept_open_and_not_mapped)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_CUDA);
+    kvp_client_t *c = connect_to(f, 1, 5000);
+    ck_assert_ptr_null(kvp_client_pool_base(c, 0));
+    int fd = kvp_client_pool_fd(c, 0);
+    ck_assert_int_ge(fd, 0);
+    char check[4];
+    ck_assert_int_eq(pread(fd, check, 4, 0), 4);
+    ck_assert_int_eq(memcmp(check, "POOL", 4), 0);
+    kvp_client_close(c);
+    ck_assert_int_eq(fcntl(fd, F_GETFD), -1); /* closed with the handle */
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(without_map_pool_nothing_is_asked_for_or_mapped)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_opts_t o = {.socket_path = f->path, .lease_ms = KVP_LEASE_DEFAULT};
+    kvp_client_t *c = NULL;
+    ck_assert_int_eq(kvp_client_connect(&o, &c, NULL, 0), 0);
+    ck_assert(!f->hello.want_pool_fds);
+    ck_assert(!f->hello.has_lease_ms); /* the daemon's default lease */
+    ck_assert_str_eq(f->hello.namespace, "default");
+    ck_assert_str_eq(f->hello.client_name, "test_client_wire"); /* the program's name */
+    ck_assert_ptr_null(kvp_client_pool_base(c, 0));
+    ck_assert_int_eq(kvp_client_pool_fd(c, 0), -1);
+    ck_assert_uint_eq(kvp_client_pool_info(c)->num_pages, 16);
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(status_errors_map_to_codes_and_messages)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 0, 5000);
+    ck_assert_int_eq(kvp_client_fork(c, 7, 8), KVP_ENOENT);
+    ck_assert_str_eq(kvp_client_last_error(c), "sequence 7 not found");
+    ck_assert_int_eq(kvp_client_truncate(c, 7, 1), KVP_EINTERNAL); /* UNIMPLEMENTED */
+    ck_assert_int_eq(kvp_client_ping(c, NULL), 0);
+    ck_assert_str_eq(kvp_client_last_error(c), "");
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(hello_refused_by_the_daemon_fails_connect_with_its_message)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    f->hello_code = kvpool_Code_PERMISSION_DENIED;
+    kvp_client_opts_t o = {.socket_path = f->path, .ns = "x"};
+    kvp_client_t *c = (kvp_client_t *)0x1;
+    char err[256];
+    ck_assert_int_eq(kvp_client_connect(&o, &c, err, sizeof(err)), KVP_EPERM);
+    ck_assert_str_eq(err, "namespace is owned by another user");
+    ck_assert_ptr_eq(c, (kvp_client_t *)0x1);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(connect_to_nothing_is_enoent_with_a_message)
+{
+    kvp_client_opts_t o = {.socket_path = "/tmp/kvp_test_client_no_such.sock"};
+    unlink(o.socket_path);
+    kvp_client_t *c = NULL;
+    char err[256];
+    ck_assert_int_eq(kvp_client_connect(&o, &c, err, sizeof(err)), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err, "/tmp/kvp_test_client_no_such.sock"));
+    o.ns = "a-namespace-name-that-is-far-too-long-for-the-sixty-three-byte-limit";
+    ck_assert_int_eq(kvp_client_connect(&o, &c, err, sizeof(err)), KVP_EINVAL);
+}
+END_TEST
+
+START_TEST(a_reply_with_another_id_breaks_the_connection)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 0, 5000);
+    f->ping_wrong_id = 1;
+    ck_assert_int_eq(kvp_client_ping(c, NULL), KVP_EPROTO);
+    ck_assert_ptr_nonnull(strstr(kvp_client_last_error(c), "does not match"));
+    ck_assert_int_eq(kvp_client_ping(c, NULL), KVP_ECLOSED);
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(a_silent_daemon_times_out_and_the_connection_is_dropped)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 0, 100);
+    f->ping_silent = 1;
+    ck_assert_int_eq(kvp_client_ping(c, NULL), KVP_ETIMEDOUT);
+    ck_assert_int_eq(kvp_client_ping(c, NULL), KVP_ECLOSED);
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(host_buffer_is_a_sealed_memfd_shared_with_the_daemon)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 0, 5000);
+    void *ptr = NULL;
+    uint32_t id = 0;
+    ck_assert_int_eq(kvp_client_alloc_host_buffer(c, 65536, &ptr, &id), 0);
+    ck_assert_uint_eq(id, 5);
+    ck_assert_ptr_nonnull(ptr);
+    ck_assert_uint_eq(f->buf_size, 65536);
+    ck_assert_int_ge(f->buf_fd, 0);
+    ck_assert_int_eq(f->buf_seals & (F_SEAL_SHRINK | F_SEAL_GROW), F_SEAL_SHRINK | F_SEAL_GROW);
+    memcpy((char *)ptr + 65536 - 6, "staged", 6);
+    char check[7] = {0};
+    ck_assert_int_eq(pread(f->buf_fd, check, 6, 65536 - 6), 6);
+    ck_assert_str_eq(check, "staged");
+    ck_assert_int_eq(ftruncate(f->buf_fd, 10), -1); /* nobody can shrink it under the daemon */
+
+    ck_assert_int_eq(kvp_client_unregister_buffer(c, id), 0);
+    ck_assert_uint_eq(f->unregistered, 5);
+    ck_assert_int_eq(kvp_client_register_fd(c, 0, 7, 10, &id), KVP_EINVAL);
+    int closed = memfd_create("closed", MFD_CLOEXEC);
+    close(closed);
+    ck_assert_int_eq(kvp_client_register_fd(c, closed, 0, 10, &id), KVP_EINVAL);
+    ck_assert_int_eq(kvp_client_ping(c, NULL), 0); /* still connected */
+    ck_assert_int_eq(kvp_client_alloc_host_buffer(c, 0, &ptr, &id), KVP_EINVAL);
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(reserve_round_trip_fills_the_page_table)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 0, 5000);
+    uint64_t ids[4] = {10, 11, 12, 1ull << 60};
+    uint32_t toks[4] = {45, 8, 25, 22};
+    table_buf_t b;
+    table_init(&b, 5, 8, 2);
+    ck_assert_int_eq(kvp_client_reserve(c, ids, toks, 4, &b.t), 0);
+    ck_assert_uint_eq(f->reserve_n, 4);
+    ck_assert_int_eq(memcmp(f->reserve_ids, ids, sizeof(ids)), 0);
+    ck_assert_int_eq(memcmp(f->reserve_toks, toks, sizeof(toks)), 0);
+    ck_assert_uint_eq(b.t.batch_size, 4);
+    ck_assert_uint_eq(b.t.nnz, 100);
+    ck_assert_uint_eq(b.t.num_indices, 8);
+    ck_assert_uint_eq(b.t.num_copies, 2);
+    ck_assert_int_eq(memcmp(b.indices, seed_indices, sizeof(seed_indices)), 0);
+
+    /* too small: KVP_ELIMIT, and the connection is still good */
+    table_init(&b, 5, 4, 2);
+    ck_assert_int_eq(kvp_client_reserve(c, ids, toks, 4, &b.t), KVP_ELIMIT);
+    ck_assert_int_eq(kvp_client_reserve(c, ids, toks, 4, NULL), 0);
+    ck_assert_int_eq(kvp_client_reserve(c, NULL, toks, 4, NULL), KVP_EINVAL);
+    ck_assert_int_eq(kvp_client_ping(c, NULL), 0);
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
+START_TEST(default_socket_follows_the_environment)
+{
+    char buf[108];
+    setenv("KVPOOL_SOCKET", "/run/x/y.sock", 1);
+    ck_assert_str_eq(kvp_client_default_socket(buf, sizeof(buf)), "/run/x/y.sock");
+    ck_assert_ptr_null(kvp_client_default_socket(buf, 5));
+    unsetenv("KVPOOL_SOCKET");
+    if (geteuid() != 0) {
+        setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
+        ck_assert_str_eq(kvp_client_default_socket(buf, sizeof(buf)),
+                         "/run/user/1000/kvpool/kvpool.sock");
+    } else {
+        ck_assert_str_eq(kvp_client_default_socket(buf, sizeof(buf)), "/run/kvpool/kvpool.sock");
+    }
+    ck_assert_ptr_null(kvp_client_default_socket(NULL, 10));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("client_wire");
+    TCase *tc = tcase_create("wire");
+    tcase_add_test(tc, reserve_of_256_sequences_decodes_exactly_on_the_server);
+    tcase_add_test(tc, release_and_page_table_requests_carry_seq_ids_only);
+    tcase_add_test(tc, page_table_lands_exactly_in_the_callers_arrays);
+    tcase_add_test(tc, null_arrays_are_skipped_but_counted);
+    tcase_add_test(tc, capacities_below_the_reply_give_elimit);
+    tcase_add_test(tc, inconsistent_or_malformed_replies_are_protocol_errors);
+    tcase_add_test(tc, metrics_text_is_read_skipped_or_refused_when_too_long);
+    suite_add_tcase(s, tc);
+    TCase *tf = tcase_create("fake_daemon");
+    tcase_set_timeout(tf, 30);
+    tcase_add_test(tf, hello_maps_the_host_pool_and_ids_count_up_from_a_random_start);
+    tcase_add_test(tf, cuda_pool_fds_are_kept_open_and_not_mapped);
+    tcase_add_test(tf, without_map_pool_nothing_is_asked_for_or_mapped);
+    tcase_add_test(tf, status_errors_map_to_codes_and_messages);
+    tcase_add_test(tf, hello_refused_by_the_daemon_fails_connect_with_its_message);
+    tcase_add_test(tf, connect_to_nothing_is_enoent_with_a_message);
+    tcase_add_test(tf, a_reply_with_another_id_breaks_the_connection);
+    tcase_add_test(tf, a_silent_daemon_times_out_and_the_connection_is_dropped);
+    tcase_add_test(tf, host_buffer_is_a_sealed_memfd_shared_with_the_daemon);
+    tcase_add_test(tf, reserve_round_trip_fills_the_page_table);
+    tcase_add_test(tf, default_socket_follows_the_environment);
+    suite_add_tcase(s, tf);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
