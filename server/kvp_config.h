@@ -25,8 +25,8 @@
  *                    group. Default empty.
  *   max_connections  connections served at once; more are refused. 1..1048576. Default 256.
  *   max_frame_bytes  largest frame accepted or sent (DESIGN.md §5). 4 KiB..1 GiB. Default 16 MiB.
- *   max_queued_bytes responses queued unsent on one connection before it stops being read;
- *                    must be >= max_frame_bytes. Up to 16 GiB. Default 64 MiB.
+ *   max_queued_bytes answers queued unsent on one connection (a client that does not read
+ *                    them) before the daemon drops that client; must be >= max_frame_bytes. Up to 16 GiB. Default 64 MiB.
  *   log_level        emerg|alert|crit|err|warning|notice|info|debug. Default info.
  *   watchdog         send WATCHDOG=1 when systemd asks for it (WATCHDOG_USEC). Default true.
  *   metrics_listen   host:port of the Prometheus HTTP endpoint ("127.0.0.1:9464",
@@ -71,9 +71,11 @@
  *                    Both empty (the default): the server's default policy applies.
  *
  * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
- * server.drain_timeout_ms, every [limits] and [access] key. Every other key (server.socket,
- * socket_mode, socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, and all
- * of [pool]) needs a restart.
+ * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
+ * limits.default_lease_ms, limits.max_lease_ms, and the [access] keys. Every other key needs a
+ * restart: the [limits] that size the daemon's tables (max_seqs, max_namespaces, max_batch,
+ * max_seq_tokens, max_buffers_per_client, dedup_window), server.socket, socket_mode,
+ * socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, and all of [pool].
  */
 #ifndef KVP_CONFIG_H
 #define KVP_CONFIG_H

@@ -6,6 +6,7 @@
 #include "kvp_rpc.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,9 +65,57 @@ struct kvp_rpc {
     uint64_t cow_copies_total;
 };
 
+/* Bytes of the Response body member for a tag: clearing only that member (not the whole
+ * 45 KB union, sized by ListClients) keeps small answers cheap. */
+static size_t body_size(pb_size_t which)
+{
+    kvpool_Response *r = NULL;
+    switch (which) {
+    case kvpool_Response_hello_tag:
+        return sizeof(r->body.hello);
+    case kvpool_Response_ping_tag:
+        return sizeof(r->body.ping);
+    case kvpool_Response_pool_info_tag:
+        return sizeof(r->body.pool_info);
+    case kvpool_Response_register_buffer_tag:
+        return sizeof(r->body.register_buffer);
+    case kvpool_Response_append_tag:
+        return sizeof(r->body.append);
+    case kvpool_Response_reserve_tag:
+        return sizeof(r->body.reserve);
+    case kvpool_Response_fork_tag:
+        return sizeof(r->body.fork);
+    case kvpool_Response_truncate_tag:
+        return sizeof(r->body.truncate);
+    case kvpool_Response_release_tag:
+        return sizeof(r->body.release);
+    case kvpool_Response_get_page_table_tag:
+        return sizeof(r->body.get_page_table);
+    case kvpool_Response_stats_tag:
+        return sizeof(r->body.stats);
+    case kvpool_Response_list_sequences_tag:
+        return sizeof(r->body.list_sequences);
+    case kvpool_Response_list_clients_tag:
+        return sizeof(r->body.list_clients);
+    case kvpool_Response_audit_tag:
+        return sizeof(r->body.audit);
+    case kvpool_Response_metrics_tag:
+        return sizeof(r->body.metrics);
+    default:
+        return 0;
+    }
+}
+
+static void clear(kvpool_Response *resp, pb_size_t which)
+{
+    memset(resp, 0, offsetof(kvpool_Response, body));
+    memset(&resp->body, 0, body_size(which));
+    resp->which_body = which;
+}
+
 void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)
 {
-    memset(resp, 0, sizeof(*resp));
+    clear(resp, 0);
     resp->id = id;
     resp->has_status = true;
     resp->status.code = kvp_wire_code_from_err(err);
@@ -137,6 +186,15 @@ kvp_seqtab_t *kvp_rpc_seqtab(kvp_rpc_t *r)
 kvp_backend_t *kvp_rpc_backend(kvp_rpc_t *r)
 {
     return r->backend;
+}
+
+void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
+{
+    r->lim.max_batch_tokens = lim->max_batch_tokens;
+    r->plan_limits.max_tokens = lim->max_batch_tokens;
+    r->lim.max_buffer_bytes = lim->max_buffer_bytes;
+    r->lim.default_lease_ms = lim->default_lease_ms;
+    r->lim.max_lease_ms = lim->max_lease_ms;
 }
 
 void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n)
@@ -275,11 +333,10 @@ void kvp_rpc_remember(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id, con
 
 static void ok(kvpool_Response *resp, uint64_t id, pb_size_t which)
 {
-    memset(resp, 0, sizeof(*resp));
+    clear(resp, which);
     resp->id = id;
     resp->has_status = true;
     resp->status.code = kvpool_Code_OK;
-    resp->which_body = which;
 }
 
 static void fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi)

@@ -124,6 +124,11 @@ void kvp_rpc_observe(kvp_rpc_t *r, pb_size_t which_body, kvpool_Code code, uint6
 /* Prometheus text exposition 0.0.4 into buf; returns its length (truncated at cap - 1). */
 size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms);
 
+/* SIGHUP: applies the limits that can change at run time (max_batch_tokens,
+ * max_buffer_bytes, default_lease_ms, max_lease_ms); the others size tables and need a
+ * restart (the config module reports them). */
+void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim);
+
 /* Server facts dispatch reports (Stats, metrics). */
 void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n);
 void kvp_rpc_set_draining(kvp_rpc_t *r, int draining);

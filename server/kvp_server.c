@@ -456,8 +456,7 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
         }
         kvp_rpc_begin(s->rpc, c->sess, id);
     }
-    kvp_rpc_io_t *io = &s->io;
-    memset(io, 0, sizeof(*io));
+    kvp_rpc_io_t *io = &s->io; /* dispatch sets every field it answers with */
     io->batch = &s->batch;
     io->fds_in = fds;
     io->nfds_in = nfds;
@@ -488,7 +487,6 @@ static void after_work(uv_work_t *w, int status)
     conn_t *c = w->data;
     kvp_server_t *s = c->srv;
     kvp_rpc_io_t *io = &s->io;
-    memset(io, 0, sizeof(*io));
     kvp_rpc_job_finish(s->rpc, c->job, io);
     c->busy = 0;
     if (c->closing) {
@@ -783,8 +781,10 @@ uint32_t kvp_server_num_connections(const kvp_server_t *s)
     return s->num_conns;
 }
 
-void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes)
+void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes,
+                           uint32_t drain_timeout_ms)
 {
+    s->cfg.drain_timeout_ms = drain_timeout_ms;
     s->cfg.max_connections = max_connections;
     s->cfg.max_queued_bytes = max_queued_bytes;
 }

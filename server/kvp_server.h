@@ -47,7 +47,8 @@ void kvp_server_destroy(kvp_server_t *s);
 uint32_t kvp_server_num_connections(const kvp_server_t *s);
 
 /* Updates run-time reloadable limits (SIGHUP). */
-void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes);
+void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes,
+                           uint32_t drain_timeout_ms);
 
 /* Monotonic milliseconds as the server and dispatch see them. */
 uint64_t kvp_server_now_ms(void);

@@ -71,6 +71,22 @@ static void begin_stop(daemon_t *d, const char *why)
     kvp_server_drain(d->server, on_drained, d);
 }
 
+static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
+{
+    return (kvp_rpc_limits_t){
+        .max_seqs = c->max_seqs,
+        .max_namespaces = c->max_namespaces,
+        .max_seq_tokens = c->max_seq_tokens,
+        .max_batch = c->max_batch,
+        .max_batch_tokens = c->max_batch_tokens,
+        .max_buffers_per_client = c->max_buffers_per_client,
+        .max_buffer_bytes = c->max_buffer_bytes,
+        .dedup_window = c->dedup_window,
+        .default_lease_ms = c->default_lease_ms,
+        .max_lease_ms = c->max_lease_ms,
+    };
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     daemon_t *d = h->data;
@@ -90,7 +106,10 @@ static void on_signal(uv_signal_t *h, int signum)
                 kvp_log(KVP_LOG_WARNING, "reload: %s", err);
             d->cfg = next;
             kvp_log_set_level(d->cfg.log_level);
-            kvp_server_set_limits(d->server, d->cfg.max_connections, d->cfg.max_queued_bytes);
+            kvp_server_set_limits(d->server, d->cfg.max_connections, d->cfg.max_queued_bytes,
+                                  d->cfg.drain_timeout_ms);
+            kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
+            kvp_rpc_set_limits(d->rpc, &lim);
             kvp_log(KVP_LOG_NOTICE, "reloaded config=%s", d->cfg.config_path);
         }
         kvp_notify_send(&d->notify, "READY=1");
@@ -185,18 +204,7 @@ static int run(daemon_t *d)
     kvp_backend_t *backend;
     if ((rc = create_backend(&d->cfg, &backend, err, sizeof(err))))
         goto fail;
-    kvp_rpc_limits_t lim = {
-        .max_seqs = d->cfg.max_seqs,
-        .max_namespaces = d->cfg.max_namespaces,
-        .max_seq_tokens = d->cfg.max_seq_tokens,
-        .max_batch = d->cfg.max_batch,
-        .max_batch_tokens = d->cfg.max_batch_tokens,
-        .max_buffers_per_client = d->cfg.max_buffers_per_client,
-        .max_buffer_bytes = d->cfg.max_buffer_bytes,
-        .dedup_window = d->cfg.dedup_window,
-        .default_lease_ms = d->cfg.default_lease_ms,
-        .max_lease_ms = d->cfg.max_lease_ms,
-    };
+    kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
     if ((rc = kvp_rpc_create(backend, &lim, kvp_server_now_ms(), &d->rpc))) {
         backend->ops->destroy(backend);
         snprintf(err, sizeof(err), "cannot create the daemon state: %s", kvp_strerror(rc));
@@ -274,6 +282,10 @@ int main(int argc, char **argv)
     kvp_config_action_t action;
     if (kvp_config_parse_args(&d.cfg, argc, argv, &action, err, sizeof(err))) {
         fprintf(stderr, "kvpoold: %s\n(kvpoold --help for usage)\n", err);
+        /* --check-config reports a bad configuration as 1, like a failed validation */
+        for (int i = 1; i < argc; i++)
+            if (!strcmp(argv[i], "--check-config"))
+                return 1;
         return 2;
     }
     if (action == KVP_CONFIG_HELP) {

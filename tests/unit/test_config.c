@@ -875,13 +875,14 @@ START_TEST(reload_keeps_and_lists_settings_that_need_a_restart)
 
     /* only reloadable changes; page_size in the file changes, but the flag still rules */
     rewrite(path, "[server]\nlog_level = debug\nmax_connections = 9\n[pool]\nnum_layers = 2\n"
-                  "page_size = 64\n[limits]\nmax_seqs = 200\n[access]\nallowed_gids = 5\n");
+                  "page_size = 64\n[limits]\nmax_seqs = 100\nmax_batch_tokens = 200\n"
+                  "[access]\nallowed_gids = 5\n");
     strcpy(err, "x");
     ck_assert_int_eq(kvp_config_reload_file(&old, path, &next, err, sizeof(err)), 0);
     ck_assert_str_eq(err, "");
     ck_assert_int_eq(next.log_level, KVP_LOG_DEBUG);
     ck_assert_uint_eq(next.max_connections, 9);
-    ck_assert_uint_eq(next.max_seqs, 200);
+    ck_assert_uint_eq(next.max_batch_tokens, 200);
     ck_assert_uint_eq(next.allowed_gids.count, 1);
     ck_assert_uint_eq(next.page_size, 32);
     ck_assert_uint_eq(next.num_pages, 1024);
@@ -891,11 +892,11 @@ START_TEST(reload_keeps_and_lists_settings_that_need_a_restart)
     /* changes that need a restart are listed and keep their running values */
     rewrite(path, "[server]\nlog_level = err\nsocket = /run/other.sock\nwatchdog = off\n"
                   "[pool]\nnum_layers = 4\n[limits]\nmax_seqs = 300\n");
-    ck_assert_int_eq(kvp_config_reload_file(&old, path, &next, err, sizeof(err)), 4);
+    ck_assert_int_eq(kvp_config_reload_file(&old, path, &next, err, sizeof(err)), 5);
     ck_assert_str_eq(err, "not reloadable, restart to apply: server.socket, server.watchdog, "
-                          "pool.num_layers, pool.num_pages");
+                          "pool.num_layers, pool.num_pages, limits.max_seqs");
     ck_assert_int_eq(next.log_level, KVP_LOG_ERR);
-    ck_assert_uint_eq(next.max_seqs, 300);
+    ck_assert_uint_eq(next.max_seqs, 100);
     ck_assert_str_eq(next.socket, old.socket);
     ck_assert(next.watchdog);
     ck_assert_uint_eq(next.num_layers, 2);

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Lifecycle of a real kvpoold process, driven from outside as an operator or systemd would:
+kvpoolctl (every command, --json, exit codes), --check-config, socket activation through
+LISTEN_FDS, the notify protocol (READY, WATCHDOG at the configured rate, STOPPING), SIGHUP
+reload, SIGTERM exit 0. Standard library only.
+
+usage: test_lifecycle.py BUILD_DIR
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+BUILD = os.path.abspath(sys.argv.pop(1)) if len(sys.argv) > 1 else "build"
+KVPOOLD = os.path.join(BUILD, "server", "kvpoold")
+CTL = os.path.join(BUILD, "client", "kvpoolctl")
+SMALL = ["--num-pages", "64", "--page-size", "4", "--num-layers", "2"]
+
+
+def wait_for(pred, timeout=10.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def can_connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+LIVE = []  # every daemon started, killed at exit whatever happened
+
+
+def kill_all():
+    for p in LIVE:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+class Daemon:
+    def __init__(self, args=(), env=None, pass_fds=(), shell_prefix=None, preexec=None):
+        self.dir = tempfile.mkdtemp(prefix="kvpool-lc-")
+        self.sock = os.path.join(self.dir, "kvpool.sock")
+        self.log = open(os.path.join(self.dir, "kvpoold.log"), "w+")
+        cmd = [KVPOOLD, "--socket", self.sock, "--log-level", "debug"] + SMALL + list(args)
+        e = dict(os.environ)
+        for k in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "WATCHDOG_USEC"):
+            e.pop(k, None)
+        e.update(env or {})
+        if shell_prefix:
+            cmd = ["sh", "-c", shell_prefix + ' exec "$@"', "sh"] + cmd
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=e,
+                                     pass_fds=pass_fds, preexec_fn=preexec)
+        LIVE.append(self.proc)
+
+    def wait_ready(self):
+        assert wait_for(lambda: can_connect(self.sock) or self.proc.poll() is not None), "no start"
+        assert self.proc.poll() is None, self.logtext()
+
+    def logtext(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=20)
+        self.log.close()
+        return code
+
+
+def ctl(sock, *args, timeout=20):
+    p = subprocess.run([CTL, "-s", sock] + list(args), capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+class KvpoolctlTest(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon()
+        self.d.wait_ready()
+
+    def tearDown(self):
+        self.assertEqual(self.d.stop(), 0, self.d.logtext())
+
+    def test_every_data_command_has_tables_and_json(self):
+        for cmd in ("status", "stats", "pool", "seqs", "clients", "audit"):
+            rc, out, err = ctl(self.d.sock, cmd)
+            self.assertEqual(rc, 0, (cmd, err))
+            self.assertTrue(out.strip() or (cmd == "seqs" and "no sequences" in err), cmd)
+            rc, out, err = ctl(self.d.sock, cmd, "--json")
+            self.assertEqual(rc, 0, (cmd, err))
+            json.loads(out)  # one valid JSON object
+        rc, out, _ = ctl(self.d.sock, "pool", "--json")
+        pool = json.loads(out)
+        self.assertEqual(pool["geometry"]["num_pages"] if "geometry" in pool
+                         else pool["num_pages"], 64)
+        rc, out, _ = ctl(self.d.sock, "stats", "--json")
+        st = json.loads(out)
+        self.assertEqual(st["num_pages"], 64)
+        self.assertEqual(st["free_pages"], 64)
+        rc, out, _ = ctl(self.d.sock, "audit", "--json")
+        self.assertTrue(json.loads(out)["ok"])
+
+    def test_metrics_and_health(self):
+        rc, out, _ = ctl(self.d.sock, "metrics")
+        self.assertEqual(rc, 0)
+        self.assertIn('kvpool_pages{device="0",state="capacity"} 64', out)
+        self.assertIn("# TYPE kvpool_rpc_requests_total counter", out)
+        rc, out, _ = ctl(self.d.sock, "health")
+        self.assertEqual(rc, 0)
+        self.assertEqual(out.strip(), "ok")
+
+    def test_exit_codes(self):
+        self.assertEqual(ctl(self.d.sock, "no-such-command")[0], 2)
+        self.assertEqual(ctl(self.d.sock, "stats", "--bogus")[0], 2)
+        self.assertEqual(ctl(self.d.sock, "seqs", "--limit", "abc")[0], 2)
+        self.assertEqual(ctl(self.d.dir + "/absent.sock", "stats")[0], 3)
+        self.assertEqual(ctl(self.d.dir + "/absent.sock", "health")[0], 1)
+        # a server error: listing a namespace that does not exist
+        rc, _, err = ctl(self.d.sock, "seqs", "-n", "nobody")
+        self.assertEqual(rc, 1, err)
+        # KVPOOL_SOCKET is honoured
+        p = subprocess.run([CTL, "stats"], capture_output=True, text=True,
+                           env=dict(os.environ, KVPOOL_SOCKET=self.d.sock))
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+
+class CheckConfigTest(unittest.TestCase):
+    def test_check_config_good_and_bad(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
+            f.write("[pool]\nnum_pages = 100\npage_size = 8\n[server]\nlog_level = debug\n")
+        p = subprocess.run([KVPOOLD, "--config", f.name, "--check-config"],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("num_pages = 100", p.stdout)
+        self.assertIn("page_size = 8", p.stdout)
+        with open(f.name, "w") as g:
+            g.write("[pool]\nnum_pages = lots\n")
+        p = subprocess.run([KVPOOLD, "--config", f.name, "--check-config"],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("num_pages", p.stderr)
+        p = subprocess.run([KVPOOLD, "--check-config", "--num-kv-heads", "3", "--devices", "0,1"],
+                           capture_output=True, text=True)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("num_devices", p.stderr)
+        os.unlink(f.name)
+
+
+class SystemdTest(unittest.TestCase):
+    def notify_socket(self, d):
+        path = os.path.join(d, "notify.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(path)
+        s.settimeout(10)
+        return s, path
+
+    def test_socket_activation_and_notify(self):
+        tmp = tempfile.mkdtemp(prefix="kvpool-sd-")
+        lsock_path = os.path.join(tmp, "activated.sock")
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls.bind(lsock_path)
+        ls.listen(16)
+        ns, npath = self.notify_socket(tmp)
+        # fd 3 must be the listening socket, LISTEN_PID the daemon's own pid
+        lfd = ls.fileno()
+        d = Daemon(env={"NOTIFY_SOCKET": npath, "LISTEN_FDS": "1", "WATCHDOG_USEC": "200000"},
+                   pass_fds=(lfd,), shell_prefix="LISTEN_PID=$$; export LISTEN_PID;",
+                   preexec=lambda: os.dup2(lfd, 3, inheritable=True))
+        msgs = []
+        t0 = time.time()
+        while not any(m.startswith("READY=1") for m in msgs):
+            msgs.append(ns.recv(4096).decode())
+        self.assertIn("MAINPID=%d" % d.proc.pid, "\n".join(msgs))
+        # served on the inherited socket, not on --socket
+        rc, out, err = ctl(lsock_path, "stats", "--json")
+        self.assertEqual(rc, 0, err + d.logtext())
+        self.assertFalse(os.path.exists(d.sock))
+        # WATCHDOG=1 every ~100 ms (WATCHDOG_USEC / 2)
+        pings = []
+        while len(pings) < 5:
+            m = ns.recv(4096).decode()
+            if "WATCHDOG=1" in m:
+                pings.append(time.time())
+        gaps = [b - a for a, b in zip(pings, pings[1:])]
+        self.assertTrue(all(0.03 < g < 0.5 for g in gaps), gaps)
+        d.proc.send_signal(signal.SIGTERM)
+        seen_stopping = False
+        while not seen_stopping:
+            seen_stopping = "STOPPING=1" in ns.recv(4096).decode()
+        self.assertEqual(d.proc.wait(timeout=20), 0, d.logtext())
+        ls.close()
+        ns.close()
+
+    def test_sighup_reloads_what_can_be_reloaded(self):
+        tmp = tempfile.mkdtemp(prefix="kvpool-hup-")
+        conf = os.path.join(tmp, "kvpoold.conf")
+        with open(conf, "w") as f:
+            f.write("[server]\nlog_level = info\n[limits]\ndefault_lease_ms = 500\n"
+                    "max_lease_ms = 1000\n")
+        d = Daemon(args=["--config", conf])
+        d.wait_ready()
+        with open(conf, "w") as f:
+            f.write("[server]\nlog_level = debug\n[limits]\ndefault_lease_ms = 500\n"
+                    "max_lease_ms = 5000\n[pool]\ndtype = bf16\n")
+        d.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(wait_for(lambda: "reloaded" in d.logtext()), d.logtext())
+        self.assertIn("restart to apply: pool.dtype", d.logtext())
+        rc, out, _ = ctl(d.sock, "pool", "--json")
+        self.assertEqual(rc, 0)
+        self.assertIn('"fp16"', out)
+        # a broken file keeps the running configuration
+        with open(conf, "w") as f:
+            f.write("[server]\nlog_level = loud\n")
+        d.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(wait_for(lambda: "reload failed" in d.logtext()), d.logtext())
+        self.assertEqual(ctl(d.sock, "health")[0], 0)
+        self.assertEqual(d.stop(), 0, d.logtext())
+
+
+if __name__ == "__main__":
+    try:
+        unittest.main(verbosity=2)
+    finally:
+        kill_all()
