@@ -73,7 +73,8 @@ class Daemon:
         assert self.proc.poll() is None, self.logtext()
 
     def logtext(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log.name) as f:
             return f.read()
 
