@@ -181,9 +181,9 @@ class SystemdTest(unittest.TestCase):
         ns, npath = self.notify_socket(tmp)
         # fd 3 must be the listening socket, LISTEN_PID the daemon's own pid
         lfd = ls.fileno()
+        move = "" if lfd == 3 else "exec 3<&%d %d<&-;" % (lfd, lfd)
         d = Daemon(env={"NOTIFY_SOCKET": npath, "LISTEN_FDS": "1", "WATCHDOG_USEC": "200000"},
-                   pass_fds=(lfd,), shell_prefix="LISTEN_PID=$$; export LISTEN_PID;",
-                   preexec=lambda: os.dup2(lfd, 3, inheritable=True))
+                   pass_fds=(lfd,), shell_prefix=move + " LISTEN_PID=$$; export LISTEN_PID;")
         msgs = []
         t0 = time.time()
         while not any(m.startswith("READY=1") for m in msgs):
