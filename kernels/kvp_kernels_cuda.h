@@ -1,0 +1,80 @@
+/*
+ * kvp_kernels_cuda.h - the CUDA forms of kvp_kernels.h: the same argument structs (device
+ * pointers in them), the same meaning (FlashInfer's append_paged_kv_cache), an explicit stream.
+ *
+ * Every entry point only enqueues work: no host-device synchronisation, no host reads of
+ * device arrays, no allocation, so each is safe inside CUDA-graph capture. Argument checks
+ * that need the device arrays run on the device:
+ *   - the checked append (kvp_append_paged_kv_cache_cuda) runs a validation kernel first and
+ *     the copy kernel only when it found nothing wrong, so a bad position, batch index or page
+ *     id writes nothing at all (DESIGN.md §1); the reason lands in *err_dev (a KVP_E* code,
+ *     0 when fine; the caller reads it whenever it likes, e.g. after its own sync);
+ *   - the fused append computes each token's request and position from append_indptr inside
+ *     the same launch (one launch per layer on the decode path); positions are right by
+ *     construction, and a page id out of range makes that row skipped (never written out of
+ *     bounds) and is reported in *err_dev.
+ * Host-side checks (NULL pointers, sizes, strides, alignment: every row must be a multiple of
+ * 16 bytes and 16-byte aligned, since the copy moves 16-byte vectors) return KVP_EINVAL before
+ * anything is enqueued. Other CUDA failures return KVP_EINTERNAL (the launch error is logged by
+ * no one here: the caller decides).
+ *
+ * Kernels are loaded eagerly by kvp_cuda_kernels_preload(): call it once per process before
+ * any cross-stream wait is enqueued (lazy module loading deadlocks such waits, DESIGN.md §4).
+ * Streams are cudaStream_t passed as void * so that this header needs no CUDA header.
+ */
+#ifndef KVP_KERNELS_CUDA_H
+#define KVP_KERNELS_CUDA_H
+
+#include "kvp_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when this library was built with CUDA (the functions below exist and work), else 0. */
+int kvp_cuda_available(void);
+
+/* Loads every kernel of this library in the current device's context (cudaFuncGetAttributes
+ * on each). Returns 0 or KVP_EINTERNAL (no device, driver error). */
+int kvp_cuda_kernels_preload(void);
+
+/* Checked append: validation kernel, then the copy kernel gated by *err_dev == 0. err_dev is
+ * a device int the validation resets and fills (required). */
+int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                   const int32_t *batch_indices, const int32_t *positions,
+                                   uint32_t nnz, int32_t *err_dev, void *stream);
+
+/* The copy kernel alone, for callers whose positions come from our own planner (the daemon,
+ * libkvpool after a Reserve): per-row guards (padding skipped, rows with an out-of-range page
+ * skipped and reported in *err_dev when err_dev is not NULL), one launch. */
+int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                             const int32_t *batch_indices,
+                                             const int32_t *positions, uint32_t nnz,
+                                             int32_t *err_dev, void *stream);
+
+/* Fused append: token i belongs to the request b with append_indptr[b] <= i <
+ * append_indptr[b+1] (binary search) and goes to position seq_len[b] - append_len[b] +
+ * (i - append_indptr[b]), seq_len from kv's page table. nnz = append_indptr[batch_size] (the
+ * caller passes it: no host read). One launch. */
+int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                         const int32_t *append_indptr, uint32_t nnz,
+                                         int32_t *err_dev, void *stream);
+
+int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
+                          uint32_t batch_size, uint32_t page_size, int32_t *seq_lens,
+                          void *stream);
+
+int kvp_get_batch_indices_positions_cuda(const int32_t *append_indptr, const int32_t *seq_lens,
+                                         uint32_t batch_size, uint32_t nnz,
+                                         int32_t *batch_indices, int32_t *positions,
+                                         void *stream);
+
+/* Whole-page copies (K and V) inside one layer; copies is a device array. Ids are checked on
+ * the device: a bad pair is skipped and reported in *err_dev (may be NULL). */
+int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies,
+                       uint32_t num_copies, int32_t *err_dev, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
