@@ -1,0 +1,614 @@
+/*
+ * kvp_append_cuda.cu - the CUDA forms of kvp_kernels.h (see kvp_kernels_cuda.h): the append
+ * (checked, unchecked, fused with the positions), seq lens, batch indices and positions, and
+ * whole-page copies. Each operation has three layers, as in NCCL and ggml-cuda: the
+ * __global__ kernel, a static launcher on an explicit stream, and the exported C entry point
+ * that validates what the host can see.
+ *
+ * The copy moves 16-byte vectors: a block takes a few consecutive tokens (about 1024 vectors),
+ * its threads walk the (token, K|V, head, vector) items with the vector index fastest, so a
+ * warp reads and writes whole contiguous rows, with 4 vectors in flight per thread; the source
+ * loads are issued before the page-table lookups they do not depend on (see copy_kernel).
+ * Rows are specialised for 4, 8, 16 and 32 vectors (D = 32..256 in fp16) so that part of the
+ * item decomposition is shifts.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_kernels_cuda.h"
+
+namespace
+{
+
+constexpr int kThreads = 256;
+
+/* Everything a copy kernel needs, by value (kernel parameter space). Strides in bytes. */
+struct Geo {
+    uint8_t *k;
+    uint8_t *v;
+    int64_t page_stride, slot_stride, head_stride;
+    const uint8_t *sk;
+    const uint8_t *sv;
+    int64_t sk_n, sk_h, sv_n, sv_h;
+    uint32_t page_size, num_heads, vecs, num_pages, batch_size;
+    const int32_t *indptr;
+    const int32_t *indices;
+    const int32_t *last;
+};
+
+__device__ __forceinline__ void set_err(int32_t *err, int32_t code)
+{
+    if (err)
+        atomicCAS(err, 0, code);
+}
+
+__device__ __forceinline__ int32_t seq_len_of(const int32_t *indptr, const int32_t *last,
+                                              uint32_t page_size, int32_t b)
+{
+    int32_t n = indptr[b + 1] - indptr[b];
+    return n > 0 ? (n - 1) * (int32_t)page_size + last[b] : 0;
+}
+
+constexpr int kItems = 8;      /* 16-byte vectors in flight per thread */
+constexpr int kMaxTokens = 64; /* tokens per block */
+
+/* Where token i goes, or -1 to skip it (padding, or an invalid entry reported in *err).
+ * Fused: its request from append_indptr and its position from the page table; else
+ * batch_indices/positions. The fused lookup first guesses b = i * B / nnz, which is exact for
+ * decode steps (one token per request) and for equal-length prefills, and loads the guess's
+ * page-table entries in the same round trip; only a wrong guess pays the binary search. */
+template <bool FUSED>
+__device__ __forceinline__ int64_t token_dst(const Geo &g, uint32_t i, uint32_t nnz,
+                                             const int32_t *__restrict__ bi,
+                                             const int32_t *__restrict__ pos_arr,
+                                             const int32_t *__restrict__ aip, int32_t *err)
+{
+    int32_t b, pos;
+    if (FUSED) {
+        /* the guess and its page-table entries in one round trip */
+        b = (int32_t)((uint64_t)i * g.batch_size / nnz);
+        int32_t start = __ldg(aip + b), end = __ldg(aip + b + 1);
+        int32_t p0 = __ldg(g.indptr + b), p1 = __ldg(g.indptr + b + 1), lst = __ldg(g.last + b);
+        if ((int32_t)i < start || (int32_t)i >= end) {
+            int32_t lo = 0, hi = (int32_t)g.batch_size - 1;
+            while (lo < hi) {
+                int32_t mid = (lo + hi + 1) >> 1;
+                if (__ldg(aip + mid) <= (int32_t)i)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            b = lo;
+            start = __ldg(aip + b);
+            end = __ldg(aip + b + 1);
+            p0 = __ldg(g.indptr + b);
+            p1 = __ldg(g.indptr + b + 1);
+            lst = __ldg(g.last + b);
+        }
+        int32_t seq_len = p1 > p0 ? (p1 - p0 - 1) * (int32_t)g.page_size + lst : 0;
+        pos = seq_len - (end - start) + ((int32_t)i - start);
+        if ((int32_t)i >= end || pos < 0) {
+            set_err(err, KVP_ERANGE);
+            return -1;
+        }
+        int32_t page = __ldg(g.indices + p0 + pos / (int32_t)g.page_size);
+        if ((uint32_t)page >= g.num_pages) {
+            set_err(err, KVP_ERANGE);
+            return -1;
+        }
+        return (int64_t)page * g.page_stride +
+               (int64_t)(pos % (int32_t)g.page_size) * g.slot_stride;
+    } else {
+        b = bi[i];
+        if (b < 0)
+            return -1; /* padding */
+        if ((uint32_t)b >= g.batch_size) {
+            set_err(err, KVP_ERANGE);
+            return -1;
+        }
+        pos = pos_arr[i];
+        if (pos < 0 || pos >= seq_len_of(g.indptr, g.last, g.page_size, b)) {
+            set_err(err, KVP_ERANGE);
+            return -1;
+        }
+    }
+    int32_t page = g.indices[g.indptr[b] + pos / (int32_t)g.page_size];
+    if ((uint32_t)page >= g.num_pages) {
+        set_err(err, KVP_ERANGE);
+        return -1;
+    }
+    return (int64_t)page * g.page_stride + (int64_t)(pos % (int32_t)g.page_size) * g.slot_stride;
+}
+
+/*
+ * The copy. A block takes `ntok` consecutive tokens; its threads first issue the loads of
+ * their source vectors (which do not depend on the page table), while threads 0..ntok-1 look
+ * up where each token goes (the dependent chain: request, sequence length, page id), so the
+ * two latencies overlap; after one barrier every thread stores. kItems vectors per thread are
+ * in flight at once. gate (may be NULL): skip everything when *gate != 0 (the validation
+ * kernel found an error).
+ */
+template <int VECS, bool FUSED>
+__global__ void __launch_bounds__(kThreads)
+    copy_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
+                const int32_t *__restrict__ aip, uint32_t nnz, uint32_t tokens_per_block,
+                const int32_t *gate, int32_t *err)
+{
+    __shared__ int64_t s_dst[kMaxTokens];
+    if (gate && *gate)
+        return;
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
+    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+    for (uint64_t tok0 = (uint64_t)blockIdx.x * tokens_per_block; tok0 < nnz;
+         tok0 += (uint64_t)gridDim.x * tokens_per_block) {
+        const uint32_t ntok =
+            (uint32_t)(nnz - tok0 < tokens_per_block ? nnz - tok0 : tokens_per_block);
+        const uint32_t nitems = ntok * per_tok;
+        for (uint32_t base = 0; base < nitems; base += blockDim.x * kItems) {
+            uint4 v[kItems];
+#pragma unroll
+            for (int k = 0; k < kItems; k++) {
+                uint32_t it = base + k * blockDim.x + threadIdx.x;
+                if (it < nitems) {
+                    uint32_t t = it / per_tok, r = it - t * per_tok;
+                    uint32_t kv = r >= per_kv;
+                    r -= kv * per_kv;
+                    uint32_t h = r / vecs, vec = r - h * vecs;
+                    uint64_t i = tok0 + t;
+                    const uint8_t *src = (kv ? g.sv + (int64_t)i * g.sv_n + (int64_t)h * g.sv_h
+                                             : g.sk + (int64_t)i * g.sk_n + (int64_t)h * g.sk_h) +
+                                         vec * 16;
+                    v[k] = __ldg(reinterpret_cast<const uint4 *>(src));
+                }
+            }
+            if (base == 0) {
+                if (threadIdx.x < ntok)
+                    s_dst[threadIdx.x] = token_dst<FUSED>(g, (uint32_t)(tok0 + threadIdx.x), nnz,
+                                                          bi, pos_arr, aip, err);
+                __syncthreads();
+            }
+#pragma unroll
+            for (int k = 0; k < kItems; k++) {
+                uint32_t it = base + k * blockDim.x + threadIdx.x;
+                if (it < nitems) {
+                    uint32_t t = it / per_tok, r = it - t * per_tok;
+                    int64_t dst = s_dst[t];
+                    if (dst < 0)
+                        continue;
+                    uint32_t kv = r >= per_kv;
+                    r -= kv * per_kv;
+                    uint32_t h = r / vecs, vec = r - h * vecs;
+                    uint8_t *d = (kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16;
+                    *reinterpret_cast<uint4 *>(d) = v[k];
+                }
+            }
+        }
+        __syncthreads(); /* s_dst is reused by the next tokens */
+    }
+}
+
+/*
+ * The small-batch copy (decode steps): one warp per token, no shared memory and no barrier.
+ * Every lane computes the token's destination itself (the loads are the same for the whole
+ * warp, so each is one transaction) while its source vectors are already in flight, then
+ * stores. Blocks of kWarpTokens warps keep the tokens spread over every multiprocessor.
+ */
+constexpr int kWarpTokens = 2;
+
+template <int VECS, bool FUSED>
+__global__ void __launch_bounds__(32 * kWarpTokens)
+    copy_warp_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
+                     const int32_t *__restrict__ aip, uint32_t nnz, int32_t *err)
+{
+    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t i = blockIdx.x * kWarpTokens + (threadIdx.x >> 5);
+    if (i >= nnz)
+        return;
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
+    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+    for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
+        uint4 v[kItems];
+#pragma unroll
+        for (int k = 0; k < kItems; k++) {
+            uint32_t it = base + k * 32 + lane;
+            if (it < per_tok) {
+                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+                uint32_t h = r / vecs, vec = r - h * vecs;
+                const uint8_t *src = (kv ? g.sv + (int64_t)i * g.sv_n + (int64_t)h * g.sv_h
+                                         : g.sk + (int64_t)i * g.sk_n + (int64_t)h * g.sk_h) +
+                                     vec * 16;
+                v[k] = __ldg(reinterpret_cast<const uint4 *>(src));
+            }
+        }
+        /* lane 0 alone reports errors; every lane computes the same destination */
+        int64_t dst = token_dst<FUSED>(g, i, nnz, bi, pos_arr, aip, lane == 0 ? err : nullptr);
+        if (dst < 0)
+            return;
+#pragma unroll
+        for (int k = 0; k < kItems; k++) {
+            uint32_t it = base + k * 32 + lane;
+            if (it < per_tok) {
+                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+                uint32_t h = r / vecs, vec = r - h * vecs;
+                uint8_t *d = (kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16;
+                *reinterpret_cast<uint4 *>(d) = v[k];
+            }
+        }
+    }
+}
+
+/* Validation for the checked append: the page table and every token, before any copy. */
+__global__ void validate_kernel(Geo g, const int32_t *__restrict__ batch_indices,
+                                const int32_t *__restrict__ positions, uint32_t nnz, int32_t *err)
+{
+    uint32_t n = nnz > g.batch_size ? nnz : g.batch_size;
+    for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
+        if (t == 0 && g.indptr[0] != 0)
+            set_err(err, KVP_EINVAL);
+        if (t < g.batch_size) {
+            int32_t np = g.indptr[t + 1] - g.indptr[t];
+            if (np < 0)
+                set_err(err, KVP_EINVAL);
+            else if (np > 0 && (g.last[t] < 1 || g.last[t] > (int32_t)g.page_size))
+                set_err(err, KVP_ERANGE);
+            for (int32_t k = g.indptr[t]; np > 0 && k < g.indptr[t + 1]; k++)
+                if ((uint32_t)g.indices[k] >= g.num_pages)
+                    set_err(err, KVP_ERANGE);
+        }
+        if (t < nnz) {
+            int32_t b = batch_indices[t];
+            if (b >= 0) {
+                if ((uint32_t)b >= g.batch_size) {
+                    set_err(err, KVP_ERANGE);
+                } else {
+                    int32_t np = g.indptr[b + 1] - g.indptr[b];
+                    int32_t len = np > 0 ? (np - 1) * (int32_t)g.page_size + g.last[b] : 0;
+                    if (np < 0 || positions[t] < 0 || positions[t] >= len)
+                        set_err(err, KVP_ERANGE);
+                }
+            }
+        }
+    }
+}
+
+__global__ void seq_lens_kernel(const int32_t *indptr, const int32_t *last, uint32_t batch_size,
+                                uint32_t page_size, int32_t *out)
+{
+    for (uint32_t b = blockIdx.x * blockDim.x + threadIdx.x; b < batch_size;
+         b += gridDim.x * blockDim.x)
+        out[b] = seq_len_of(indptr, last, page_size, (int32_t)b);
+}
+
+__global__ void batch_positions_kernel(const int32_t *append_indptr, const int32_t *seq_lens,
+                                       uint32_t batch_size, int32_t *batch_indices,
+                                       int32_t *positions)
+{
+    /* one block per request, threads over its tokens */
+    for (uint32_t b = blockIdx.x; b < batch_size; b += gridDim.x) {
+        int32_t start = append_indptr[b], len = append_indptr[b + 1] - start;
+        int32_t base = seq_lens[b] - len;
+        for (int32_t j = threadIdx.x; j < len; j += blockDim.x) {
+            batch_indices[start + j] = (int32_t)b;
+            positions[start + j] = base + j;
+        }
+    }
+}
+
+/* One block per (copy, K|V): the whole page, addressed through the strides. */
+__global__ void page_copy_kernel(Geo g, const kvp_page_copy_t *__restrict__ copies,
+                                 uint32_t num_copies, int32_t *err)
+{
+    for (uint32_t c = blockIdx.x >> 1; c < num_copies; c += gridDim.x >> 1) {
+        uint32_t kv = blockIdx.x & 1;
+        uint32_t src = copies[c].src, dst = copies[c].dst;
+        if (src >= g.num_pages || dst >= g.num_pages || src == dst) {
+            if (threadIdx.x == 0 && kv == 0)
+                set_err(err, KVP_ERANGE);
+            continue;
+        }
+        uint8_t *base = kv ? g.v : g.k;
+        uint32_t per_slot = g.num_heads * g.vecs;
+        uint32_t items = g.page_size * per_slot;
+        for (uint32_t it = threadIdx.x; it < items; it += blockDim.x) {
+            uint32_t slot = it / per_slot, r = it - slot * per_slot;
+            uint32_t h = r / g.vecs, vec = r - h * g.vecs;
+            int64_t off = (int64_t)slot * g.slot_stride + (int64_t)h * g.head_stride + vec * 16;
+            uint4 val = *reinterpret_cast<const uint4 *>(base + (int64_t)src * g.page_stride + off);
+            *reinterpret_cast<uint4 *>(base + (int64_t)dst * g.page_stride + off) = val;
+        }
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------- */
+
+inline bool aligned16(const void *p)
+{
+    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+/* Fills g from the public structs; KVP_EINVAL when the host can already see it is wrong. */
+int make_geo(const kvp_paged_kv_t *kv, const kvp_append_src_t *src, Geo *g)
+{
+    if (!kv || !kv->k_data || !kv->v_data)
+        return KVP_EINVAL;
+    const uint32_t e = kv->elem_bytes;
+    if (e != 1 && e != 2 && e != 4)
+        return KVP_EINVAL;
+    if (!kv->page_size || !kv->num_heads || !kv->head_dim || !kv->num_pages)
+        return KVP_EINVAL;
+    const uint64_t row = (uint64_t)kv->head_dim * e;
+    if (row % 16 || !aligned16(kv->k_data) || !aligned16(kv->v_data))
+        return KVP_EINVAL;
+    if (kv->stride_page < 0 || kv->stride_n < 0 || kv->stride_h < 0 || (kv->stride_page * e) % 16 ||
+        (kv->stride_n * e) % 16 || (kv->stride_h * e) % 16)
+        return KVP_EINVAL;
+    *g = Geo{};
+    g->k = static_cast<uint8_t *>(kv->k_data);
+    g->v = static_cast<uint8_t *>(kv->v_data);
+    g->page_stride = kv->stride_page * e;
+    g->slot_stride = kv->stride_n * e;
+    g->head_stride = kv->stride_h * e;
+    g->page_size = kv->page_size;
+    g->num_heads = kv->num_heads;
+    g->vecs = (uint32_t)(row / 16);
+    g->num_pages = kv->num_pages;
+    g->batch_size = kv->batch_size;
+    g->indptr = kv->kv_indptr;
+    g->indices = kv->kv_indices;
+    g->last = kv->kv_last_page_len;
+    if (src) {
+        if (!src->key || !src->value || !aligned16(src->key) || !aligned16(src->value))
+            return KVP_EINVAL;
+        if (src->k_stride_n < 0 || src->k_stride_h < 0 || src->v_stride_n < 0 ||
+            src->v_stride_h < 0 || (src->k_stride_n * e) % 16 || (src->k_stride_h * e) % 16 ||
+            (src->v_stride_n * e) % 16 || (src->v_stride_h * e) % 16)
+            return KVP_EINVAL;
+        g->sk = static_cast<const uint8_t *>(src->key);
+        g->sv = static_cast<const uint8_t *>(src->value);
+        g->sk_n = src->k_stride_n * e;
+        g->sk_h = src->k_stride_h * e;
+        g->sv_n = src->v_stride_n * e;
+        g->sv_h = src->v_stride_h * e;
+    }
+    return 0;
+}
+
+int launched(void)
+{
+    return cudaGetLastError() == cudaSuccess ? 0 : KVP_EINTERNAL;
+}
+
+/* Multiprocessors of the current device, read once per process (a host attribute query, not
+ * a stream operation: allowed while a graph is being captured). */
+uint32_t num_sms(void)
+{
+    static int sms = 0;
+    if (sms == 0) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+            sms = v;
+        else
+            sms = 132;
+    }
+    return (uint32_t)sms;
+}
+
+/* Tokens per block: up to kThreads * kItems vectors a block, but never so many that fewer
+ * than four blocks per multiprocessor remain: one SM moves only its share of the memory
+ * bandwidth (~32 GB/s on an H200), so a small decode step must reach every SM. */
+uint32_t tokens_per_block(const Geo &g, uint32_t nnz)
+{
+    uint32_t per_tok = 2 * g.num_heads * g.vecs;
+    uint32_t t = (uint32_t)(kThreads * kItems) / per_tok;
+    uint32_t spread = nnz / (4 * num_sms());
+    if (t > spread)
+        t = spread;
+    return t < 1 ? 1 : t > (uint32_t)kMaxTokens ? (uint32_t)kMaxTokens : t;
+}
+
+template <int VECS, bool FUSED>
+void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
+                   uint32_t nnz, const int32_t *gate, int32_t *err, cudaStream_t s)
+{
+    /* small batches (decode) with rows a warp covers in one pass: a warp per token.
+     * KVP_APPEND_KERNEL=warp|block forces one form (for benchmarking). */
+    static int force = -1;
+    if (force < 0) {
+        const char *f = getenv("KVP_APPEND_KERNEL");
+        force = !f ? 0 : !strcmp(f, "warp") ? 1 : !strcmp(f, "block") ? 2 : 0;
+    }
+    bool warp = force == 1 || (force == 0 && nnz <= 16 * num_sms());
+    if (!gate && warp && 2 * g.num_heads * g.vecs <= 32u * kItems) {
+        uint32_t blocks = (nnz + kWarpTokens - 1) / kWarpTokens;
+        copy_warp_kernel<VECS, FUSED>
+            <<<blocks, 32 * kWarpTokens, 0, s>>>(g, bi, pos, aip, nnz, err);
+        return;
+    }
+    uint32_t tpb = tokens_per_block(g, nnz);
+    uint64_t blocks = ((uint64_t)nnz + tpb - 1) / tpb;
+    if (blocks > 65535u * 16u)
+        blocks = 65535u * 16u; /* the kernel loops over the rest */
+    copy_kernel<VECS, FUSED>
+        <<<(unsigned)blocks, kThreads, 0, s>>>(g, bi, pos, aip, nnz, tpb, gate, err);
+}
+
+template <bool FUSED>
+void launch_copy(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
+                 uint32_t nnz, const int32_t *gate, int32_t *err, cudaStream_t s)
+{
+    switch (g.vecs) {
+    case 4:
+        launch_copy_t<4, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        break;
+    case 8:
+        launch_copy_t<8, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        break;
+    case 16:
+        launch_copy_t<16, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        break;
+    case 32:
+        launch_copy_t<32, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        break;
+    default:
+        launch_copy_t<0, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        break;
+    }
+}
+
+} // namespace
+
+extern "C" int kvp_cuda_available(void)
+{
+    return 1;
+}
+
+extern "C" int kvp_cuda_kernels_preload(void)
+{
+    cudaFuncAttributes a;
+    const void *fns[] = {
+        reinterpret_cast<const void *>(copy_kernel<0, false>),
+        reinterpret_cast<const void *>(copy_kernel<4, false>),
+        reinterpret_cast<const void *>(copy_kernel<8, false>),
+        reinterpret_cast<const void *>(copy_kernel<16, false>),
+        reinterpret_cast<const void *>(copy_kernel<32, false>),
+        reinterpret_cast<const void *>(copy_kernel<0, true>),
+        reinterpret_cast<const void *>(copy_kernel<4, true>),
+        reinterpret_cast<const void *>(copy_kernel<8, true>),
+        reinterpret_cast<const void *>(copy_kernel<16, true>),
+        reinterpret_cast<const void *>(copy_kernel<32, true>),
+        reinterpret_cast<const void *>(copy_warp_kernel<0, false>),
+        reinterpret_cast<const void *>(copy_warp_kernel<4, false>),
+        reinterpret_cast<const void *>(copy_warp_kernel<8, false>),
+        reinterpret_cast<const void *>(copy_warp_kernel<16, false>),
+        reinterpret_cast<const void *>(copy_warp_kernel<32, false>),
+        reinterpret_cast<const void *>(copy_warp_kernel<0, true>),
+        reinterpret_cast<const void *>(copy_warp_kernel<4, true>),
+        reinterpret_cast<const void *>(copy_warp_kernel<8, true>),
+        reinterpret_cast<const void *>(copy_warp_kernel<16, true>),
+        reinterpret_cast<const void *>(copy_warp_kernel<32, true>),
+        reinterpret_cast<const void *>(validate_kernel),
+        reinterpret_cast<const void *>(seq_lens_kernel),
+        reinterpret_cast<const void *>(batch_positions_kernel),
+        reinterpret_cast<const void *>(page_copy_kernel),
+    };
+    for (const void *f : fns)
+        if (cudaFuncGetAttributes(&a, f) != cudaSuccess)
+            return KVP_EINTERNAL;
+    return 0;
+}
+
+extern "C" int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                              const int32_t *batch_indices,
+                                              const int32_t *positions, uint32_t nnz,
+                                              int32_t *err_dev, void *stream)
+{
+    if (nnz == 0)
+        return 0;
+    Geo g;
+    int rc = make_geo(kv, src, &g);
+    if (rc)
+        return rc;
+    if (!batch_indices || !positions || !err_dev || !kv->kv_indptr || !kv->kv_indices ||
+        !kv->kv_last_page_len)
+        return KVP_EINVAL;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (cudaMemsetAsync(err_dev, 0, sizeof(int32_t), s) != cudaSuccess)
+        return KVP_EINTERNAL;
+    uint32_t n = nnz > g.batch_size ? nnz : g.batch_size;
+    uint32_t blocks = (n + kThreads - 1) / kThreads;
+    validate_kernel < <<blocks<4096 ? blocks : 4096, kThreads, 0, s>>>(g, batch_indices, positions,
+                                                                       nnz, err_dev);
+    if ((rc = launched()))
+        return rc;
+    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, s);
+    return launched();
+}
+
+extern "C" int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv,
+                                                        const kvp_append_src_t *src,
+                                                        const int32_t *batch_indices,
+                                                        const int32_t *positions, uint32_t nnz,
+                                                        int32_t *err_dev, void *stream)
+{
+    if (nnz == 0)
+        return 0;
+    Geo g;
+    int rc = make_geo(kv, src, &g);
+    if (rc)
+        return rc;
+    if (!batch_indices || !positions || !kv->kv_indptr || !kv->kv_indices || !kv->kv_last_page_len)
+        return KVP_EINVAL;
+    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev,
+                       static_cast<cudaStream_t>(stream));
+    return launched();
+}
+
+extern "C" int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv,
+                                                    const kvp_append_src_t *src,
+                                                    const int32_t *append_indptr, uint32_t nnz,
+                                                    int32_t *err_dev, void *stream)
+{
+    if (nnz == 0)
+        return 0;
+    Geo g;
+    int rc = make_geo(kv, src, &g);
+    if (rc)
+        return rc;
+    if (!append_indptr || !g.batch_size || !kv->kv_indptr || !kv->kv_indices ||
+        !kv->kv_last_page_len)
+        return KVP_EINVAL;
+    launch_copy<true>(g, nullptr, nullptr, append_indptr, nnz, nullptr, err_dev,
+                      static_cast<cudaStream_t>(stream));
+    return launched();
+}
+
+extern "C" int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
+                                     uint32_t batch_size, uint32_t page_size, int32_t *seq_lens,
+                                     void *stream)
+{
+    if (!kv_indptr || !kv_last_page_len || !seq_lens || !page_size)
+        return KVP_EINVAL;
+    if (!batch_size)
+        return 0;
+    uint32_t blocks = (batch_size + kThreads - 1) / kThreads;
+    seq_lens_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        kv_indptr, kv_last_page_len, batch_size, page_size, seq_lens);
+    return launched();
+}
+
+extern "C" int kvp_get_batch_indices_positions_cuda(const int32_t *append_indptr,
+                                                    const int32_t *seq_lens, uint32_t batch_size,
+                                                    uint32_t nnz, int32_t *batch_indices,
+                                                    int32_t *positions, void *stream)
+{
+    if (!append_indptr || !seq_lens)
+        return KVP_EINVAL;
+    if (!batch_size || !nnz)
+        return 0;
+    if (!batch_indices || !positions)
+        return KVP_EINVAL;
+    uint32_t blocks = batch_size < 65535u ? batch_size : 65535u;
+    batch_positions_kernel<<<blocks, 128, 0, static_cast<cudaStream_t>(stream)>>>(
+        append_indptr, seq_lens, batch_size, batch_indices, positions);
+    return launched();
+}
+
+extern "C" int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies,
+                                  uint32_t num_copies, int32_t *err_dev, void *stream)
+{
+    if (num_copies == 0)
+        return 0;
+    Geo g;
+    int rc = make_geo(kv, nullptr, &g);
+    if (rc)
+        return rc;
+    if (!copies)
+        return KVP_EINVAL;
+    uint32_t blocks = 2 * (num_copies < 32768u ? num_copies : 32768u);
+    page_copy_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        g, copies, num_copies, err_dev);
+    return launched();
+}

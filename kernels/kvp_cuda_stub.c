@@ -1,0 +1,66 @@
+/*
+ * kvp_cuda_stub.c - the CUDA entry points of kvp_kernels_cuda.h for a build without CUDA:
+ * kvp_cuda_available() says 0 and every operation returns KVP_EUNAVAIL, so callers link the
+ * same symbols either way and decide at run time.
+ */
+#include "kvp_kernels_cuda.h"
+
+int kvp_cuda_available(void)
+{
+    return 0;
+}
+
+int kvp_cuda_kernels_preload(void)
+{
+    return KVP_EUNAVAIL;
+}
+
+int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                   const int32_t *batch_indices, const int32_t *positions,
+                                   uint32_t nnz, int32_t *err_dev, void *stream)
+{
+    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
+    (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                             const int32_t *batch_indices, const int32_t *positions,
+                                             uint32_t nnz, int32_t *err_dev, void *stream)
+{
+    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
+    (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                         const int32_t *append_indptr, uint32_t nnz,
+                                         int32_t *err_dev, void *stream)
+{
+    (void)kv, (void)src, (void)append_indptr, (void)nnz, (void)err_dev, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
+                          uint32_t batch_size, uint32_t page_size, int32_t *seq_lens, void *stream)
+{
+    (void)kv_indptr, (void)kv_last_page_len, (void)batch_size, (void)page_size, (void)seq_lens;
+    (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_get_batch_indices_positions_cuda(const int32_t *append_indptr, const int32_t *seq_lens,
+                                         uint32_t batch_size, uint32_t nnz, int32_t *batch_indices,
+                                         int32_t *positions, void *stream)
+{
+    (void)append_indptr, (void)seq_lens, (void)batch_size, (void)nnz, (void)batch_indices;
+    (void)positions, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies, uint32_t num_copies,
+                       int32_t *err_dev, void *stream)
+{
+    (void)kv, (void)copies, (void)num_copies, (void)err_dev, (void)stream;
+    return KVP_EUNAVAIL;
+}

@@ -1,0 +1,295 @@
+/*
+ * bench_append_cuda.c - the CUDA append kernels against the device-to-device copy ceiling
+ * measured in the same run (METHOD.md): a large cudaMemcpyAsync counting bytes read + written.
+ * For each workload and layout: the fused append (positions computed in the launch), the
+ * checked append (validation kernel + copy) and, for decode steps, the fused append replayed
+ * from a CUDA graph of 100 launches (µs per launch). Times are medians of --reps event-timed
+ * runs after warm-up; bytes = K and V rows read once and written once. fp16, page 16 unless
+ * the workload says otherwise. Prints one table; exits 77 without a GPU.
+ *
+ *   bench_append_cuda [--reps N]
+ */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_geom.h"
+#include "kvp_kernels_cuda.h"
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static int REPS = 50;
+static const char *ONLY = NULL; /* --only SUBSTRING: the workloads whose name contains it */
+static cudaStream_t S;
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median milliseconds of fn over REPS event-timed runs. */
+typedef void (*op_fn)(void *);
+static float time_ms(op_fn fn, void *arg, int reps)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 5; i++)
+        fn(arg);
+    float *t = malloc(sizeof(float) * (size_t)reps);
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, S));
+        fn(arg);
+        CK(cudaEventRecord(b, S));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&t[i], a, b));
+    }
+    qsort(t, (size_t)reps, sizeof(float), cmp_f);
+    float m = t[reps / 2];
+    free(t);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return m;
+}
+
+typedef struct {
+    void *dst, *src;
+    size_t bytes;
+} copy_arg_t;
+
+static void do_copy(void *p)
+{
+    copy_arg_t *c = p;
+    CK(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, S));
+}
+
+typedef struct {
+    kvp_paged_kv_t kv;
+    kvp_append_src_t src;
+    int32_t *aip, *bi, *pos, *err;
+    uint32_t nnz;
+    int checked;
+} app_arg_t;
+
+static void do_append(void *p)
+{
+    app_arg_t *a = p;
+    int rc = a->checked
+                 ? kvp_append_paged_kv_cache_cuda(&a->kv, &a->src, a->bi, a->pos, a->nnz, a->err, S)
+                 : kvp_append_paged_kv_cache_fused_cuda(&a->kv, &a->src, a->aip, a->nnz, a->err, S);
+    if (rc) {
+        fprintf(stderr, "append failed: %d\n", rc);
+        exit(1);
+    }
+}
+
+typedef struct {
+    cudaGraphExec_t exec;
+} graph_arg_t;
+
+static void do_graph(void *p)
+{
+    CK(cudaGraphLaunch(((graph_arg_t *)p)->exec, S));
+}
+
+typedef struct {
+    const char *name;
+    uint32_t batch, tokens, heads, dim, page_size, old_len;
+} workload_t;
+
+static double CEIL_GBS;
+
+static void run_workload(const workload_t *w, kvp_layout_t layout)
+{
+    /* pool: every request holds old_len + tokens */
+    uint32_t ps = w->page_size, B = w->batch;
+    uint32_t len = w->old_len + w->tokens, pages_per = kvp_geom_pages_for(ps, len);
+    kvp_geom_t g = {.num_layers = 1,
+                    .num_pages = B * pages_per + 1,
+                    .page_size = ps,
+                    .num_kv_heads = w->heads,
+                    .head_dim = w->dim,
+                    .dtype = KVP_DTYPE_FP16,
+                    .layout = layout,
+                    .storage = KVP_STORAGE_COMBINED,
+                    .num_devices = 1};
+    kvp_geom_derived_t d;
+    if (kvp_geom_derive(&g, &d)) {
+        fprintf(stderr, "bad geometry for %s\n", w->name);
+        return;
+    }
+    uint8_t *pool;
+    CK(cudaMalloc((void **)&pool, d.pool_bytes));
+    CK(cudaMemsetAsync(pool, 0, d.pool_bytes, S));
+    uint32_t nnz = B * w->tokens;
+    size_t row = (size_t)w->dim * 2, src_bytes = (size_t)nnz * w->heads * row;
+    uint8_t *src;
+    CK(cudaMalloc((void **)&src, 2 * src_bytes));
+    CK(cudaMemsetAsync(src, 0x3c, 2 * src_bytes, S));
+    int32_t *h_indptr = malloc(4 * (B + 1)), *h_idx = malloc(4 * (size_t)B * pages_per);
+    int32_t *h_last = malloc(4 * B), *h_aip = malloc(4 * (B + 1));
+    int32_t *h_bi = malloc(4 * (size_t)nnz), *h_pos = malloc(4 * (size_t)nnz);
+    h_indptr[0] = h_aip[0] = 0;
+    for (uint32_t b = 0; b < B; b++) {
+        h_indptr[b + 1] = h_indptr[b] + (int32_t)pages_per;
+        h_aip[b + 1] = h_aip[b] + (int32_t)w->tokens;
+        h_last[b] = (int32_t)(len - (pages_per - 1) * ps);
+        for (uint32_t k = 0; k < pages_per; k++) /* interleave requests' pages */
+            h_idx[b * pages_per + k] = (int32_t)(k * B + b);
+        for (uint32_t j = 0; j < w->tokens; j++) {
+            h_bi[b * w->tokens + j] = (int32_t)b;
+            h_pos[b * w->tokens + j] = (int32_t)(w->old_len + j);
+        }
+    }
+    int32_t *d_indptr, *d_idx, *d_last, *d_aip, *d_bi, *d_pos, *d_err;
+    CK(cudaMalloc((void **)&d_indptr, 4 * (B + 1)));
+    CK(cudaMalloc((void **)&d_idx, 4 * (size_t)B * pages_per));
+    CK(cudaMalloc((void **)&d_last, 4 * B));
+    CK(cudaMalloc((void **)&d_aip, 4 * (B + 1)));
+    CK(cudaMalloc((void **)&d_bi, 4 * (size_t)nnz));
+    CK(cudaMalloc((void **)&d_pos, 4 * (size_t)nnz));
+    CK(cudaMalloc((void **)&d_err, 4));
+    CK(cudaMemcpy(d_indptr, h_indptr, 4 * (B + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_idx, h_idx, 4 * (size_t)B * pages_per, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_last, h_last, 4 * B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_aip, h_aip, 4 * (B + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_bi, h_bi, 4 * (size_t)nnz, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_pos, h_pos, 4 * (size_t)nnz, cudaMemcpyHostToDevice));
+    CK(cudaMemset(d_err, 0, 4));
+    app_arg_t a = {.kv = {.k_data = pool,
+                          .v_data = pool + d.v_offset_bytes,
+                          .elem_bytes = 2,
+                          .num_pages = g.num_pages,
+                          .page_size = ps,
+                          .num_heads = w->heads,
+                          .head_dim = w->dim,
+                          .stride_page = d.stride_page,
+                          .stride_n = d.stride_n,
+                          .stride_h = d.stride_h,
+                          .batch_size = B,
+                          .kv_indptr = d_indptr,
+                          .kv_indices = d_idx,
+                          .kv_last_page_len = d_last},
+                   .src = {.key = src,
+                           .value = src + src_bytes,
+                           .k_stride_n = (int64_t)w->heads * w->dim,
+                           .k_stride_h = w->dim,
+                           .v_stride_n = (int64_t)w->heads * w->dim,
+                           .v_stride_h = w->dim},
+                   .aip = d_aip,
+                   .bi = d_bi,
+                   .pos = d_pos,
+                   .err = d_err,
+                   .nnz = nnz};
+    double bytes = 2.0 * 2.0 * (double)src_bytes; /* K+V, read + write */
+    const char *lay = layout == KVP_LAYOUT_NHD ? "NHD" : "HND";
+    float ms = time_ms(do_append, &a, REPS);
+    double gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   fused\n", w->name, lay, nnz, ms * 1e3, gbs,
+           100.0 * gbs / CEIL_GBS);
+    a.checked = 1;
+    ms = time_ms(do_append, &a, REPS);
+    gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   checked (validate + copy)\n", w->name, lay, nnz,
+           ms * 1e3, gbs, 100.0 * gbs / CEIL_GBS);
+    a.checked = 0;
+    if (w->tokens == 1) { /* decode: graph replay of 100 fused launches */
+        cudaGraph_t graph;
+        graph_arg_t ga;
+        CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < 100; i++)
+            do_append(&a);
+        CK(cudaStreamEndCapture(S, &graph));
+        CK(cudaGraphInstantiate(&ga.exec, graph, 0));
+        ms = time_ms(do_graph, &ga, REPS) / 100.0f;
+        gbs = bytes / (ms * 1e-3) / 1e9;
+        printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   fused, graph replay (per launch)\n", w->name,
+               lay, nnz, ms * 1e3, gbs, 100.0 * gbs / CEIL_GBS);
+        CK(cudaGraphExecDestroy(ga.exec));
+        CK(cudaGraphDestroy(graph));
+    }
+    int32_t herr;
+    CK(cudaMemcpy(&herr, d_err, 4, cudaMemcpyDeviceToHost));
+    if (herr)
+        printf("  (device error flag %d)\n", herr);
+    void *fr[] = {pool, src, d_indptr, d_idx, d_last, d_aip, d_bi, d_pos, d_err};
+    for (unsigned i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
+        CK(cudaFree(fr[i]));
+    free(h_indptr), free(h_idx), free(h_last), free(h_aip), free(h_bi), free(h_pos);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            REPS = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            ONLY = argv[++i];
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no usable GPU: skipped\n");
+        return 77;
+    }
+    CK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
+    if (kvp_cuda_kernels_preload()) {
+        fprintf(stderr, "preload failed\n");
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    /* the ceiling: 2 GiB device-to-device copy, bytes read + written */
+    copy_arg_t c = {.bytes = (size_t)2 << 30};
+    CK(cudaMalloc(&c.src, c.bytes));
+    CK(cudaMalloc(&c.dst, c.bytes));
+    CK(cudaMemset(c.src, 1, c.bytes));
+    float ms = time_ms(do_copy, &c, 20);
+    CEIL_GBS = 2.0 * (double)c.bytes / (ms * 1e-3) / 1e9;
+    CK(cudaFree(c.src));
+    CK(cudaFree(c.dst));
+    printf("device: %s, %d SMs; d2d copy ceiling %.0f GB/s (2 GiB cudaMemcpyAsync, read + "
+           "write, median of 20)\n\n",
+           prop.name, prop.multiProcessorCount, CEIL_GBS);
+    /* the floor of a graph node: 100 one-thread kernels (get_seq_lens of one request) */
+    {
+        int32_t *z;
+        CK(cudaMalloc((void **)&z, 64));
+        CK(cudaMemset(z, 0, 64));
+        cudaGraph_t graph;
+        graph_arg_t ga;
+        CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < 100; i++)
+            if (kvp_get_seq_lens_cuda(z, z + 4, 1, 16, z + 8, S))
+                exit(1);
+        CK(cudaStreamEndCapture(S, &graph));
+        CK(cudaGraphInstantiate(&ga.exec, graph, 0));
+        printf("graph replay floor: %.2f us per launch of a one-thread kernel\n\n",
+               time_ms(do_graph, &ga, REPS) / 100.0f * 1e3);
+        CK(cudaGraphExecDestroy(ga.exec));
+        CK(cudaGraphDestroy(graph));
+        CK(cudaFree(z));
+    }
+    printf("%-28s %-4s %9s %10s %9s %8s   %s\n", "workload", "lay", "tokens", "us", "GB/s",
+           "ceiling", "form");
+    static const workload_t ws[] = {
+        {"decode 256x1 H8 D128", 256, 1, 8, 128, 16, 100},
+        {"decode 1024x1 H8 D128", 1024, 1, 8, 128, 16, 100},
+        {"decode 256x1 H32 D128", 256, 1, 32, 128, 16, 100},
+        {"prefill 16x1024 H8 D128", 16, 1024, 8, 128, 16, 0},
+        {"prefill 4x8192 H32 D128", 4, 8192, 32, 128, 16, 0},
+        {"prefill 8x4096 H8 D128 p64", 8, 4096, 8, 128, 64, 0},
+        {"prefill 64x256 H8 D64", 64, 256, 8, 64, 16, 0},
+    };
+    for (unsigned i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+        for (int lay = 0; lay < 2 && (!ONLY || strstr(ws[i].name, ONLY)); lay++)
+            run_workload(&ws[i], (kvp_layout_t)lay);
+    return 0;
+}

@@ -1,0 +1,37 @@
+#!/bin/sh
+# run_device.sh - what one call on the GPU machine runs (build here with KVP_STATIC_DEPS=ON into
+# .devbuild/, carry it): the gpu-labelled tests and the CUDA benchmarks, logs under $OUT.
+#   tests/gpu/run_device.sh [kernels|backend|all]
+set -u
+B=${KVP_DEVBUILD:-.devbuild}
+OUT=${OUT:-/tmp/kvpool-out}
+mkdir -p "$OUT"
+what=${1:-all}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+rc=0
+if [ "$what" = kernels ] || [ "$what" = all ]; then
+    echo "== test_append_cuda"
+    "$B/tests/test_append_cuda" > "$OUT/test_append_cuda.log" 2>&1; r=$?
+    tail -5 "$OUT/test_append_cuda.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+        echo "== compute-sanitizer (memcheck, racecheck) on the guard and graph tests"
+        KVP_GPU_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+            "$B/tests/test_append_cuda" > "$OUT/memcheck.log" 2>&1; echo "memcheck exit $?"
+        tail -3 "$OUT/memcheck.log"
+        KVP_GPU_QUICK=1 compute-sanitizer --tool racecheck --error-exitcode 9 \
+            "$B/tests/test_append_cuda" > "$OUT/racecheck.log" 2>&1; echo "racecheck exit $?"
+        tail -3 "$OUT/racecheck.log"
+    fi
+    echo "== bench_append_cuda"
+    "$B/tests/bench/bench_append_cuda" 2>&1 | tee "$OUT/bench_append_cuda.txt"
+fi
+if [ "$what" = backend ] || [ "$what" = all ]; then
+    for t in "$B"/tests/test_cuda_backend; do
+        [ -x "$t" ] || continue
+        echo "== $(basename "$t")"
+        "$t" > "$OUT/$(basename "$t").log" 2>&1; r=$?
+        tail -8 "$OUT/$(basename "$t").log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+    done
+fi
+exit $rc

@@ -1,0 +1,470 @@
+/*
+ * test_append_cuda.c - the CUDA append against the CPU implementation, byte-exact, over the
+ * foundation grid (page sizes x batch sizes x layouts x head_dim {64,128,256,512} x element
+ * sizes x combined/split x contiguous/strided sources) with several prefill/decode rounds, the
+ * pool poisoned beforehand and compared whole (so bytes outside the written slots are checked
+ * unchanged). Each round runs one of the three forms (checked, unchecked with explicit
+ * positions, fused with append_indptr). Also: fused positions equal get_batch_indices_positions,
+ * padding and nnz = 0, a bad position writes nothing, graph capture and replay give the same
+ * bytes, page copies. Exits 77 where no GPU is usable (CI).
+ */
+#include <check.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_error.h"
+#include "kvp_geom.h"
+#include "kvp_kernels.h"
+#include "kvp_kernels_cuda.h"
+#include "kvp_test_util.h"
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));                 \
+    } while (0)
+
+static cudaStream_t S;
+
+typedef struct {
+    kvp_geom_t g;
+    kvp_geom_derived_t d;
+    uint8_t *ref;   /* host reference pool */
+    uint8_t *dpool; /* device pool */
+    uint8_t *back;  /* device pool copied back */
+    uint32_t B, maxpages;
+    uint32_t *pages;  /* [B][maxpages] */
+    uint32_t *npages; /* [B] */
+    uint32_t *len;    /* [B] */
+    uint32_t *freelist;
+    uint32_t nfree;
+} world_t;
+
+static void *dalloc(size_t n)
+{
+    void *p = NULL;
+    CK(cudaMalloc(&p, n ? n : 16));
+    return p;
+}
+
+static void up(void *d, const void *h, size_t n)
+{
+    if (n)
+        CK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, S));
+}
+
+/* One round: grows the page tables by toks[b], appends random K/V on both sides, compares. */
+static void round_once(world_t *w, kvp_rng_t *r, const uint32_t *toks, int strided, int form)
+{
+    const kvp_geom_t *g = &w->g;
+    const kvp_geom_derived_t *d = &w->d;
+    uint32_t B = w->B, H = d->heads, D = g->head_dim, e = d->elem_bytes, ps = g->page_size;
+    uint32_t nnz = 0;
+    int32_t *indptr = malloc(4 * (B + 1)), *aip = malloc(4 * (B + 1)), *last = malloc(4 * B);
+    for (uint32_t b = 0; b < B; b++) {
+        w->len[b] += toks[b];
+        uint32_t need = kvp_geom_pages_for(ps, w->len[b]);
+        while (w->npages[b] < need) {
+            uint32_t k = kvp_rng_below(r, w->nfree);
+            w->pages[b * w->maxpages + w->npages[b]++] = w->freelist[k];
+            w->freelist[k] = w->freelist[--w->nfree];
+        }
+    }
+    indptr[0] = 0;
+    aip[0] = 0;
+    for (uint32_t b = 0; b < B; b++) {
+        indptr[b + 1] = indptr[b] + (int32_t)w->npages[b];
+        aip[b + 1] = aip[b] + (int32_t)toks[b];
+        last[b] = w->len[b] ? (int32_t)(w->len[b] - (w->npages[b] - 1) * ps) : 0;
+    }
+    nnz = (uint32_t)aip[B];
+    int32_t *indices = malloc(4 * ((size_t)indptr[B] + 1));
+    for (uint32_t b = 0; b < B; b++)
+        for (uint32_t k = 0; k < w->npages[b]; k++)
+            indices[indptr[b] + (int32_t)k] = (int32_t)w->pages[b * w->maxpages + k];
+    /* source: [nnz, H, D] with padding when strided (K and V with different strides) */
+    int64_t ksn = (int64_t)H * D + (strided ? 16 / e * 3 : 0), ksh = D + (strided ? 16 / e : 0);
+    if (strided)
+        ksn = (int64_t)H * ksh + 16 / e * 2;
+    int64_t vsn = strided ? ksn + 16 / e : (int64_t)H * D, vsh = strided ? ksh : D;
+    size_t kbytes = ((size_t)(nnz ? nnz : 1) * ksn + 16) * e,
+           vbytes = ((size_t)(nnz ? nnz : 1) * vsn + 16) * e;
+    uint8_t *hk = malloc(kbytes), *hv = malloc(vbytes);
+    kvp_rng_fill(r, hk, kbytes);
+    kvp_rng_fill(r, hv, vbytes);
+    int32_t *bi = malloc(4 * (nnz + 1)), *pos = malloc(4 * (nnz + 1));
+    int32_t *seq_lens = malloc(4 * B);
+    for (uint32_t b = 0; b < B; b++)
+        seq_lens[b] = (int32_t)w->len[b];
+    ck_assert_int_eq(kvp_get_batch_indices_positions_cpu(aip, seq_lens, B, nnz, bi, pos), 0);
+
+    /* CPU reference on layer 1 (layer 0 must stay poisoned) */
+    kvp_paged_kv_t kv = {.elem_bytes = e,
+                         .num_pages = g->num_pages,
+                         .page_size = ps,
+                         .num_heads = H,
+                         .head_dim = D,
+                         .stride_page = d->stride_page,
+                         .stride_n = d->stride_n,
+                         .stride_h = d->stride_h,
+                         .batch_size = B,
+                         .kv_indptr = indptr,
+                         .kv_indices = indices,
+                         .kv_last_page_len = last};
+    kv.k_data = w->ref + kvp_geom_layer_offset(d, 1);
+    kv.v_data = (uint8_t *)kv.k_data + d->v_offset_bytes;
+    kvp_append_src_t src = {.key = hk,
+                            .value = hv,
+                            .k_stride_n = ksn,
+                            .k_stride_h = ksh,
+                            .v_stride_n = vsn,
+                            .v_stride_h = vsh};
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cpu(&kv, &src, bi, pos, nnz), 0);
+
+    /* the same on the device */
+    int32_t *d_indptr = dalloc(4 * (B + 1)), *d_aip = dalloc(4 * (B + 1)), *d_last = dalloc(4 * B);
+    int32_t *d_indices = dalloc(4 * ((size_t)indptr[B] + 1));
+    int32_t *d_bi = dalloc(4 * (nnz + 1)), *d_pos = dalloc(4 * (nnz + 1));
+    int32_t *d_err = dalloc(4), *d_seq = dalloc(4 * B);
+    uint8_t *dk = dalloc(kbytes), *dv = dalloc(vbytes);
+    up(d_indptr, indptr, 4 * (B + 1));
+    up(d_aip, aip, 4 * (B + 1));
+    up(d_last, last, 4 * B);
+    up(d_indices, indices, 4 * (size_t)indptr[B]);
+    up(dk, hk, kbytes);
+    up(dv, hv, vbytes);
+    CK(cudaMemsetAsync(d_err, 0, 4, S));
+    kvp_paged_kv_t dkv = kv;
+    dkv.k_data = w->dpool + kvp_geom_layer_offset(d, 1);
+    dkv.v_data = (uint8_t *)dkv.k_data + d->v_offset_bytes;
+    dkv.kv_indptr = d_indptr;
+    dkv.kv_indices = d_indices;
+    dkv.kv_last_page_len = d_last;
+    kvp_append_src_t dsrc = src;
+    dsrc.key = dk;
+    dsrc.value = dv;
+    /* positions computed on the device, compared with the CPU's */
+    ck_assert_int_eq(kvp_get_seq_lens_cuda(d_indptr, d_last, B, ps, d_seq, S), 0);
+    ck_assert_int_eq(kvp_get_batch_indices_positions_cuda(d_aip, d_seq, B, nnz, d_bi, d_pos, S), 0);
+    int rc;
+    if (form == 0)
+        rc = kvp_append_paged_kv_cache_cuda(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S);
+    else if (form == 1)
+        rc = kvp_append_paged_kv_cache_cuda_unchecked(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S);
+    else
+        rc = kvp_append_paged_kv_cache_fused_cuda(&dkv, &dsrc, d_aip, nnz, d_err, S);
+    ck_assert_int_eq(rc, 0);
+    int32_t herr = -1;
+    int32_t *hbi = malloc(4 * (nnz + 1)), *hpos = malloc(4 * (nnz + 1));
+    CK(cudaMemcpyAsync(&herr, d_err, 4, cudaMemcpyDeviceToHost, S));
+    CK(cudaMemcpyAsync(hbi, d_bi, 4 * (size_t)nnz, cudaMemcpyDeviceToHost, S));
+    CK(cudaMemcpyAsync(hpos, d_pos, 4 * (size_t)nnz, cudaMemcpyDeviceToHost, S));
+    CK(cudaMemcpyAsync(w->back, w->dpool, d->pool_bytes, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    ck_assert_int_eq(herr, 0);
+    ck_assert_int_eq(memcmp(hbi, bi, 4 * (size_t)nnz), 0);
+    ck_assert_int_eq(memcmp(hpos, pos, 4 * (size_t)nnz), 0);
+    ck_assert_msg(memcmp(w->back, w->ref, d->pool_bytes) == 0,
+                  "pool differs: ps %u B %u %s D %u e %u %s strided %d form %d nnz %u", ps, B,
+                  g->layout ? "HND" : "NHD", D, e, g->storage ? "split" : "combined", strided, form,
+                  nnz);
+    void *frees[] = {d_indptr, d_aip, d_last, d_indices, d_bi, d_pos, d_err, d_seq, dk, dv};
+    for (unsigned i = 0; i < sizeof(frees) / sizeof(frees[0]); i++)
+        CK(cudaFree(frees[i]));
+    free(hbi), free(hpos), free(seq_lens), free(bi), free(pos), free(hk), free(hv);
+    free(indices), free(indptr), free(aip), free(last);
+}
+
+static int gpu_present(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+START_TEST(cuda_matches_cpu_over_the_grid)
+{
+    static const uint32_t page_sizes[] = {1, 3, 7, 16, 17};
+    static const uint32_t batches[] = {1, 2, 7, 23, 91};
+    static const uint32_t dims[] = {64, 128, 256, 512};
+    static const kvp_dtype_t dtypes[] = {KVP_DTYPE_FP8_E4M3, KVP_DTYPE_FP16, KVP_DTYPE_FP32,
+                                         KVP_DTYPE_BF16, KVP_DTYPE_FP8_E5M2};
+    kvp_rng_t r;
+    kvp_rng_seed(&r, kvp_test_seed(0xc0da));
+    uint32_t configs = 0, idx = 0;
+    /* KVP_GPU_QUICK (compute-sanitizer runs): every 23rd configuration only */
+    const int quick = getenv("KVP_GPU_QUICK") != NULL;
+    for (int lay = 0; lay < 2; lay++)
+        for (int sto = 0; sto < 2; sto++)
+            for (unsigned di = 0; di < 4; di++)
+                for (unsigned ti = 0; ti < 3; ti++)
+                    for (unsigned pi = 0; pi < 5; pi++)
+                        for (unsigned bi = 0; bi < 5; bi++)
+                            for (int strided = 0; strided < 2; strided++) {
+                                if (quick && idx++ % 23)
+                                    continue;
+                                world_t w;
+                                memset(&w, 0, sizeof(w));
+                                uint32_t B = batches[bi], ps = page_sizes[pi];
+                                uint32_t rounds = 4, maxtok = 3 * 12 + rounds + 1;
+                                w.maxpages = kvp_geom_pages_for(ps, maxtok) + 1;
+                                kvp_dtype_t dt = dtypes[ti == 1   ? (configs & 1 ? 3 : 1)
+                                                        : ti == 0 ? (configs & 1 ? 4 : 0)
+                                                                  : 2];
+                                w.g = (kvp_geom_t){.num_layers = 2,
+                                                   .num_pages = B * w.maxpages + 3,
+                                                   .page_size = ps,
+                                                   .num_kv_heads = 2,
+                                                   .head_dim = dims[di],
+                                                   .dtype = dt,
+                                                   .layout = (kvp_layout_t)lay,
+                                                   .storage = (kvp_storage_t)sto,
+                                                   .num_devices = 1};
+                                ck_assert_int_eq(kvp_geom_derive(&w.g, &w.d), 0);
+                                w.B = B;
+                                w.ref = malloc(w.d.pool_bytes);
+                                w.back = malloc(w.d.pool_bytes);
+                                memset(w.ref, 0xA5, w.d.pool_bytes);
+                                w.dpool = dalloc(w.d.pool_bytes);
+                                CK(cudaMemcpyAsync(w.dpool, w.ref, w.d.pool_bytes,
+                                                   cudaMemcpyHostToDevice, S));
+                                w.pages = calloc((size_t)B * w.maxpages, 4);
+                                w.npages = calloc(B, 4);
+                                w.len = calloc(B, 4);
+                                w.freelist = malloc(4 * (size_t)w.g.num_pages);
+                                w.nfree = w.g.num_pages;
+                                for (uint32_t p = 0; p < w.nfree; p++)
+                                    w.freelist[p] = p;
+                                uint32_t *toks = calloc(B, 4);
+                                for (uint32_t k = 0; k < rounds; k++) {
+                                    for (uint32_t b = 0; b < B; b++)
+                                        toks[b] = (k % 2 == 0) ? kvp_rng_below(&r, 12)
+                                                               : (kvp_rng_below(&r, 5) ? 1 : 0);
+                                    round_once(&w, &r, toks, strided, (int)((configs + k) % 3));
+                                }
+                                configs++;
+                                free(toks), free(w.freelist), free(w.len), free(w.npages);
+                                free(w.pages), free(w.ref), free(w.back);
+                                CK(cudaFree(w.dpool));
+                            }
+    printf("grid: %u configurations x 4 rounds byte-exact\n", configs);
+}
+END_TEST
+
+/* A small fixed setup for the guard and graph tests: B 3, page 4, H 2, D 64 fp16. */
+typedef struct {
+    kvp_paged_kv_t kv;
+    kvp_append_src_t src;
+    int32_t *d_bi, *d_pos, *d_err, *d_aip;
+    uint8_t *pool;
+    size_t pool_bytes;
+} small_t;
+
+static void small_init(small_t *s, const int32_t *bi, const int32_t *pos, uint32_t nnz)
+{
+    static const int32_t indptr[4] = {0, 1, 2, 4}, indices[4] = {3, 0, 1, 2}, last[3] = {2, 4, 1};
+    static const int32_t aip[4] = {0, 1, 3, 4};
+    s->pool_bytes = 8 * 2 * 4 * 2 * 64 * 2;
+    s->pool = dalloc(s->pool_bytes);
+    CK(cudaMemsetAsync(s->pool, 0x5a, s->pool_bytes, S));
+    int32_t *d_indptr = dalloc(16), *d_indices = dalloc(16), *d_last = dalloc(12);
+    s->d_aip = dalloc(16);
+    up(d_indptr, indptr, 16);
+    up(d_indices, indices, 16);
+    up(d_last, last, 12);
+    up(s->d_aip, aip, 16);
+    s->d_bi = dalloc(4 * 8);
+    s->d_pos = dalloc(4 * 8);
+    s->d_err = dalloc(4);
+    up(s->d_bi, bi, 4 * nnz);
+    up(s->d_pos, pos, 4 * nnz);
+    CK(cudaMemsetAsync(s->d_err, 0, 4, S));
+    s->kv = (kvp_paged_kv_t){.k_data = s->pool,
+                             .v_data = s->pool + 4 * 2 * 64 * 2,
+                             .elem_bytes = 2,
+                             .num_pages = 8,
+                             .page_size = 4,
+                             .num_heads = 2,
+                             .head_dim = 64,
+                             .stride_page = 2 * 4 * 2 * 64,
+                             .stride_n = 2 * 64,
+                             .stride_h = 64,
+                             .batch_size = 3,
+                             .kv_indptr = d_indptr,
+                             .kv_indices = d_indices,
+                             .kv_last_page_len = d_last};
+    uint8_t *src = dalloc(8 * 2 * 64 * 2 * 2);
+    CK(cudaMemsetAsync(src, 0x11, 8 * 2 * 64 * 2 * 2, S));
+    s->src = (kvp_append_src_t){.key = src,
+                                .value = src + 8 * 2 * 64 * 2,
+                                .k_stride_n = 128,
+                                .k_stride_h = 64,
+                                .v_stride_n = 128,
+                                .v_stride_h = 64};
+}
+
+static int32_t read_err(const small_t *s)
+{
+    int32_t e = 0;
+    CK(cudaMemcpyAsync(&e, s->d_err, 4, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    return e;
+}
+
+static int pool_untouched(const small_t *s)
+{
+    uint8_t *h = malloc(s->pool_bytes);
+    CK(cudaMemcpy(h, s->pool, s->pool_bytes, cudaMemcpyDeviceToHost));
+    int ok = 1;
+    for (size_t i = 0; i < s->pool_bytes; i++)
+        ok &= h[i] == 0x5a;
+    free(h);
+    return ok;
+}
+
+START_TEST(bad_position_writes_nothing_and_reports)
+{
+    /* request 0 has 2 tokens: position 2 is outside it; the other tokens are fine */
+    int32_t bi[4] = {1, 1, 2, 0}, pos[4] = {2, 3, 4, 2};
+    small_t s;
+    small_init(&s, bi, pos, 4);
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cuda(&s.kv, &s.src, s.d_bi, s.d_pos, 4, s.d_err, S),
+                     0);
+    ck_assert_int_eq(read_err(&s), KVP_ERANGE);
+    ck_assert(pool_untouched(&s));
+    /* host-visible problems are refused before anything is enqueued */
+    kvp_paged_kv_t bad = s.kv;
+    bad.head_dim = 60; /* 120-byte rows: not a multiple of 16 */
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cuda(&bad, &s.src, s.d_bi, s.d_pos, 4, s.d_err, S),
+                     KVP_EINVAL);
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cuda(&s.kv, &s.src, s.d_bi, s.d_pos, 4, NULL, S),
+                     KVP_EINVAL);
+}
+END_TEST
+
+START_TEST(padding_and_nnz_zero)
+{
+    int32_t bi[4] = {-1, -1, -1, -1}, pos[4] = {0, 0, 0, 0};
+    small_t s;
+    small_init(&s, bi, pos, 4);
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cuda(&s.kv, &s.src, s.d_bi, s.d_pos, 4, s.d_err, S),
+                     0);
+    ck_assert_int_eq(read_err(&s), 0);
+    ck_assert(pool_untouched(&s));
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cuda(NULL, NULL, NULL, NULL, 0, NULL, S), 0);
+    ck_assert_int_eq(kvp_append_paged_kv_cache_fused_cuda(NULL, NULL, NULL, 0, NULL, S), 0);
+    ck_assert(pool_untouched(&s));
+}
+END_TEST
+
+START_TEST(graph_replay_gives_the_same_bytes)
+{
+    int32_t bi[4] = {0, 1, 1, 2}, pos[4] = {1, 2, 3, 4};
+    small_t a, b;
+    small_init(&a, bi, pos, 4);
+    small_init(&b, bi, pos, 4);
+    ck_assert_int_eq(kvp_cuda_kernels_preload(), 0);
+    ck_assert_int_eq(kvp_append_paged_kv_cache_fused_cuda(&a.kv, &a.src, a.d_aip, 4, a.d_err, S),
+                     0);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamSynchronize(S));
+    CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+    ck_assert_int_eq(kvp_append_paged_kv_cache_fused_cuda(&b.kv, &b.src, b.d_aip, 4, b.d_err, S),
+                     0);
+    CK(cudaStreamEndCapture(S, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; i++)
+        CK(cudaGraphLaunch(exec, S));
+    CK(cudaStreamSynchronize(S));
+    uint8_t *ha = malloc(a.pool_bytes), *hb = malloc(b.pool_bytes);
+    CK(cudaMemcpy(ha, a.pool, a.pool_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, b.pool, b.pool_bytes, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(memcmp(ha, hb, a.pool_bytes), 0);
+    ck_assert_int_eq(read_err(&b), 0);
+    int changed = 0;
+    for (size_t i = 0; i < a.pool_bytes; i++)
+        changed += ha[i] != 0x5a;
+    ck_assert_int_eq(changed, 4 * 2 * 2 * 128); /* 4 tokens x K,V x 2 heads x 128 bytes */
+    free(ha), free(hb);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+}
+END_TEST
+
+START_TEST(page_copy_matches_cpu)
+{
+    for (int lay = 0; lay < 2; lay++)
+        for (int sto = 0; sto < 2; sto++) {
+            kvp_geom_t g = {.num_layers = 1,
+                            .num_pages = 6,
+                            .page_size = 5,
+                            .num_kv_heads = 3,
+                            .head_dim = 64,
+                            .dtype = KVP_DTYPE_BF16,
+                            .layout = (kvp_layout_t)lay,
+                            .storage = (kvp_storage_t)sto,
+                            .num_devices = 1};
+            kvp_geom_derived_t d;
+            ck_assert_int_eq(kvp_geom_derive(&g, &d), 0);
+            uint8_t *h = malloc(d.pool_bytes), *back = malloc(d.pool_bytes);
+            kvp_rng_t r;
+            kvp_rng_seed(&r, 3);
+            kvp_rng_fill(&r, h, d.pool_bytes);
+            uint8_t *dp = dalloc(d.pool_bytes);
+            CK(cudaMemcpy(dp, h, d.pool_bytes, cudaMemcpyHostToDevice));
+            kvp_page_copy_t cps[2] = {{1, 4}, {2, 5}};
+            kvp_page_copy_t *dc = dalloc(sizeof(cps));
+            CK(cudaMemcpy(dc, cps, sizeof(cps), cudaMemcpyHostToDevice));
+            kvp_paged_kv_t kv = {.k_data = h,
+                                 .v_data = h + d.v_offset_bytes,
+                                 .elem_bytes = 2,
+                                 .num_pages = 6,
+                                 .page_size = 5,
+                                 .num_heads = 3,
+                                 .head_dim = 64,
+                                 .stride_page = d.stride_page,
+                                 .stride_n = d.stride_n,
+                                 .stride_h = d.stride_h};
+            ck_assert_int_eq(kvp_page_copy_cpu(&kv, cps, 2), 0);
+            kv.k_data = dp;
+            kv.v_data = dp + d.v_offset_bytes;
+            int32_t *err = dalloc(4);
+            CK(cudaMemset(err, 0, 4));
+            ck_assert_int_eq(kvp_page_copy_cuda(&kv, dc, 2, err, S), 0);
+            CK(cudaStreamSynchronize(S));
+            CK(cudaMemcpy(back, dp, d.pool_bytes, cudaMemcpyDeviceToHost));
+            ck_assert_int_eq(memcmp(back, h, d.pool_bytes), 0);
+            free(h), free(back);
+            CK(cudaFree(dp));
+            CK(cudaFree(dc));
+            CK(cudaFree(err));
+        }
+}
+END_TEST
+
+int main(void)
+{
+    if (!gpu_present()) {
+        printf("no usable GPU: skipped\n");
+        return 77;
+    }
+    if (cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking) != cudaSuccess)
+        return 1;
+    Suite *s = suite_create("append_cuda");
+    TCase *tc = tcase_create("append_cuda");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, bad_position_writes_nothing_and_reports);
+    tcase_add_test(tc, padding_and_nnz_zero);
+    tcase_add_test(tc, graph_replay_gives_the_same_bytes);
+    tcase_add_test(tc, page_copy_matches_cpu);
+    tcase_add_test(tc, cuda_matches_cpu_over_the_grid);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK); /* one CUDA context for the whole run */
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
