@@ -519,8 +519,9 @@ extern "C" int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kv
         return KVP_EINTERNAL;
     uint32_t n = nnz > g.batch_size ? nnz : g.batch_size;
     uint32_t blocks = (n + kThreads - 1) / kThreads;
-    validate_kernel < <<blocks<4096 ? blocks : 4096, kThreads, 0, s>>>(g, batch_indices, positions,
-                                                                       nnz, err_dev);
+    if (blocks > 4096)
+        blocks = 4096;
+    validate_kernel<<<blocks, kThreads, 0, s>>>(g, batch_indices, positions, nnz, err_dev);
     if ((rc = launched()))
         return rc;
     launch_copy<false>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, s);
