@@ -53,6 +53,8 @@ struct kvp_client {
     uint32_t num_pool;                      /* pool fds that came with Hello */
     void *pool_map[KVP_CLIENT_MAX_DEVICES]; /* host backend: the mapping, else NULL */
     int pool_fd[KVP_CLIENT_MAX_DEVICES];    /* cuda backend: kept open, else -1 */
+    void *pool_dev[KVP_CLIENT_MAX_DEVICES]; /* cuda backend: device mapping (kvp_client_cuda.c) */
+    void *cuda;                             /* kvp_client_cuda.c's state, NULL until used */
     size_t pool_map_bytes;
     host_buffer_t bufs[CLIENT_MAX_HOST_BUFFERS];
     uint32_t num_bufs;
@@ -643,6 +645,7 @@ void kvp_client_close(kvp_client_t *c)
 {
     if (!c)
         return;
+    kvp__client_cuda_close(c); /* device mappings, buffers and events first */
     if (c->fd >= 0)
         close(c->fd);
     for (uint32_t i = 0; i < c->num_bufs; i++)
@@ -682,7 +685,7 @@ void *kvp_client_pool_base(const kvp_client_t *c, uint32_t device)
 {
     if (!c || device >= c->num_pool)
         return NULL;
-    return c->pool_map[device];
+    return c->pool_map[device] ? c->pool_map[device] : c->pool_dev[device];
 }
 
 int kvp_client_pool_fd(const kvp_client_t *c, uint32_t device)
@@ -857,6 +860,13 @@ static int check_batch(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
 int kvp_client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                       uint32_t n, const kvp_source_t *src, kvp_page_table_t *table)
 {
+    return kvp__client_append(c, seq_ids, num_tokens, n, src, kvpool_SyncMode_SYNC_NONE, table);
+}
+
+int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                       uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
+                       kvp_page_table_t *table)
+{
     if (!c)
         return KVP_EINVAL;
     int rc = check_batch(c, seq_ids, num_tokens, n, 1);
@@ -879,7 +889,7 @@ int kvp_client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *
     a->source.layer_stride = src->layer_stride;
     a->source.layer_begin = src->layer_begin;
     a->source.layer_end = src->layer_end;
-    a->sync = kvpool_SyncMode_SYNC_NONE;
+    a->sync = sync;
     return table_call(c, kvpool_Response_append_tag, table);
 }
 
@@ -1006,4 +1016,52 @@ int kvp_client_call_raw(kvp_client_t *c, void *request, void *response, void *ar
         r = &sink;
     }
     return call(c, request, response, r, 0, NULL, 0, NULL, 0, NULL);
+}
+
+/* ---- the handle's internals for kvp_client_cuda.c (kvp_client_internal.h) -------------- */
+
+kvpool_Request *kvp__client_request(kvp_client_t *c, pb_size_t which_body)
+{
+    return new_request(c, which_body);
+}
+
+int kvp__client_call(kvp_client_t *c, pb_size_t expect, kvp_reply_arrays_t *r, const int *fds,
+                     unsigned nfds)
+{
+    kvp_reply_arrays_t sink;
+    if (!r) {
+        kvp__client_table_arrays(&sink, NULL);
+        r = &sink;
+    }
+    return call(c, &c->req, &c->resp, r, expect, fds, nfds, NULL, 0, NULL);
+}
+
+const kvpool_Response *kvp__client_response(const kvp_client_t *c)
+{
+    return &c->resp;
+}
+
+int kvp__client_fail(kvp_client_t *c, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void **kvp__client_cuda_state(kvp_client_t *c)
+{
+    return &c->cuda;
+}
+
+void kvp__client_set_pool_base(kvp_client_t *c, uint32_t device, void *base)
+{
+    if (device < c->num_pool)
+        c->pool_dev[device] = base;
+}
+
+uint32_t kvp__client_num_pool(const kvp_client_t *c)
+{
+    return c->num_pool;
 }

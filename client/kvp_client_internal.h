@@ -39,4 +39,43 @@ int kvp__client_decode_response(kvpool_Response *resp, kvp_reply_arrays_t *r, co
 int kvp__client_table_fill(kvp_page_table_t *t, const kvpool_Response *resp,
                            const kvp_reply_arrays_t *r);
 
+/* ---- the handle's internals for kvp_client_cuda.c (the CUDA section of kvpool.h) ---- */
+
+/* kvp_client_append with a synchronisation mode (SYNC_EVENT for the cuda backend). */
+int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                       uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
+                       kvp_page_table_t *table);
+
+/* Zeroes the handle's scratch request, sets its body and returns it (valid until the next
+ * call on the handle). */
+kvpool_Request *kvp__client_request(kvp_client_t *c, pb_size_t which_body);
+
+/* Sends the scratch request with nfds fds attached (borrowed, not closed), decodes the answer
+ * into the scratch response (bulk arrays into r; NULL skips them) and checks its id, status and
+ * body (expect; 0 accepts any). Fds attached to the answer are closed. Returns 0 or the code,
+ * with last_error set. */
+int kvp__client_call(kvp_client_t *c, pb_size_t expect, kvp_reply_arrays_t *r, const int *fds,
+                     unsigned nfds);
+
+/* The scratch response of the last call (valid until the next call). */
+const kvpool_Response *kvp__client_response(const kvp_client_t *c);
+
+/* Leaves a printf-formatted reason in last_error and returns rc. */
+int kvp__client_fail(kvp_client_t *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The handle's slot for kvp_client_cuda.c's state (NULL until that file makes one). */
+void **kvp__client_cuda_state(kvp_client_t *c);
+
+/* What kvp_client_pool_base returns for device when the pool is not host-mapped (the device
+ * pointer of the cuda backend's mapping); devices beyond the pool fds are ignored. */
+void kvp__client_set_pool_base(kvp_client_t *c, uint32_t device, void *base);
+
+/* Number of pool fds that came with Hello (one per device; 0 without map_pool). */
+uint32_t kvp__client_num_pool(const kvp_client_t *c);
+
+/* Frees kvp_client_cuda.c's state (device mappings, buffers, events); a no-op when there is
+ * none or without CUDA. Called first by kvp_client_close. */
+void kvp__client_cuda_close(kvp_client_t *c);
+
 #endif

@@ -118,8 +118,9 @@ const char *kvp_client_server_version(const kvp_client_t *c);
 
 const kvp_pool_info_t *kvp_client_pool_info(const kvp_client_t *c);
 
-/* The mapped pool of device `device` (host backend: the memfd mapping), or NULL when the pool
- * was not mapped. Layer l's K tensor is at base + l * layer_bytes, V at + v_offset_bytes. */
+/* The mapped pool of device `device` (host backend: the memfd mapping; cuda backend: the
+ * DEVICE pointer once kvp_client_cuda_map_pool ran), or NULL when the pool was not mapped.
+ * Layer l's K tensor is at base + l * layer_bytes, V at + v_offset_bytes. */
 void *kvp_client_pool_base(const kvp_client_t *c, uint32_t device);
 
 /* The pool fd of device `device` that the handle keeps open (cuda backend, for the VMM
@@ -170,6 +171,67 @@ int kvp_client_audit(kvp_client_t *c);
  * this header does not need nanopb's. Returns the transport or status code; KVP_ELIMIT when a
  * bound array or text is smaller than the reply. */
 int kvp_client_call_raw(kvp_client_t *c, void *request, void *response, void *arrays);
+
+/* ---- CUDA (cuda backend) ------------------------------------------------------------------
+ * For workers of a daemon whose pool lives on GPUs (kvp_pool_info_t.backend == 1). Device
+ * pointers are void *, streams are cudaStream_t passed as void * (PyTorch's, CuPy's: the
+ * driver's handles), so this header needs no CUDA header. Each call may set the calling
+ * thread's current device while it works and restores the previous one before returning.
+ * Every function returns KVP_EUNAVAIL when libkvpool was built without CUDA or no CUDA driver
+ * is usable; CUDA failures return the KVP_E* code of kvp_error.h that fits (KVP_EINVAL for a
+ * refused handle or pointer, KVP_ENOMEM, KVP_EINTERNAL) with the failing call, file and line
+ * in kvp_client_last_error(). Kernels are loaded eagerly on each device the handle touches,
+ * before any cross-stream wait (CUDA lazy loading deadlocks such waits). */
+
+/* Maps the pool of every device (connect with map_pool = 1): imports each pool fd with the
+ * CUDA VMM API and maps pool_bytes rounded up to map_granularity read/write on CUDA device
+ * device_ids[g] (the daemon's ordinals: run both with the same CUDA_VISIBLE_DEVICES). After it
+ * kvp_client_pool_base(c, g) returns the DEVICE pointer of device g's pool, for the in-process
+ * append (kvp_kernels_cuda.h) after kvp_client_reserve. A second call does nothing. Returns 0,
+ * KVP_EPRECOND (not a cuda pool, or no pool fds: connect with map_pool), or a CUDA code. */
+int kvp_client_cuda_map_pool(kvp_client_t *c);
+
+/* Allocates size_bytes (rounded up to the VMM granularity) of memory on CUDA device `device`
+ * with the VMM API, maps it here (*dptr, 16-byte aligned) and registers it with the daemon as
+ * a BUFFER_CUDA_VMM_FD staging buffer (*buffer_id). with_events: also an interprocess "ready"
+ * event sent with it, and the daemon's "done" event kept, so kvp_client_cuda_append_async
+ * orders the copy on the GPU. Freed by kvp_client_cuda_free_buffer or kvp_client_close. */
+int kvp_client_cuda_alloc_buffer(kvp_client_t *c, uint64_t size_bytes, int device, void **dptr,
+                                 uint32_t *buffer_id, int with_events);
+
+/* Registers size_bytes of cudaMalloc'd memory at dptr_base (a PyTorch tensor's storage, say;
+ * it may lie inside a larger allocation) as a BUFFER_CUDA_IPC staging buffer, with events. The
+ * memory stays the caller's and must outlive the registration; PyTorch's expandable segments
+ * (VMM memory) cannot be shared this way. Source offsets given to kvp_client_cuda_append_async
+ * are relative to dptr_base; kvp_client_append instead takes them relative to the start of the
+ * allocation that holds dptr_base (cuMemGetAddressRange). */
+int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_t size_bytes,
+                                 uint32_t *buffer_id);
+
+/* Daemon-run append ordered by events: records the buffer's ready event on `stream`, sends
+ * Append with SYNC_EVENT, then makes `stream` wait for the daemon's done event, so work queued
+ * on `stream` afterwards sees the appended pages without any stream synchronisation here. The
+ * daemon waits for the ready event on its own CPU (never on its GPU stream, which a dying
+ * worker could stall for every namespace), queues the copy, records done and answers: the
+ * call therefore returns once the work queued on `stream` before it has run. A ready event
+ * that does not complete within the daemon's timeout (30 s) fails the call with
+ * KVP_EUNAVAIL and nothing appended. The buffer (src->buffer_id) must come from
+ * kvp_client_cuda_alloc_buffer / register_ipc on this handle; one without events makes this
+ * synchronise `stream` first and the daemon finish the copy before it answers. table as in
+ * kvp_client_append. */
+int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
+                                 const uint32_t *num_tokens, uint32_t n, const kvp_source_t *src,
+                                 kvp_page_table_t *table, void *stream);
+
+/* Queues the copy-on-write copies of t (a kvp_client_reserve answer; nothing when it has none)
+ * on `stream`, every layer, on the mapped pool of the current CUDA device (one of the pool's
+ * devices; kvp_client_cuda_map_pool first). Queue it before the step's own appends on the
+ * same stream. The page ids are uploaded through a small pinned scratch of the handle. */
+int kvp_client_cuda_copy_pages(kvp_client_t *c, const kvp_page_table_t *t, void *stream);
+
+/* Unregisters a buffer of kvp_client_cuda_alloc_buffer / register_ipc and frees what the
+ * handle holds for it (mapping, events). Work queued on it must be finished. */
+int kvp_client_cuda_free_buffer(kvp_client_t *c, uint32_t buffer_id);
 
 #ifdef __cplusplus
 }

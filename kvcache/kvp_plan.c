@@ -109,6 +109,20 @@ static void write_row(kvp_plan_t *p, uint32_t i, const kvp_seq_t *s, uint32_t pa
     p->seq_lens[i] = (int32_t)s->num_tokens;
 }
 
+/* Lookahead of the batch's table lookups: the slot PREFETCH_SLOT items ahead, the record
+ * PREFETCH_REC items ahead (its slot is in cache by then). */
+#define PREFETCH_SLOT 16
+#define PREFETCH_REC 8
+
+static void prefetch_ahead(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
+                           uint32_t i)
+{
+    if (i + PREFETCH_SLOT < n)
+        kvp__seqtab_prefetch(t, items[i + PREFETCH_SLOT].ns, items[i + PREFETCH_SLOT].seq_id, 0);
+    if (i + PREFETCH_REC < n)
+        kvp__seqtab_prefetch(t, items[i + PREFETCH_REC].ns, items[i + PREFETCH_REC].seq_id, 1);
+}
+
 static void rollback_created(kvp_seqtab_t *t, kvp_plan_t *p, uint32_t upto)
 {
     for (uint32_t i = 0; i < upto; i++)
@@ -142,8 +156,11 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
     uint32_t i;
 
     /* ---- phase 1: look up, count, check, grow; undoable ---- */
+    for (i = 0; i < n && i < PREFETCH_SLOT; i++)
+        kvp__seqtab_prefetch(t, items[i].ns, items[i].seq_id, 0);
     for (i = 0; i < n && !rc; i++) {
         const kvp_plan_item_t *it = &items[i];
+        prefetch_ahead(t, items, n, i);
         fail_at = i;
         if (it->ns >= max_ns) {
             rc = KVP_EINVAL;
@@ -267,7 +284,10 @@ int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uin
     if (grow_batch(p, n))
         return KVP_ENOMEM;
     uint64_t total = 0;
+    for (uint32_t i = 0; i < n && i < PREFETCH_SLOT; i++)
+        kvp__seqtab_prefetch(t, items[i].ns, items[i].seq_id, 0);
     for (uint32_t i = 0; i < n; i++) {
+        prefetch_ahead(t, items, n, i);
         const kvp_seq_t *s = items[i].ns < kvp__seqtab_max_namespaces(t)
                                  ? kvp_seqtab_find(t, items[i].ns, items[i].seq_id)
                                  : NULL;

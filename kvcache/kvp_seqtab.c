@@ -125,6 +125,21 @@ static uint32_t probe(const kvp_seqtab_t *t, uint32_t ns, uint64_t id)
     }
 }
 
+void kvp__seqtab_prefetch(const kvp_seqtab_t *t, uint32_t ns, uint64_t id, int stage)
+{
+    uint32_t i = (uint32_t)hash_key(ns, id) & t->hash_mask;
+    if (stage == 0) {
+        __builtin_prefetch(&t->slots[i]);
+        return;
+    }
+    uint32_t v = t->slots[i];
+    if (v != EMPTY) {
+        const kvp_seq_t *s = &t->recs[v - 1];
+        __builtin_prefetch(s);
+        __builtin_prefetch((const char *)s + sizeof(*s) - 1);
+    }
+}
+
 kvp_seq_t *kvp_seqtab_find(const kvp_seqtab_t *t, uint32_t ns, uint64_t id)
 {
     uint32_t v = t->slots[probe(t, ns, id)];

@@ -31,4 +31,10 @@ uint64_t kvp__seqtab_epoch(kvp_seqtab_t *t);
 
 uint32_t kvp__seqtab_max_namespaces(const kvp_seqtab_t *t);
 
+/* Software prefetch for a batch of lookups (a table of 65536 sequences is megabytes: every
+ * probe is a cache miss). Stage 0 prefetches the hash slot of (ns, id); stage 1, issued a few
+ * items later, reads that slot and prefetches the record it names. Only hints: no effect on
+ * results. */
+void kvp__seqtab_prefetch(const kvp_seqtab_t *t, uint32_t ns, uint64_t id, int stage);
+
 #endif

@@ -2,6 +2,7 @@
 # configuration (kvp_config, INI through libinih) and the systemd integration (kvp_notify).
 # Included from server/CMakeLists.txt; paths are relative to this file so it works from there.
 pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
+kvp_prefer_static(PkgConfig::INIH)
 
 add_library(kvp_server_infra STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kvp_log.c

@@ -2,7 +2,7 @@
  * kvp_backend.h - where the pool lives, behind one small operations table (DESIGN.md §2):
  * create the pool, export it to workers, import a worker's buffer, run an append/copy plan,
  * fence. The host backend (kvp_backend_host.c) keeps the pool in a memfd; the cuda backend
- * (a later issue) in GPU memory exported by fd. The daemon's dispatch only ever talks to this
+ * (kvp_backend_cuda.c) in GPU memory exported by fd. The daemon's dispatch only ever talks to this
  * table, so backends are interchangeable.
  *
  * Threads: create/export/import/release/destroy run on the daemon's loop thread; run() runs
@@ -12,8 +12,10 @@
 #ifndef KVP_BACKEND_H
 #define KVP_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "kvp_config.h"
 #include "kvp_geom.h"
 #include "kvp_kernels.h"
 
@@ -42,19 +44,35 @@ typedef struct {
     const kvp_buffer_t *src;
     uint64_t k_offset, v_offset, k_stride_n, k_stride_h, v_stride_n, v_stride_h, layer_stride;
     uint32_t layer_begin, layer_end;
+    uint32_t sync; /* kvpool_SyncMode: 0 none (done when run() returns), 1 event (cuda) */
 } kvp_exec_t;
+
+/* Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t (the proto's bound too). */
+#define KVP_BACKEND_IPC_HANDLE_BYTES 64
 
 typedef struct {
     const char *name;
     /* Exports the pool: writes up to max fds (borrowed: the backend keeps them open) and
      * returns how many, or a negative code. */
     int (*export_fds)(kvp_backend_t *b, int *fds, int max);
-    /* Imports a worker buffer arriving as fd (ownership of fd passes to the backend on
-     * success; on failure the caller closes it). */
+    /* Imports a worker buffer: kind BUFFER_MEMFD or BUFFER_CUDA_VMM_FD arrives as fd
+     * (ownership of fd passes to the backend on success; on failure the caller closes it),
+     * BUFFER_CUDA_IPC as the ipc_handle bytes with fd -1. device: the request's CUDA ordinal.
+     * event_handle (event_len 0: none) is the worker's interprocess "ready" event; when the
+     * backend uses it, it writes its own "done" event handle into done_event_out (room for
+     * KVP_BACKEND_IPC_HANDLE_BYTES) and sets *done_event_len, else sets it to 0. Returns 0,
+     * KVP_EINVAL (kind, handle or size refused), KVP_EPERM (unsealed memfd), or another code. */
     int (*import_buffer)(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_bytes,
-                         kvp_buffer_t *out);
+                         int32_t device, const uint8_t *ipc_handle, uint32_t ipc_len,
+                         const uint8_t *event_handle, uint32_t event_len, uint8_t *done_event_out,
+                         uint32_t *done_event_len, kvp_buffer_t *out);
     void (*release_buffer)(kvp_backend_t *b, kvp_buffer_t *buf);
-    /* Runs copies then the append. Worker thread. Returns 0 or a negative code. */
+    /* Runs copies then the append. Worker thread. Returns 0 (with e->sync = 1 on the cuda
+     * backend the work may still be queued, ordered before the buffer's done event);
+     * KVP_ETIMEDOUT (the worker's ready event never completed: a dead or stuck worker) or
+     * KVP_EINVAL (a source the backend cannot read): the copies ran, the append did not, the
+     * backend is healthy - the caller rolls the sequences back and fails the request; any
+     * other code: the backend failed (the daemon must stop serving). */
     int (*run)(kvp_backend_t *b, const kvp_exec_t *e);
     /* A health probe: 0 when the backend can serve (cuda: the context is not poisoned). */
     int (*health)(kvp_backend_t *b);
@@ -65,7 +83,12 @@ struct kvp_backend {
     const kvp_backend_ops_t *ops;
     kvp_geom_t geom;
     kvp_geom_derived_t derived;
-    int kind; /* kvpool_BackendKind */
+    int kind;                 /* kvpool_BackendKind */
+    uint64_t map_granularity; /* cuda: VMM granularity of the exported pool fds; host: 0 */
+    uint64_t map_bytes;       /* cuda: bytes of each exported allocation (pool_bytes rounded
+                                 up to map_granularity); host: 0 */
+    uint32_t num_device_ids;  /* cuda: one per exported fd; host: 0 */
+    int32_t device_ids[KVP_GEOM_MAX_DEVICES]; /* cuda: CUDA ordinal of each fd, in order */
 };
 
 /* Creates the host backend: a memfd of pool_bytes, mapped shared, filled with zeros.
@@ -75,5 +98,29 @@ int kvp_backend_host_create(const kvp_geom_t *g, kvp_backend_t **out);
 /* A layer view of the pool for the kernels API (host pointers), page table left empty. */
 void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t layer,
                             kvp_paged_kv_t *kv);
+
+/* ---- cuda backend (kvp_backend_cuda.c) ---- */
+
+/* Creates the cuda backend: one pool of derived.pool_bytes (rounded up to the VMM
+ * granularity) on each of the num_devices CUDA ordinals in devices (num_devices must equal the
+ * geometry's num_devices), allocated with cuMemCreate, exported as a POSIX fd, zeroed; one
+ * non-blocking stream per device, kernels loaded eagerly. Returns 0, KVP_EUNAVAIL (built
+ * without CUDA, no driver, no device), KVP_EINVAL (bad geometry, devices or a row not a
+ * multiple of 16 bytes), KVP_ENOMEM, or another code (logged). Loop thread. Destroy through
+ * b->ops->destroy. */
+int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
+                            kvp_backend_t **out);
+
+/* 1 when this build has CUDA and at least one GPU is usable (driver present,
+ * cudaGetDeviceCount > 0), else 0. */
+int kvp_backend_cuda_probe(void);
+
+/* ---- choosing a backend (kvp_backend_choose.c) ---- */
+
+/* Creates the backend cfg asks for (cfg validated): pool.backend = cuda -> the cuda backend on
+ * pool.devices (an error when unavailable); host -> the host backend (one device only);
+ * auto -> cuda when kvp_backend_cuda_probe() says a GPU is usable, else host. Returns 0 or a
+ * code with a one-line reason in err (err_len bytes). Loop thread, at start. */
+int kvp_backend_choose(const kvp_config_t *cfg, kvp_backend_t **out, char *err, size_t err_len);
 
 #endif

@@ -49,10 +49,16 @@ static int host_export(kvp_backend_t *b, int *fds, int max)
     return 1;
 }
 
-static int host_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_bytes,
+/* Host memory only: a CUDA kind is refused, and events are ignored (no done event). */
+static int host_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_bytes, int32_t device,
+                       const uint8_t *ipc_handle, uint32_t ipc_len, const uint8_t *event_handle,
+                       uint32_t event_len, uint8_t *done_event_out, uint32_t *done_event_len,
                        kvp_buffer_t *out)
 {
-    (void)b;
+    (void)b, (void)device, (void)ipc_handle, (void)ipc_len, (void)event_handle, (void)event_len;
+    (void)done_event_out;
+    if (done_event_len)
+        *done_event_len = 0;
     if (kind != kvpool_BufferKind_BUFFER_MEMFD || fd < 0 || size_bytes == 0)
         return KVP_EINVAL;
     struct stat st;

@@ -26,9 +26,9 @@
  *   max_connections  connections served at once; more are refused. 1..1048576. Default 256.
  *   max_frame_bytes  largest frame accepted or sent (DESIGN.md §5). 4 KiB..1 GiB. Default 16 MiB.
  *   max_queued_bytes answers queued unsent on one connection (a client that does not read
- *                    them) before the daemon drops that client; must be >= max_frame_bytes. Up to 16 GiB. Default 64 MiB.
- *   log_level        emerg|alert|crit|err|warning|notice|info|debug. Default info.
- *   watchdog         send WATCHDOG=1 when systemd asks for it (WATCHDOG_USEC). Default true.
+ *                    them) before the daemon drops that client; must be >= max_frame_bytes. Up to
+ * 16 GiB. Default 64 MiB. log_level        emerg|alert|crit|err|warning|notice|info|debug. Default
+ * info. watchdog         send WATCHDOG=1 when systemd asks for it (WATCHDOG_USEC). Default true.
  *   metrics_listen   host:port of the Prometheus HTTP endpoint ("127.0.0.1:9464",
  *                    "[::1]:9464"); empty: off. Default empty.
  *   drain_timeout_ms on SIGTERM, how long in-flight work may take before exit. 0..3600000.

@@ -35,6 +35,8 @@ struct kvp_rpc_job {
     uint32_t *pinned;
     uint32_t num_pinned;
     uint64_t bytes;
+    uint32_t ns;       /* for a rollback when the backend refuses the source */
+    uint64_t *seq_ids; /* [batch_size] */
 };
 
 struct kvp_rpc {
@@ -363,6 +365,9 @@ static void fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi)
     pi->stride_h = d->stride_h;
     pi->elem_bytes = d->elem_bytes;
     pi->heads_per_device = d->heads;
+    pi->map_granularity = b->map_granularity;
+    for (uint32_t i = 0; i < b->num_device_ids && i < 64; i++)
+        pi->device_ids[pi->device_ids_count++] = b->device_ids[i];
 }
 
 static int attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi)
@@ -517,9 +522,18 @@ static int do_register(kvp_rpc_t *r, kvp_session_t *s, const kvpool_RegisterBuff
                       (unsigned long long)r->lim.max_buffer_bytes);
         return 0;
     }
-    if (io->nfds_in != 1 || io->fds_in[0] < 0) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "RegisterBuffer needs exactly one fd, got %d",
+    const int wants_fd = q->kind != kvpool_BufferKind_BUFFER_CUDA_IPC;
+    if (wants_fd && (io->nfds_in != 1 || io->fds_in[0] < 0)) {
+        kvp_rpc_error(resp, id, KVP_EINVAL,
+                      "RegisterBuffer of kind %d needs exactly one fd, got %d", (int)q->kind,
                       io->nfds_in);
+        return 0;
+    }
+    if (!wants_fd && (io->nfds_in != 0 || q->ipc_handle.size != 64)) {
+        kvp_rpc_error(
+            resp, id, KVP_EINVAL,
+            "a CUDA IPC buffer needs a 64-byte ipc_handle and no fd (got %u bytes, %d fds)",
+            (unsigned)q->ipc_handle.size, io->nfds_in);
         return 0;
     }
     if (s->num_buffers >= r->lim.max_buffers_per_client) {
@@ -528,8 +542,12 @@ static int do_register(kvp_rpc_t *r, kvp_session_t *s, const kvpool_RegisterBuff
         return 0;
     }
     kvp_session_buffer_t *sb = &s->buffers[s->num_buffers];
-    int rc = r->backend->ops->import_buffer(r->backend, (uint32_t)q->kind, io->fds_in[0],
-                                            q->size_bytes, &sb->buf);
+    uint8_t done_event[KVP_BACKEND_IPC_HANDLE_BYTES];
+    uint32_t done_len = 0;
+    int rc = r->backend->ops->import_buffer(
+        r->backend, (uint32_t)q->kind, wants_fd ? io->fds_in[0] : -1, q->size_bytes, q->device,
+        q->ipc_handle.bytes, q->ipc_handle.size, q->event_handle.bytes, q->event_handle.size,
+        done_event, &done_len, &sb->buf);
     if (rc) {
         kvp_rpc_error(resp, id, rc == KVP_EPERM ? KVP_EINVAL : rc, "cannot import the buffer: %s",
                       rc == KVP_EPERM ? "a memfd must carry F_SEAL_SHRINK (so it cannot be "
@@ -537,11 +555,16 @@ static int do_register(kvp_rpc_t *r, kvp_session_t *s, const kvpool_RegisterBuff
                                       : kvp_strerror(rc));
         return 0;
     }
-    io->fds_in[0] = -1; /* the backend owns it now */
+    if (wants_fd)
+        io->fds_in[0] = -1; /* the backend owns it now */
     sb->id = s->next_buffer_id++;
     s->num_buffers++;
     ok(resp, id, kvpool_Response_register_buffer_tag);
     resp->body.register_buffer.buffer_id = sb->id;
+    if (done_len && done_len <= sizeof(resp->body.register_buffer.done_event_handle.bytes)) {
+        memcpy(resp->body.register_buffer.done_event_handle.bytes, done_event, done_len);
+        resp->body.register_buffer.done_event_handle.size = (pb_size_t)done_len;
+    }
     return 0;
 }
 
@@ -594,7 +617,8 @@ static int check_source(const kvp_rpc_t *r, const kvpool_Source *src, const kvp_
                         uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
 {
     const kvp_geom_derived_t *d = &r->backend->derived;
-    uint64_t e = d->elem_bytes;
+    /* the CUDA kernels move 16-byte vectors: offsets and strides must be 16-byte multiples */
+    uint64_t e = r->backend->kind == kvpool_BackendKind_BACKEND_CUDA ? 16 : d->elem_bytes;
     uint64_t vals[] = {src->k_offset,   src->v_offset,   src->k_stride_n,  src->k_stride_h,
                        src->v_stride_n, src->v_stride_h, src->layer_stride};
     for (unsigned i = 0; i < 7; i++)
@@ -628,6 +652,7 @@ static void job_free_arrays(kvp_rpc_job_t *j)
 {
     free(j->kv_indptr);
     free(j->pinned);
+    free(j->seq_ids);
 }
 
 void kvp_rpc_job_free(kvp_rpc_job_t *job)
@@ -641,7 +666,7 @@ void kvp_rpc_job_free(kvp_rpc_job_t *job)
 /* Copies the plan into a job (the planner's arrays are reused by the next call) and pins
  * every page the job reads or writes. */
 static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpool_Source *src,
-                               uint32_t lb, uint32_t le, uint64_t id)
+                               uint32_t lb, uint32_t le, uint64_t id, uint32_t sync)
 {
     const kvp_plan_t *p = &r->plan;
     uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies, N = p->nnz;
@@ -651,12 +676,17 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
     size_t words = (size_t)(B + 1) * 2 + (size_t)B * 2 + I + (size_t)N * 2 + (size_t)C * 2;
     int32_t *w = malloc(words * sizeof(int32_t) + 4);
     j->pinned = malloc(((size_t)I + 2 * C + 1) * sizeof(uint32_t));
-    if (!w || !j->pinned) {
+    j->seq_ids = malloc(((size_t)B + 1) * sizeof(uint64_t));
+    if (!w || !j->pinned || !j->seq_ids) {
         free(w);
         free(j->pinned);
+        free(j->seq_ids);
         free(j);
         return NULL;
     }
+    for (uint32_t b = 0; b < B; b++)
+        j->seq_ids[b] = r->items[b].seq_id;
+    j->ns = B ? r->items[0].ns : 0;
     j->kv_indptr = w, w += B + 1;
     j->append_indptr = w, w += B + 1;
     j->kv_last_page_len = w, w += B;
@@ -717,6 +747,7 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
     e->layer_stride = src->layer_stride;
     e->layer_begin = lb;
     e->layer_end = le;
+    e->sync = sync;
     j->bytes =
         (uint64_t)N * 2 * r->backend->derived.heads * r->backend->derived.row_bytes * (le - lb);
     return j;
@@ -774,7 +805,7 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
     }
     r->pages_allocated_total += r->plan.num_new_pages;
     r->cow_copies_total += r->plan.num_copies;
-    kvp_rpc_job_t *j = make_job(r, &sb->buf, src, lb, le, id);
+    kvp_rpc_job_t *j = make_job(r, &sb->buf, src, lb, le, id, (uint32_t)q->sync);
     if (!j) {
         /* the plan is committed but cannot be executed: give the pages back by rolling the
          * sequences back to their previous lengths */
@@ -794,11 +825,25 @@ void kvp_rpc_job_run(kvp_rpc_job_t *job)
     job->rc = b->ops->run(b, &job->exec);
 }
 
-void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io)
+void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < j->num_pinned; i++)
         kvp_alloc_unpin(r->alloc, j->pinned[i]);
     j->num_pinned = 0;
+    if (j->rc == KVP_ETIMEDOUT || j->rc == KVP_EINVAL) {
+        /* the backend refused or could not wait for the source (a dead worker's event, an
+         * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
+        for (uint32_t b = 0; b < j->batch_size; b++) {
+            uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]);
+            kvp_seqtab_truncate(r->seqs, j->ns, j->seq_ids[b], (uint32_t)j->seq_lens[b] - add,
+                                now_ms);
+        }
+        kvp_rpc_error(&io->resp, j->req_id, j->rc == KVP_ETIMEDOUT ? KVP_EUNAVAIL : KVP_EINVAL,
+                      "append not applied: %s",
+                      j->rc == KVP_ETIMEDOUT ? "the worker's ready event never completed"
+                                             : "the backend cannot read the source");
+        return;
+    }
     if (j->rc) {
         /* a validated plan failed in the backend: the pool can no longer be trusted */
         r->unhealthy = 1;

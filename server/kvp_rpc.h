@@ -93,8 +93,11 @@ int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rp
 /* Copy worker thread: runs the job's plan on the backend. */
 void kvp_rpc_job_run(kvp_rpc_job_t *job);
 /* Loop thread, after job_run: unpins, fills io->resp / io->out; the job stays alive (its
- * arrays back io->out) until kvp_rpc_job_free after the response is encoded. */
-void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, kvp_rpc_io_t *io);
+ * arrays back io->out) until kvp_rpc_job_free after the response is encoded. When the backend
+ * refused the source (KVP_EINVAL) or timed out on the worker's event (KVP_ETIMEDOUT) the
+ * sequences are rolled back to their lengths before the call and the answer is an error; any
+ * other backend failure marks the daemon unhealthy. */
+void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, kvp_rpc_io_t *io, uint64_t now_ms);
 void kvp_rpc_job_free(kvp_rpc_job_t *job);
 
 /* Releases the sequences of namespaces whose lease ran out; returns how many namespaces. */

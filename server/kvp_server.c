@@ -487,7 +487,7 @@ static void after_work(uv_work_t *w, int status)
     conn_t *c = w->data;
     kvp_server_t *s = c->srv;
     kvp_rpc_io_t *io = &s->io;
-    kvp_rpc_job_finish(s->rpc, c->job, io);
+    kvp_rpc_job_finish(s->rpc, c->job, io, kvp_server_now_ms());
     c->busy = 0;
     if (c->closing) {
         kvp_rpc_job_free(c->job);

@@ -158,25 +158,6 @@ static int resolve_group(const char *name, int64_t *gid, char *err, size_t err_l
     return 0;
 }
 
-static int create_backend(const kvp_config_t *cfg, kvp_backend_t **out, char *err, size_t err_len)
-{
-    kvp_geom_t g;
-    kvp_config_geom(cfg, &g);
-    if (cfg->backend == KVP_CONFIG_BACKEND_CUDA) {
-        snprintf(err, err_len, "pool.backend=cuda: this build has no cuda backend yet");
-        return KVP_EINVAL;
-    }
-    if (g.num_devices > 1) {
-        snprintf(err, err_len, "pool.devices: the host backend serves one device, got %u",
-                 g.num_devices);
-        return KVP_EINVAL;
-    }
-    int rc = kvp_backend_host_create(&g, out);
-    if (rc)
-        snprintf(err, err_len, "cannot create the host pool: %s", kvp_strerror(rc));
-    return rc;
-}
-
 static int run(daemon_t *d)
 {
     char err[512] = "";
@@ -202,7 +183,7 @@ static int run(daemon_t *d)
     setenv("UV_THREADPOOL_SIZE", threads, 1);
 
     kvp_backend_t *backend;
-    if ((rc = create_backend(&d->cfg, &backend, err, sizeof(err))))
+    if ((rc = kvp_backend_choose(&d->cfg, &backend, err, sizeof(err))))
         goto fail;
     kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
     if ((rc = kvp_rpc_create(backend, &lim, kvp_server_now_ms(), &d->rpc))) {

@@ -10,7 +10,7 @@ fi
 if grep -rnE '#\s*include\s*[<"](uv\.h|pb\.h|pb_(encode|decode)\.h|sys/socket\.h|kvp_(geom|alloc|seqtab|plan|server|client|rpc)[a-z_]*\.h)' "$root/kernels"; then
     echo "layering: kernels/ must use CUDA and libc only" >&2; fail=1
 fi
-stray=$(find "$root" -name '*.cu' -not -path "$root/kernels/*" -not -path "$root/build*" -not -path "$root/.git/*" | head -5)
+stray=$(git -C "$root" ls-files -co --exclude-standard '*.cu' 2>/dev/null | grep -v '^kernels/' | head -5)
 if [ -n "$stray" ]; then
     echo "layering: CUDA sources outside kernels/: $stray" >&2; fail=1
 fi

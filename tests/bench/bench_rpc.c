@@ -291,7 +291,7 @@ int main(int argc, char **argv)
     if (REQUESTS < 100)
         REQUESTS = 100;
     kvp_daemon_t d;
-    const char *args[] = {"--log-level", "warning", NULL};
+    const char *args[] = {"--log-level", "warning", "--backend", "host", NULL};
     if (kvp_daemon_start(&d, args)) {
         fprintf(stderr, "kvpoold did not start\n");
         return 1;

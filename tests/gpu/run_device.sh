@@ -4,6 +4,7 @@
 #   tests/gpu/run_device.sh [kernels|backend|all]
 set -u
 B=${KVP_DEVBUILD:-.devbuild}
+export KVPOOLD="$PWD/$B/server/kvpoold"
 OUT=${OUT:-/tmp/kvpool-out}
 mkdir -p "$OUT"
 what=${1:-all}
@@ -27,7 +28,7 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
     "$B/tests/bench/bench_append_cuda" 2>&1 | tee "$OUT/bench_append_cuda.txt"
 fi
 if [ "$what" = backend ] || [ "$what" = all ]; then
-    for t in "$B"/tests/test_cuda_backend; do
+    for t in "$B"/tests/test_cuda_backend "$B"/tests/test_daemon; do
         [ -x "$t" ] || continue
         echo "== $(basename "$t")"
         "$t" > "$OUT/$(basename "$t").log" 2>&1; r=$?

@@ -32,7 +32,9 @@
 #define D     16
 #define ROW   (D * 2)
 
-static const char *const GEOM_ARGS[] = {"--num-layers",
+static const char *const GEOM_ARGS[] = {"--backend",
+                                        "host",
+                                        "--num-layers",
                                         "2",
                                         "--num-pages",
                                         "64",

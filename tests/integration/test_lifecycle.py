@@ -19,7 +19,7 @@ import unittest
 BUILD = os.path.abspath(sys.argv.pop(1)) if len(sys.argv) > 1 else "build"
 KVPOOLD = os.path.join(BUILD, "server", "kvpoold")
 CTL = os.path.join(BUILD, "client", "kvpoolctl")
-SMALL = ["--num-pages", "64", "--page-size", "4", "--num-layers", "2"]
+SMALL = ["--backend", "host", "--num-pages", "64", "--page-size", "4", "--num-layers", "2"]
 
 
 def wait_for(pred, timeout=10.0):

@@ -77,7 +77,7 @@ static kvpool_Code call_on(kvp_session_t *s, int *fds, int nfds)
     if (rc == KVP_RPC_ASYNC) {
         kvp_rpc_job_run(IO.job);
         kvp_rpc_job_t *j = IO.job;
-        kvp_rpc_job_finish(R, j, &IO);
+        kvp_rpc_job_finish(R, j, &IO, 2000);
         kvp_rpc_job_free(j); /* the arrays are not read after this in the tests below */
     }
     ck_assert_uint_eq(IO.resp.id, Q.id);

@@ -1,0 +1,889 @@
+/*
+ * kvp_backend_cuda.c - the cuda backend (DESIGN.md §4): each device's pool is one allocation
+ * of the CUDA virtual memory API (cuMemCreate, POSIX-fd handle type) mapped into the daemon
+ * and exported as an fd that workers map themselves; worker buffers arrive as such fds, as
+ * legacy cudaIpcMemHandle_t, or as sealed memfds (pinned with cudaHostRegister and read by the
+ * kernels over the bus). run() uploads a plan through pinned staging to the device, runs the
+ * copy-on-write page copies and the append kernels of kernels/ on the device's own
+ * non-blocking stream, ordered against the worker by interprocess events when asked.
+ *
+ * The worker's "ready" event is waited for by the copy thread on the CPU (cudaEventQuery,
+ * bounded by READY_TIMEOUT_MS), never by the device's stream: on the H200 a worker killed
+ * while the daemon's stream waited on its event left that stream stalled for good, which
+ * would stop every namespace on the device (DESIGN.md §8 wants only the dead worker's lease
+ * affected), and a stream stalled that way would also hang every call that synchronises the
+ * device. The worker's stream waits on our "done" event, recorded after the append; the reply
+ * goes out as soon as the work is queued, so the worker's RPC returns once its own work before
+ * the ready event has run. (Stream memory operations on a flag word both sides map would
+ * remove that wait too; the daemon could then release a dead worker's wait by writing the
+ * word itself.)
+ *
+ * Not here: the planner (the dispatch hands run() a validated plan) and the kernels. A CUDA
+ * error inside run() or a sticky error seen by health() poisons the backend: health() then
+ * fails forever and the daemon exits for its service manager to restart it (DESIGN.md §8).
+ * Built without CUDA, only the two entry points exist and say "unavailable".
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvp_backend.h"
+#include "kvp_error.h"
+#include "kvp_log.h"
+#include "kvpool.pb.h"
+
+#ifdef KVP_HAVE_CUDA
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "kvp_cuda_util.h"
+#include "kvp_kernels_cuda.h"
+
+#define STAGE_SLOTS     4           /* plans staged per device at once (SYNC_EVENT runs) */
+#define STAGE_MIN_BYTES (64u << 10) /* first size of a staging slot and the device copy */
+#define RELEASE_WAIT_MS 10000       /* longest wait for a buffer's last append to finish */
+/* Longest wait for a worker's ready event (SYNC_EVENT); $KVPOOL_CUDA_READY_TIMEOUT_MS (1 ms ..
+ * 1 hour) overrides it when the backend is created (tests use a short one). */
+#define READY_TIMEOUT_MS 30000
+
+/* Pinned host staging for one run's plan arrays. A slot is reused only after its event says
+ * the previous run's upload (and error-word read-back) is done, since a SYNC_EVENT run returns
+ * with that work still queued. */
+typedef struct {
+    int32_t *host;
+    size_t cap_bytes;
+    cudaEvent_t done; /* recorded after the last work of the run that used the slot */
+    int used;         /* done has been recorded */
+    int check_err;    /* the run returned before reading its error word: read at reuse */
+    size_t err_word;  /* index of that word in host[] */
+} stage_t;
+
+typedef struct {
+    int ordinal;
+    kvp_cuda_vmm_t pool;
+    int export_fd;
+    cudaStream_t stream;
+    pthread_mutex_t lock; /* everything below, and the order of work on stream */
+    int lock_ready;
+    stage_t stage[STAGE_SLOTS];
+    unsigned next_stage;
+    int32_t *dev_words; /* the plan arrays on the device: stream-ordered, so one suffices */
+    size_t dev_cap_bytes;
+} cuda_dev_t;
+
+typedef struct {
+    kvp_backend_t base;
+    uint32_t num_devices;
+    cuda_dev_t *dev;
+    atomic_int poisoned;
+    uint64_t ready_timeout_ms;
+} cuda_backend_t;
+
+/* A worker buffer as the daemon holds it (kvp_buffer_t.priv). */
+typedef struct {
+    uint32_t dev; /* index into cuda_backend_t.dev */
+    uint32_t kind;
+    kvp_cuda_vmm_t vmm;   /* BUFFER_CUDA_VMM_FD */
+    void *ipc_ptr;        /* BUFFER_CUDA_IPC: from cudaIpcOpenMemHandle */
+    void *host_map;       /* BUFFER_MEMFD: the mapping, registered with CUDA */
+    size_t host_bytes;    /* its length */
+    const uint8_t *dptr;  /* where the kernels read */
+    cudaEvent_t ready;    /* the worker's interprocess event, NULL if none */
+    cudaEvent_t done;     /* ours, interprocess, NULL if none */
+    cudaEvent_t last_use; /* recorded after every append that read the buffer */
+    int used;
+} cuda_buf_t;
+
+static void poison(cuda_backend_t *cb, const char *why)
+{
+    if (!atomic_exchange(&cb->poisoned, 1))
+        kvp_log(KVP_LOG_CRIT, "cuda backend poisoned reason=\"%s\"; no more work is accepted", why);
+}
+
+static int device_index(const cuda_backend_t *cb, int32_t ordinal)
+{
+    for (uint32_t i = 0; i < cb->num_devices; i++)
+        if (cb->dev[i].ordinal == ordinal)
+            return (int)i;
+    return -1;
+}
+
+static int cuda_export(kvp_backend_t *b, int *fds, int max)
+{
+    cuda_backend_t *cb = (cuda_backend_t *)b;
+    if (max < (int)cb->num_devices)
+        return KVP_EINVAL;
+    for (uint32_t i = 0; i < cb->num_devices; i++)
+        fds[i] = cb->dev[i].export_fd;
+    return (int)cb->num_devices;
+}
+
+/* ---- buffers ---------------------------------------------------------------------------- */
+
+/* Waits (bounded) until the GPU no longer reads buf. 0, or -1 when it did not finish. */
+static int wait_unused(cuda_backend_t *cb, cuda_buf_t *buf)
+{
+    if (!buf->used)
+        return 0;
+    for (int waited_ms = 0; waited_ms < RELEASE_WAIT_MS; waited_ms++) {
+        cudaError_t e = cudaEventQuery(buf->last_use);
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady) {
+            kvp_cuda_fail_rt(e, "cudaEventQuery(buf->last_use)", __FILE__, __LINE__);
+            poison(cb, "a buffer's last append failed");
+            return -1;
+        }
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+static void buf_free(cuda_backend_t *cb, cuda_buf_t *buf)
+{
+    int rc = 0;
+    if (buf->dev < cb->num_devices)
+        KVP_CUDA_CHECK(cudaSetDevice(cb->dev[buf->dev].ordinal), rc, unwind);
+unwind:
+    (void)rc;
+    if (wait_unused(cb, buf)) {
+        /* a kernel may still read it: leaking the mapping is the only safe choice */
+        kvp_log(KVP_LOG_WARNING, "buffer still in use by the GPU; its mapping is leaked");
+        return;
+    }
+    if (buf->last_use)
+        KVP_CUDA_CHECK(cudaEventDestroy(buf->last_use), rc, ev_done);
+ev_done:
+    if (buf->done)
+        KVP_CUDA_CHECK(cudaEventDestroy(buf->done), rc, ev_ready);
+ev_ready:
+    if (buf->ready)
+        KVP_CUDA_CHECK(cudaEventDestroy(buf->ready), rc, ipc);
+ipc:
+    if (buf->ipc_ptr)
+        KVP_CUDA_CHECK(cudaIpcCloseMemHandle(buf->ipc_ptr), rc, host);
+host:
+    if (buf->host_map) {
+        KVP_CUDA_CHECK(cudaHostUnregister(buf->host_map), rc, host_unmap);
+    host_unmap:
+        munmap(buf->host_map, buf->host_bytes);
+    }
+    kvp_cuda_vmm_free(&buf->vmm);
+    free(buf);
+}
+
+/* Maps a sealed memfd and pins it so the kernels read it directly. */
+static int import_memfd(cuda_buf_t *buf, int ordinal, int fd, uint64_t size_bytes)
+{
+    int rc = 0;
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < size_bytes)
+        return KVP_EINVAL;
+    /* a buffer its owner could shrink would fault under the GPU's reads */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+        return KVP_EPERM;
+    int ro = 0;
+    KVP_CUDA_CHECK(cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, ordinal),
+                   rc, fail);
+    long page = sysconf(_SC_PAGESIZE);
+    buf->host_bytes = (size_t)((size_bytes + (uint64_t)page - 1) / (uint64_t)page * (uint64_t)page);
+    void *p =
+        mmap(NULL, buf->host_bytes, ro ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    KVP_CUDA_CHECK(cudaHostRegister(p, buf->host_bytes,
+                                    cudaHostRegisterMapped | (ro ? cudaHostRegisterReadOnly : 0)),
+                   rc, fail_unmap);
+    void *d = NULL;
+    KVP_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0), rc, fail_unregister);
+    buf->host_map = p;
+    buf->dptr = d;
+    return 0;
+fail_unregister:
+    (void)cudaHostUnregister(p); /* best effort on an unwind path: the first error is logged */
+fail_unmap:
+    munmap(p, buf->host_bytes);
+fail:
+    return rc;
+}
+
+static int import_ipc(cuda_buf_t *buf, const uint8_t *handle, uint64_t size_bytes)
+{
+    const kvp_cuda_drv_t *drv;
+    int rc = kvp_cuda_driver(&drv);
+    if (rc)
+        return rc;
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof(h));
+    void *p = NULL;
+    KVP_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), rc, fail);
+    buf->ipc_ptr = p;
+    CUdeviceptr base = 0;
+    size_t range = 0;
+    KVP_CU_CHECK(drv->cuMemGetAddressRange(&base, &range, (CUdeviceptr)(uintptr_t)p), rc, fail);
+    if ((uint64_t)range < size_bytes || base != (CUdeviceptr)(uintptr_t)p) {
+        kvp_log(KVP_LOG_WARNING,
+                "ipc buffer refused reason=\"claims %llu bytes, the allocation holds %zu\"",
+                (unsigned long long)size_bytes, range);
+        return KVP_EINVAL; /* buf_free closes the handle */
+    }
+    buf->dptr = p;
+    return 0;
+fail:
+    return rc;
+}
+
+static int cuda_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_bytes, int32_t device,
+                       const uint8_t *ipc_handle, uint32_t ipc_len, const uint8_t *event_handle,
+                       uint32_t event_len, uint8_t *done_event_out, uint32_t *done_event_len,
+                       kvp_buffer_t *out)
+{
+    cuda_backend_t *cb = (cuda_backend_t *)b;
+    if (done_event_len)
+        *done_event_len = 0;
+    if (atomic_load(&cb->poisoned))
+        return KVP_EUNAVAIL;
+    if (size_bytes == 0 || size_bytes > SIZE_MAX / 2 || !out)
+        return KVP_EINVAL;
+    if (event_len && (event_len != KVP_BACKEND_IPC_HANDLE_BYTES || !event_handle ||
+                      !done_event_out || !done_event_len))
+        return KVP_EINVAL;
+    switch (kind) {
+    case kvpool_BufferKind_BUFFER_MEMFD:
+    case kvpool_BufferKind_BUFFER_CUDA_VMM_FD:
+        if (fd < 0)
+            return KVP_EINVAL;
+        break;
+    case kvpool_BufferKind_BUFFER_CUDA_IPC:
+        if (fd >= 0 || !ipc_handle || ipc_len != KVP_BACKEND_IPC_HANDLE_BYTES)
+            return KVP_EINVAL;
+        break;
+    default:
+        return KVP_EINVAL;
+    }
+    int di = device_index(cb, device);
+    if (di < 0 && kind == kvpool_BufferKind_BUFFER_MEMFD)
+        di = 0; /* host memory: any device of the pool may read it */
+    if (di < 0)
+        return KVP_EINVAL;
+    cuda_buf_t *buf = calloc(1, sizeof(*buf));
+    if (!buf)
+        return KVP_ENOMEM;
+    buf->dev = (uint32_t)di;
+    buf->kind = kind;
+    int rc = 0;
+    KVP_CUDA_CHECK(cudaSetDevice(cb->dev[di].ordinal), rc, fail);
+    if (kind == kvpool_BufferKind_BUFFER_MEMFD) {
+        if ((rc = import_memfd(buf, cb->dev[di].ordinal, fd, size_bytes)))
+            goto fail;
+    } else if (kind == kvpool_BufferKind_BUFFER_CUDA_IPC) {
+        if ((rc = import_ipc(buf, ipc_handle, size_bytes)))
+            goto fail;
+    } else {
+        kvp_cuda_err_t err;
+        int location = -1;
+        rc = kvp_cuda_vmm_import(fd, cb->dev[di].ordinal, (size_t)size_bytes, &buf->vmm, &location,
+                                 &err);
+        if (rc) {
+            kvp_log(KVP_LOG_WARNING, "vmm buffer refused rc=%s reason=\"%s\"", kvp_errname(rc),
+                    err.msg);
+            goto fail;
+        }
+        if (location != cb->dev[di].ordinal)
+            kvp_log(KVP_LOG_INFO, "vmm buffer lives on device %d, read from device %d", location,
+                    cb->dev[di].ordinal);
+        buf->dptr = (const uint8_t *)(uintptr_t)buf->vmm.ptr;
+    }
+    if (event_len) {
+        cudaIpcEventHandle_t eh;
+        memcpy(&eh, event_handle, sizeof(eh));
+        KVP_CUDA_CHECK(cudaIpcOpenEventHandle(&buf->ready, eh), rc, fail);
+        KVP_CUDA_CHECK(
+            cudaEventCreateWithFlags(&buf->done, cudaEventDisableTiming | cudaEventInterprocess),
+            rc, fail);
+        cudaIpcEventHandle_t dh;
+        KVP_CUDA_CHECK(cudaIpcGetEventHandle(&dh, buf->done), rc, fail);
+        memcpy(done_event_out, &dh, sizeof(dh));
+    }
+    KVP_CUDA_CHECK(cudaEventCreateWithFlags(&buf->last_use, cudaEventDisableTiming), rc, fail);
+    if (fd >= 0)
+        close(fd); /* ours on success; the mapping keeps the memory */
+    if (event_len)
+        *done_event_len = KVP_BACKEND_IPC_HANDLE_BYTES;
+    out->kind = kind;
+    out->size_bytes = size_bytes;
+    out->host_ptr = NULL;
+    out->priv = buf;
+    return 0;
+fail:
+    /* a worker's bad handle is a refused request, not a broken backend */
+    buf_free(cb, buf);
+    return rc == KVP_EINTERNAL ? KVP_EINVAL : rc;
+}
+
+static void cuda_release(kvp_backend_t *b, kvp_buffer_t *kb)
+{
+    cuda_backend_t *cb = (cuda_backend_t *)b;
+    if (!kb->priv)
+        return;
+    buf_free(cb, kb->priv);
+    kb->priv = NULL;
+}
+
+/* ---- run -------------------------------------------------------------------------------- */
+
+/* The kernels move 16-byte vectors: a source they would refuse is refused here first, before
+ * anything is queued (the dispatch checks only element alignment). */
+static int check_source_align(const cuda_buf_t *buf, const kvp_exec_t *e)
+{
+    const uint64_t v[] = {(uint64_t)(uintptr_t)buf->dptr,
+                          e->k_offset,
+                          e->v_offset,
+                          e->k_stride_n,
+                          e->k_stride_h,
+                          e->v_stride_n,
+                          e->v_stride_h,
+                          e->layer_stride};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+        if (v[i] % 16)
+            return KVP_EINVAL;
+    return 0;
+}
+
+/* Makes the slot hold at least bytes (its previous run is known to be finished). */
+static int stage_reserve(stage_t *st, size_t bytes)
+{
+    int rc = 0;
+    if (st->cap_bytes >= bytes)
+        return 0;
+    size_t cap = st->cap_bytes ? 2 * st->cap_bytes : STAGE_MIN_BYTES;
+    while (cap < bytes)
+        cap *= 2;
+    /* rare (doubling); cudaFreeHost may wait for the device */
+    if (st->host)
+        KVP_CUDA_CHECK(cudaFreeHost(st->host), rc, fail);
+    st->host = NULL;
+    st->cap_bytes = 0;
+    KVP_CUDA_CHECK(cudaHostAlloc((void **)&st->host, cap, cudaHostAllocDefault), rc, fail);
+    st->cap_bytes = cap;
+    return 0;
+fail:
+    return rc;
+}
+
+/* Makes the device copy hold at least bytes, in stream order (no synchronisation). */
+static int dev_reserve(cuda_dev_t *dv, size_t bytes)
+{
+    int rc = 0;
+    if (dv->dev_cap_bytes >= bytes)
+        return 0;
+    size_t cap = dv->dev_cap_bytes ? 2 * dv->dev_cap_bytes : STAGE_MIN_BYTES;
+    while (cap < bytes)
+        cap *= 2;
+    if (dv->dev_words)
+        KVP_CUDA_CHECK(cudaFreeAsync(dv->dev_words, dv->stream), rc, fail);
+    dv->dev_words = NULL;
+    dv->dev_cap_bytes = 0;
+    KVP_CUDA_CHECK(cudaMallocAsync((void **)&dv->dev_words, cap, dv->stream), rc, fail);
+    dv->dev_cap_bytes = cap;
+    return 0;
+fail:
+    return rc;
+}
+
+/* Reads a finished slot's error word; non-zero poisons. */
+static int stage_check(cuda_backend_t *cb, stage_t *st)
+{
+    if (!st->check_err)
+        return 0;
+    st->check_err = 0;
+    int32_t err = st->host[st->err_word];
+    if (err == 0)
+        return 0;
+    kvp_log(KVP_LOG_CRIT, "cuda append reported a bad row err=%s (planner bug)", kvp_errname(err));
+    poison(cb, "the append kernel reported an error");
+    return KVP_EINTERNAL;
+}
+
+/* Word layout of a staged plan (int32 words). */
+typedef struct {
+    size_t indptr, indices, last, bidx, pos, copies, err, total;
+} plan_layout_t;
+
+static void plan_layout(const kvp_exec_t *e, plan_layout_t *p)
+{
+    size_t B = e->batch_size, I = (size_t)e->kv_indptr[e->batch_size], N = e->nnz;
+    p->indptr = 0;
+    p->indices = p->indptr + B + 1;
+    p->last = p->indices + I;
+    p->bidx = p->last + B;
+    p->pos = p->bidx + N;
+    p->copies = p->pos + N;
+    p->err = p->copies + 2 * (size_t)e->num_copies;
+    p->total = p->err + 1;
+}
+
+/* Runs e's copies (and, when buf is not NULL and append is set, the append from buf) on device
+ * dv. Holds the device lock throughout; with SYNC_EVENT on the buffer's device (its ready event
+ * already complete), returns once queued. */
+static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e, cuda_buf_t *buf,
+                         int append)
+{
+    kvp_backend_t *b = &cb->base;
+    /* The daemon waits for the copy before answering in both sync modes: the pages the copy
+     * writes stay pinned only until run() returns (kvp_rpc_job_finish unpins them), so
+     * returning while the GPU still writes would let a concurrent Release hand those pages to
+     * another sequence. SYNC_EVENT still orders the worker's stream after the copy on the GPU
+     * (the done event), so the worker's stream never waits on the CPU. */
+    const int async = 0;
+    (void)append;
+    const uint32_t elem = b->derived.elem_bytes;
+    plan_layout_t pl;
+    plan_layout(e, &pl);
+    const size_t bytes = pl.total * sizeof(int32_t);
+    int rc = 0;
+
+    pthread_mutex_lock(&dv->lock);
+    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
+    stage_t *st = &dv->stage[dv->next_stage];
+    dv->next_stage = (dv->next_stage + 1) % STAGE_SLOTS;
+    if (st->used) {
+        /* normally long finished: at most STAGE_SLOTS runs ago */
+        KVP_CUDA_CHECK(cudaEventSynchronize(st->done), rc, fail);
+        if ((rc = stage_check(cb, st)))
+            goto fail;
+    }
+    if ((rc = stage_reserve(st, bytes)) || (rc = dev_reserve(dv, bytes)))
+        goto fail;
+
+    int32_t *h = st->host;
+    memcpy(h + pl.indptr, e->kv_indptr, (e->batch_size + 1) * sizeof(int32_t));
+    if (pl.last > pl.indices)
+        memcpy(h + pl.indices, e->kv_indices, (pl.last - pl.indices) * sizeof(int32_t));
+    memcpy(h + pl.last, e->kv_last_page_len, e->batch_size * sizeof(int32_t));
+    if (e->nnz) {
+        memcpy(h + pl.bidx, e->batch_indices, e->nnz * sizeof(int32_t));
+        memcpy(h + pl.pos, e->positions, e->nnz * sizeof(int32_t));
+    }
+    if (e->num_copies)
+        memcpy(h + pl.copies, e->copies, e->num_copies * sizeof(kvp_page_copy_t));
+    h[pl.err] = 0;
+    int32_t *d = dv->dev_words;
+    KVP_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, dv->stream), rc, fail);
+
+    void *pool = (void *)(uintptr_t)dv->pool.ptr;
+    kvp_paged_kv_t kv;
+    for (uint32_t l = 0; l < b->geom.num_layers && e->num_copies; l++) {
+        kvp_backend_layer_view(b, pool, l, &kv);
+        KVP_KERNEL_CHECK(kvp_page_copy_cuda(&kv, (const kvp_page_copy_t *)(d + pl.copies),
+                                            e->num_copies, d + pl.err, dv->stream),
+                         rc, fail);
+    }
+    if (buf && append && e->nnz) {
+        for (uint32_t l = e->layer_begin; l < e->layer_end; l++) {
+            kvp_backend_layer_view(b, pool, l, &kv);
+            kv.batch_size = e->batch_size;
+            kv.kv_indptr = d + pl.indptr;
+            kv.kv_indices = d + pl.indices;
+            kv.kv_last_page_len = d + pl.last;
+            const uint8_t *base = buf->dptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
+            kvp_append_src_t src = {
+                .key = base + e->k_offset,
+                .value = base + e->v_offset,
+                .k_stride_n = (int64_t)(e->k_stride_n / elem),
+                .k_stride_h = (int64_t)(e->k_stride_h / elem),
+                .v_stride_n = (int64_t)(e->v_stride_n / elem),
+                .v_stride_h = (int64_t)(e->v_stride_h / elem),
+            };
+            KVP_KERNEL_CHECK(kvp_append_paged_kv_cache_cuda_unchecked(&kv, &src, d + pl.bidx,
+                                                                      d + pl.pos, e->nnz,
+                                                                      d + pl.err, dv->stream),
+                             rc, fail);
+        }
+        KVP_CUDA_CHECK(cudaEventRecord(buf->last_use, dv->stream), rc, fail);
+        buf->used = 1;
+    }
+    if (buf && buf->done)
+        KVP_CUDA_CHECK(cudaEventRecord(buf->done, dv->stream), rc, fail);
+    KVP_CUDA_CHECK(cudaMemcpyAsync(h + pl.err, d + pl.err, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                   dv->stream),
+                   rc, fail);
+    KVP_CUDA_CHECK(cudaEventRecord(st->done, dv->stream), rc, fail);
+    st->used = 1;
+    st->err_word = pl.err;
+    st->check_err = 1;
+    if (!async) {
+        /* the reply must go out only once the data is in the pool */
+        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+        if ((rc = stage_check(cb, st)))
+            goto fail_poisoned;
+    }
+    pthread_mutex_unlock(&dv->lock);
+    return 0;
+
+fail:
+    poison(cb, "a CUDA call failed while running an append");
+fail_poisoned:
+    pthread_mutex_unlock(&dv->lock);
+    return rc ? rc : KVP_EINTERNAL;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Waits on the CPU until the worker's ready event completes: spinning briefly, then sleeping
+ * with a growing interval. 0; KVP_ETIMEDOUT after timeout_ms (a dead or stuck worker);
+ * KVP_EINVAL when the event reports an error. Copy thread, no lock held. */
+static int wait_ready(const cuda_buf_t *buf, uint64_t timeout_ms)
+{
+    const uint64_t start = now_ms();
+    long sleep_ns = 20 * 1000;
+    for (unsigned i = 0;; i++) {
+        cudaError_t e = cudaEventQuery(buf->ready);
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady) {
+            kvp_cuda_fail_rt(e, "cudaEventQuery(buf->ready)", __FILE__, __LINE__);
+            return KVP_EINVAL;
+        }
+        if (now_ms() - start > timeout_ms) {
+            kvp_log(KVP_LOG_WARNING,
+                    "append skipped reason=\"the worker's ready event did not complete in %llu "
+                    "ms\"",
+                    (unsigned long long)timeout_ms);
+            return KVP_ETIMEDOUT;
+        }
+        if (i < 256) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 500 * 1000)
+            sleep_ns += sleep_ns / 4;
+    }
+}
+
+static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
+{
+    cuda_backend_t *cb = (cuda_backend_t *)b;
+    if (atomic_load(&cb->poisoned))
+        return KVP_EINTERNAL;
+    if (!e || !e->src || !e->src->priv || e->layer_begin > e->layer_end ||
+        e->layer_end > b->geom.num_layers)
+        return KVP_EINTERNAL; /* the dispatch validated all this: a bug, not a refusal */
+    cuda_buf_t *buf = e->src->priv;
+    /* an append that cannot run is skipped, but the copies still run: the dispatch then rolls
+     * the sequences back over pages whose old slots are right */
+    int refused = 0;
+    if (e->nnz && check_source_align(buf, e)) {
+        kvp_log(KVP_LOG_WARNING, "append skipped reason=\"source offsets and strides must be "
+                                 "multiples of 16 bytes for the cuda kernels\"");
+        refused = KVP_EINVAL;
+    } else if (e->nnz && e->sync == kvpool_SyncMode_SYNC_EVENT && buf->ready) {
+        refused = wait_ready(buf, cb->ready_timeout_ms);
+    }
+    /* page ids name the same slots on every device: copies run everywhere, the append only
+     * where the buffer lives (it carries that device's heads); other devices finish first */
+    for (uint32_t i = 0; i < cb->num_devices; i++) {
+        if (i == buf->dev || !e->num_copies)
+            continue;
+        int rc = run_on_device(cb, &cb->dev[i], e, NULL, 0);
+        if (rc)
+            return rc;
+    }
+    int rc = run_on_device(cb, &cb->dev[buf->dev], e, buf, !refused);
+    return rc ? rc : refused;
+}
+
+/* ---- health, destroy, create ------------------------------------------------------------ */
+
+static int cuda_health(kvp_backend_t *b)
+{
+    cuda_backend_t *cb = (cuda_backend_t *)b;
+    if (atomic_load(&cb->poisoned))
+        return KVP_EINTERNAL;
+    for (uint32_t i = 0; i < cb->num_devices; i++) {
+        cuda_dev_t *dv = &cb->dev[i];
+        cudaError_t e = cudaStreamQuery(dv->stream);
+        if (e != cudaSuccess && e != cudaErrorNotReady) {
+            /* a sticky error (illegal address, launch failure, ECC...) poisons the context */
+            kvp_cuda_fail_rt(e, "cudaStreamQuery(dv->stream)", __FILE__, __LINE__);
+            poison(cb, "the device's stream reports an error");
+            return KVP_EINTERNAL;
+        }
+        /* error words of finished SYNC_EVENT runs; skipped while a run holds the device */
+        if (pthread_mutex_trylock(&dv->lock) != 0)
+            continue;
+        int rc = 0;
+        for (unsigned s = 0; s < STAGE_SLOTS && !rc; s++) {
+            stage_t *st = &dv->stage[s];
+            if (st->check_err && cudaEventQuery(st->done) == cudaSuccess)
+                rc = stage_check(cb, st);
+        }
+        pthread_mutex_unlock(&dv->lock);
+        if (rc)
+            return KVP_EINTERNAL;
+    }
+    return 0;
+}
+
+static void dev_destroy(cuda_dev_t *dv)
+{
+    int rc = 0;
+    if (dv->stream) {
+        KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, sync_done);
+        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, sync_done);
+    }
+sync_done:
+    for (unsigned s = 0; s < STAGE_SLOTS; s++) {
+        stage_t *st = &dv->stage[s];
+        if (st->done)
+            KVP_CUDA_CHECK(cudaEventDestroy(st->done), rc, stage_host);
+    stage_host:
+        if (st->host)
+            KVP_CUDA_CHECK(cudaFreeHost(st->host), rc, stage_next);
+    stage_next:
+        memset(st, 0, sizeof(*st));
+    }
+    if (dv->dev_words) {
+        KVP_CUDA_CHECK(cudaFreeAsync(dv->dev_words, dv->stream), rc, stream);
+        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, stream);
+    }
+stream:
+    if (dv->stream)
+        KVP_CUDA_CHECK(cudaStreamDestroy(dv->stream), rc, pool);
+pool:
+    if (dv->export_fd >= 0)
+        close(dv->export_fd);
+    kvp_cuda_vmm_free(&dv->pool);
+    if (dv->lock_ready)
+        pthread_mutex_destroy(&dv->lock);
+    (void)rc;
+}
+
+static void cuda_destroy(kvp_backend_t *b)
+{
+    cuda_backend_t *cb = (cuda_backend_t *)b;
+    if (!cb)
+        return;
+    for (uint32_t i = cb->num_devices; i-- > 0;)
+        dev_destroy(&cb->dev[i]);
+    free(cb->dev);
+    free(cb);
+}
+
+static const kvp_backend_ops_t cuda_ops = {
+    .name = "cuda",
+    .export_fds = cuda_export,
+    .import_buffer = cuda_import,
+    .release_buffer = cuda_release,
+    .run = cuda_run,
+    .health = cuda_health,
+    .destroy = cuda_destroy,
+};
+
+/* Whether `ordinal` can hold an exportable VMM pool and stream-ordered allocations. */
+static int device_ok(const kvp_cuda_drv_t *drv, int ordinal)
+{
+    int rc = 0, vmm = 0, posix = 0, pools = 0;
+    CUdevice cu;
+    KVP_CU_CHECK(drv->cuDeviceGet(&cu, ordinal), rc, fail);
+    KVP_CU_CHECK(drv->cuDeviceGetAttribute(
+                     &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu),
+                 rc, fail);
+    KVP_CU_CHECK(drv->cuDeviceGetAttribute(
+                     &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cu),
+                 rc, fail);
+    KVP_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal), rc,
+                   fail);
+    if (!vmm || !posix || !pools) {
+        kvp_log(KVP_LOG_ERR,
+                "cuda device unsuitable device=%d vmm=%d posix_fd_export=%d memory_pools=%d",
+                ordinal, vmm, posix, pools);
+        return KVP_EUNAVAIL;
+    }
+    return 0;
+fail:
+    return rc;
+}
+
+/* Stream, kernels, pool (created, exported, zeroed) and staging of one device. */
+static int dev_create(cuda_dev_t *dv, size_t map_bytes)
+{
+    int rc = 0;
+    kvp_cuda_err_t err;
+    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
+    KVP_CUDA_CHECK(cudaStreamCreateWithFlags(&dv->stream, cudaStreamNonBlocking), rc, fail);
+    /* eager loading before any cross-stream wait can be queued (DESIGN.md §4) */
+    KVP_KERNEL_CHECK(kvp_cuda_kernels_preload(), rc, fail);
+    if ((rc = kvp_cuda_vmm_alloc(dv->ordinal, map_bytes, &dv->pool, &err)))
+        return kvp_cuda_fail_err(rc, &err, "pool allocation");
+    if ((rc = kvp_cuda_vmm_export(&dv->pool, &dv->export_fd, &err)))
+        return kvp_cuda_fail_err(rc, &err, "pool export");
+    KVP_CUDA_CHECK(cudaMemsetAsync((void *)(uintptr_t)dv->pool.ptr, 0, dv->pool.size, dv->stream),
+                   rc, fail);
+    for (unsigned s = 0; s < STAGE_SLOTS; s++)
+        KVP_CUDA_CHECK(cudaEventCreateWithFlags(&dv->stage[s].done, cudaEventDisableTiming), rc,
+                       fail);
+    if ((rc = dev_reserve(dv, STAGE_MIN_BYTES)))
+        goto fail;
+    KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+    return 0;
+fail:
+    return rc;
+}
+
+int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
+                            kvp_backend_t **out)
+{
+    if (!g || !devices || !out || num_devices < 1 || num_devices > (int)KVP_GEOM_MAX_DEVICES ||
+        (uint32_t)num_devices != (g->num_devices ? g->num_devices : 1))
+        return KVP_EINVAL;
+    kvp_geom_derived_t derived;
+    int rc = kvp_geom_derive(g, &derived);
+    if (rc)
+        return rc;
+    if (derived.row_bytes % 16) {
+        kvp_log(KVP_LOG_ERR,
+                "cuda pool refused reason=\"a row (head_dim * elem_bytes = %llu bytes) must be a "
+                "multiple of 16 bytes for the cuda kernels\"",
+                (unsigned long long)derived.row_bytes);
+        return KVP_EINVAL;
+    }
+    const kvp_cuda_drv_t *drv;
+    if ((rc = kvp_cuda_driver(&drv)))
+        return rc;
+    int count = 0;
+    KVP_CUDA_CHECK(cudaGetDeviceCount(&count), rc, fail_early);
+    if (count < 1)
+        return KVP_EUNAVAIL;
+    for (int i = 0; i < num_devices; i++) {
+        for (int j = 0; j < i; j++)
+            if (devices[j] == devices[i])
+                return KVP_EINVAL;
+        if (devices[i] < 0 || devices[i] >= count) {
+            kvp_log(KVP_LOG_ERR, "cuda pool refused reason=\"no device %d (%d visible)\"",
+                    devices[i], count);
+            return KVP_EINVAL;
+        }
+        if ((rc = device_ok(drv, devices[i])))
+            return rc;
+    }
+
+    cuda_backend_t *cb = calloc(1, sizeof(*cb));
+    if (!cb)
+        return KVP_ENOMEM;
+    cb->dev = calloc((size_t)num_devices, sizeof(*cb->dev));
+    if (!cb->dev) {
+        free(cb);
+        return KVP_ENOMEM;
+    }
+    cb->base.ops = &cuda_ops;
+    cb->base.geom = *g;
+    cb->base.derived = derived;
+    cb->base.kind = kvpool_BackendKind_BACKEND_CUDA;
+    atomic_init(&cb->poisoned, 0);
+    cb->ready_timeout_ms = READY_TIMEOUT_MS;
+    const char *env = getenv("KVPOOL_CUDA_READY_TIMEOUT_MS");
+    if (env && *env) {
+        char *end;
+        unsigned long long v = strtoull(env, &end, 10);
+        if (!*end && v >= 1 && v <= 3600000)
+            cb->ready_timeout_ms = v;
+        else
+            kvp_log(KVP_LOG_WARNING, "ignored KVPOOL_CUDA_READY_TIMEOUT_MS=%s (1..3600000)", env);
+    }
+    for (int i = 0; i < num_devices; i++) {
+        cb->dev[i].ordinal = devices[i];
+        cb->dev[i].export_fd = -1;
+        cb->base.device_ids[i] = devices[i];
+        cb->base.num_device_ids = (uint32_t)i + 1;
+        if (pthread_mutex_init(&cb->dev[i].lock, NULL)) {
+            rc = KVP_ENOMEM;
+            goto fail;
+        }
+        cb->dev[i].lock_ready = 1;
+        cb->num_devices++;
+    }
+    /* one granularity for every device, so each fd maps with the same size */
+    size_t gran = 0;
+    for (uint32_t i = 0; i < cb->num_devices; i++) {
+        size_t gi;
+        kvp_cuda_err_t err;
+        if ((rc = kvp_cuda_vmm_granularity(cb->dev[i].ordinal, &gi, &err))) {
+            kvp_cuda_fail_err(rc, &err, "granularity query");
+            goto fail;
+        }
+        gran = gi > gran ? gi : gran;
+    }
+    if (derived.pool_bytes > SIZE_MAX - gran) {
+        rc = KVP_EGEOM_TOO_LARGE;
+        goto fail;
+    }
+    cb->base.map_granularity = gran;
+    cb->base.map_bytes = (derived.pool_bytes + gran - 1) / gran * gran;
+    for (uint32_t i = 0; i < cb->num_devices; i++)
+        if ((rc = dev_create(&cb->dev[i], (size_t)cb->base.map_bytes)))
+            goto fail;
+    kvp_log(KVP_LOG_INFO,
+            "pool created backend=cuda bytes=%llu mapped_bytes=%llu granularity=%llu pages=%u "
+            "layers=%u devices=%u",
+            (unsigned long long)derived.pool_bytes, (unsigned long long)cb->base.map_bytes,
+            (unsigned long long)gran, g->num_pages, g->num_layers, cb->num_devices);
+    *out = &cb->base;
+    return 0;
+fail:
+    cuda_destroy(&cb->base);
+    return rc;
+fail_early:
+    return rc;
+}
+
+int kvp_backend_cuda_probe(void)
+{
+    const kvp_cuda_drv_t *drv;
+    if (kvp_cuda_driver(&drv))
+        return 0;
+    int count = 0;
+    /* a failure here is the answer "no GPU", not an error: not logged as one */
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        kvp_log(KVP_LOG_INFO, "cuda unavailable reason=\"cudaGetDeviceCount: %s\"",
+                cudaGetErrorName(e));
+        return 0;
+    }
+    return count > 0;
+}
+
+#else /* !KVP_HAVE_CUDA */
+
+int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
+                            kvp_backend_t **out)
+{
+    (void)g, (void)devices, (void)num_devices, (void)out;
+    kvp_log(KVP_LOG_ERR, "cuda backend unavailable reason=\"built without CUDA\"");
+    return KVP_EUNAVAIL;
+}
+
+int kvp_backend_cuda_probe(void)
+{
+    return 0;
+}
+
+#endif
