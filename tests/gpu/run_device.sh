@@ -27,6 +27,10 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
     echo "== bench_append_cuda"
     "$B/tests/bench/bench_append_cuda" 2>&1 | tee "$OUT/bench_append_cuda.txt"
 fi
+if [ "$what" = e2e ] || [ "$what" = all ]; then
+    echo "== bench_cuda_e2e"
+    "$B/tests/bench/bench_cuda_e2e" 2>&1 | tee "$OUT/bench_cuda_e2e.txt"
+fi
 if [ "$what" = backend ] || [ "$what" = all ]; then
     for t in "$B"/tests/test_cuda_backend "$B"/tests/test_daemon; do
         [ -x "$t" ] || continue

@@ -1,0 +1,80 @@
+/*
+ * kvp_bench_kernels.cu - kernels the benchmarks use to simulate a model step around the
+ * append (not part of the kernel library's API): a compute stand-in that keeps every SM busy
+ * for a fixed time, and a reader that touches the rows just appended (so a missing ordering
+ * shows up as time, and in the checksum). Built into kvp_bench_kernels, linked only by
+ * benchmarks.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kvp_bench_kernels.h"
+
+namespace {
+
+__device__ __forceinline__ uint64_t global_ns()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void spin_kernel(uint64_t ns)
+{
+    uint64_t start = global_ns();
+    while (global_ns() - start < ns)
+        ;
+}
+
+/* For each request b, reads the K row of its last token (every head) and adds the first 8
+ * bytes of each into *sum. */
+__global__ void read_last_kernel(kvp_paged_kv_t kv, unsigned long long *sum)
+{
+    uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
+    if (b >= kv.batch_size)
+        return;
+    int32_t np = kv.kv_indptr[b + 1] - kv.kv_indptr[b];
+    if (np <= 0)
+        return;
+    int32_t pos = (np - 1) * (int32_t)kv.page_size + kv.kv_last_page_len[b] - 1;
+    int32_t page = kv.kv_indices[kv.kv_indptr[b] + pos / (int32_t)kv.page_size];
+    uint32_t h = threadIdx.x;
+    if (h >= kv.num_heads)
+        return;
+    const uint8_t *row = static_cast<const uint8_t *>(kv.k_data) +
+                         ((int64_t)page * kv.stride_page +
+                          (int64_t)(pos % (int32_t)kv.page_size) * kv.stride_n +
+                          (int64_t)h * kv.stride_h) *
+                             kv.elem_bytes;
+    atomicAdd(sum, (unsigned long long)*reinterpret_cast<const uint64_t *>(row));
+}
+
+} // namespace
+
+extern "C" int kvp_bench_spin_cuda(uint64_t ns, unsigned blocks, void *stream)
+{
+    spin_kernel<<<blocks, 128, 0, static_cast<cudaStream_t>(stream)>>>(ns);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvp_bench_read_last_cuda(const kvp_paged_kv_t *kv, unsigned long long *sum_dev,
+                                        void *stream)
+{
+    if (kv->num_heads > 32)
+        return -1;
+    dim3 block(32, 8);
+    unsigned grid = (kv->batch_size + 7) / 8;
+    read_last_kernel<<<grid ? grid : 1, block, 0, static_cast<cudaStream_t>(stream)>>>(*kv,
+                                                                                       sum_dev);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvp_bench_kernels_preload(void)
+{
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(spin_kernel)) != cudaSuccess ||
+        cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(read_last_kernel)) !=
+            cudaSuccess)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,23 @@
+/*
+ * kvp_bench_kernels.h - benchmark-only kernels (kvp_bench_kernels.cu): a fixed-time compute
+ * stand-in and a reader of the rows just appended. Not part of the kernel library's API.
+ */
+#ifndef KVP_BENCH_KERNELS_H
+#define KVP_BENCH_KERNELS_H
+
+#include "kvp_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Keeps `blocks` blocks busy for ns nanoseconds (the %globaltimer clock). */
+int kvp_bench_spin_cuda(uint64_t ns, unsigned blocks, void *stream);
+/* Adds the first 8 bytes of every head's K row of every request's last token into *sum_dev. */
+int kvp_bench_read_last_cuda(const kvp_paged_kv_t *kv, unsigned long long *sum_dev, void *stream);
+int kvp_bench_kernels_preload(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
