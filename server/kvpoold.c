@@ -191,6 +191,17 @@ static int run(daemon_t *d)
         snprintf(err, sizeof(err), "cannot create the daemon state: %s", kvp_strerror(rc));
         goto fail;
     }
+    /* Signals before the socket exists: a SIGHUP or SIGTERM that arrives as soon as a client
+     * can connect must find our handlers, not the default action (terminate). They are
+     * delivered through the loop, which runs only after the server is created. */
+    signal(SIGPIPE, SIG_IGN);
+    uv_signal_t *sigs[] = {&d->sig_term, &d->sig_int, &d->sig_hup};
+    int nums[] = {SIGTERM, SIGINT, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        uv_signal_init(d->loop, sigs[i]);
+        sigs[i]->data = d;
+        uv_signal_start(sigs[i], on_signal, nums[i]);
+    }
     kvp_server_config_t sc = {
         .socket_path = d->cfg.socket,
         .socket_mode = d->cfg.socket_mode,
@@ -204,14 +215,6 @@ static int run(daemon_t *d)
     if ((rc = kvp_server_create(d->loop, &sc, d->rpc, &d->server))) {
         snprintf(err, sizeof(err), "cannot listen on %s: %s", d->cfg.socket, kvp_strerror(rc));
         goto fail_rpc;
-    }
-    signal(SIGPIPE, SIG_IGN);
-    uv_signal_t *sigs[] = {&d->sig_term, &d->sig_int, &d->sig_hup};
-    int nums[] = {SIGTERM, SIGINT, SIGHUP};
-    for (int i = 0; i < 3; i++) {
-        uv_signal_init(d->loop, sigs[i]);
-        sigs[i]->data = d;
-        uv_signal_start(sigs[i], on_signal, nums[i]);
     }
     uv_timer_init(d->loop, &d->tick);
     d->tick.data = d;

@@ -32,7 +32,7 @@ if [ "$what" = e2e ] || [ "$what" = all ]; then
     "$B/tests/bench/bench_cuda_e2e" 2>&1 | tee "$OUT/bench_cuda_e2e.txt"
 fi
 if [ "$what" = backend ] || [ "$what" = all ]; then
-    for t in "$B"/tests/test_cuda_backend "$B"/tests/test_daemon; do
+    for t in "$B"/tests/test_cuda_backend "$B"/tests/test_hot_path "$B"/tests/test_daemon; do
         [ -x "$t" ] || continue
         echo "== $(basename "$t")"
         "$t" > "$OUT/$(basename "$t").log" 2>&1; r=$?
