@@ -561,7 +561,7 @@ static uint32_t num_seqs(kvp_client_t *c)
 
 static void wait_seqs(kvp_client_t *c, uint32_t want)
 {
-    for (int i = 0; i < 300 && num_seqs(c) != want; i++)
+    for (int i = 0; i < 1000 && num_seqs(c) != want; i++)
         usleep(10000);
     ck_assert_uint_eq(num_seqs(c), want);
 }
@@ -576,13 +576,13 @@ START_TEST(killed_worker_loses_only_what_its_lease_says)
     kill(w, SIGKILL);
     waitpid(w, NULL, 0);
     wait_seqs(obs, 0);
-    /* lease 1.5 s: kept, found again by a new connection, then released on expiry */
-    w = doomed_worker("leased", 1500, 7);
+    /* lease 3 s: kept, found again by a new connection, then released on expiry */
+    w = doomed_worker("leased", 3000, 7);
     kill(w, SIGKILL);
     waitpid(w, NULL, 0);
     usleep(200000);
     ck_assert_uint_eq(num_seqs(obs), 1);
-    kvp_client_t *again = connect_ns("leased", 1500);
+    kvp_client_t *again = connect_ns("leased", 3000);
     uint64_t id = 1;
     table_t tb;
     ck_assert_int_eq(kvp_client_page_table(again, &id, 1, table(&tb)), 0);

@@ -200,7 +200,8 @@ class SystemdTest(unittest.TestCase):
             if "WATCHDOG=1" in m:
                 pings.append(time.time())
         gaps = [b - a for a, b in zip(pings, pings[1:])]
-        self.assertTrue(all(0.03 < g < 0.5 for g in gaps), gaps)
+        # ~0.1 s apart; the upper bound leaves room for a loaded CI machine (ASan builds)
+        self.assertTrue(all(0.03 < g < 2.0 for g in gaps), gaps)
         d.proc.send_signal(signal.SIGTERM)
         seen_stopping = False
         while not seen_stopping:
