@@ -10,7 +10,8 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev nanopb libnanopb-dev python3-protobuf
-check libsubunit-dev libinih-dev clang valgrind procps redis-server ${KVP_DEPS_EXTRA:-}"
+check libsubunit-dev libinih-dev clang valgrind procps redis-server
+python3-numpy python3-pytest python3-venv ${KVP_DEPS_EXTRA:-}"
 
 missing=""
 for p in $PKGS; do

@@ -1,7 +1,8 @@
 #!/bin/sh
 # test.sh - THE test command of the README: on a fresh Debian 12 machine it installs what is
 # missing, configures, builds and runs the whole test suite, then builds the unit tests again
-# under AddressSanitizer + UndefinedBehaviorSanitizer and runs them.
+# under AddressSanitizer + UndefinedBehaviorSanitizer and runs them. The Python package's
+# pytest suite (tests/python) runs against the default build.
 #
 #   deploy/test.sh              everything (what .ci/run calls)
 #   KVP_TEST_QUICK=1 deploy/test.sh   skip the sanitizer build
@@ -20,6 +21,8 @@ cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$root/build" -j "$jobs"
 echo "== tests (default) =="
 ctest --test-dir "$root/build" --output-on-failure -j "$jobs"
+echo "== tests (python package, host backend) =="
+BUILD_DIR="$root/build" sh "$root/tests/python/run.sh"
 
 if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
     echo "== build (asan+ubsan) =="

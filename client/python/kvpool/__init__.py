@@ -1,0 +1,44 @@
+"""kvpool: Python client of the kvpoold KV-cache daemon, over libkvpool (ctypes).
+
+NumPy only (no PyTorch). The host backend's pool is exposed as per-layer NumPy views that alias
+the daemon's memory; the cuda backend's views are not in this package yet (NotImplementedError).
+libkvpool.so is loaded on first use ($KVPOOL_LIB, next to the package, the source tree's
+build/client/, or the system's), so the NumPy helpers work without it.
+"""
+from ._lib import KVP_LEASE_DEFAULT, library_path
+from .client import Client, PageTable, PoolInfo, Stats, default_socket
+from .errors import (
+    AlreadyExists,
+    AuditFailed,
+    Busy,
+    ConnectionClosed,
+    DaemonUnreachable,
+    DuplicateSequence,
+    FailedPrecondition,
+    GeometryError,
+    InternalError,
+    InvalidArgument,
+    KvpoolError,
+    LimitExceeded,
+    NotFound,
+    OutOfMemory,
+    OutOfRange,
+    PermissionDenied,
+    ProtocolError,
+    ResourceExhausted,
+    Timeout,
+    Unavailable,
+    exception_class,
+)
+from .paged import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "PageTable", "PoolInfo", "Stats", "default_socket", "library_path",
+    "KVP_LEASE_DEFAULT", "append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
+    "KvpoolError", "InvalidArgument", "OutOfMemory", "ResourceExhausted", "NotFound",
+    "AlreadyExists", "LimitExceeded", "OutOfRange", "AuditFailed", "DuplicateSequence", "Busy",
+    "PermissionDenied", "Unavailable", "FailedPrecondition", "InternalError", "Timeout",
+    "ProtocolError", "ConnectionClosed", "GeometryError", "DaemonUnreachable", "exception_class",
+]

@@ -1,0 +1,214 @@
+"""Locating and loading libkvpool.so, and ctypes declarations mirroring client/kvpool.h.
+
+The structures below must match kvpool.h field for field; tests/python checks their sizes
+against what the library itself fills (pool_info) and the page-table round trips.
+"""
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+
+KVP_CLIENT_MAX_DEVICES = 16
+KVP_LEASE_DEFAULT = 0xFFFFFFFF  # UINT32_MAX: the Hello carries no lease (daemon's default)
+
+_u32 = ctypes.c_uint32
+_u64 = ctypes.c_uint64
+_i32 = ctypes.c_int32
+_i64 = ctypes.c_int64
+_p_i32 = ctypes.POINTER(ctypes.c_int32)
+_p_u32 = ctypes.POINTER(ctypes.c_uint32)
+_p_u64 = ctypes.POINTER(ctypes.c_uint64)
+
+
+class kvp_client_opts_t(ctypes.Structure):
+    _fields_ = [
+        ("socket_path", ctypes.c_char_p),
+        ("ns", ctypes.c_char_p),
+        ("client_name", ctypes.c_char_p),
+        ("lease_ms", _u32),
+        ("timeout_ms", _u32),
+        ("map_pool", ctypes.c_int),
+    ]
+
+
+class kvp_pool_info_t(ctypes.Structure):
+    _fields_ = [
+        ("num_layers", _u32),
+        ("num_pages", _u32),
+        ("page_size", _u32),
+        ("num_kv_heads", _u32),
+        ("head_dim", _u32),
+        ("dtype", _u32),
+        ("layout", _u32),
+        ("storage", _u32),
+        ("num_devices", _u32),
+        ("backend", _u32),
+        ("elem_bytes", _u32),
+        ("heads_per_device", _u32),
+        ("pool_bytes", _u64),
+        ("layer_bytes", _u64),
+        ("v_offset_bytes", _u64),
+        ("stride_page", _i64),
+        ("stride_n", _i64),
+        ("stride_h", _i64),
+        ("map_granularity", _u64),
+        ("device_ids", _i32 * KVP_CLIENT_MAX_DEVICES),
+    ]
+
+
+class kvp_page_table_t(ctypes.Structure):
+    _fields_ = [
+        ("kv_indptr", _p_i32),
+        ("kv_indices", _p_i32),
+        ("kv_last_page_len", _p_i32),
+        ("append_indptr", _p_i32),
+        ("seq_lens", _p_i32),
+        ("copies", _p_u32),
+        ("cap_batch", _u32),
+        ("cap_indices", _u32),
+        ("cap_copies", _u32),
+        ("batch_size", _u32),
+        ("nnz", _u32),
+        ("num_indices", _u32),
+        ("num_copies", _u32),
+    ]
+
+
+class kvp_source_t(ctypes.Structure):
+    _fields_ = [
+        ("buffer_id", _u32),
+        ("k_offset", _u64),
+        ("v_offset", _u64),
+        ("k_stride_n", _u64),
+        ("k_stride_h", _u64),
+        ("v_stride_n", _u64),
+        ("v_stride_h", _u64),
+        ("layer_stride", _u64),
+        ("layer_begin", _u32),
+        ("layer_end", _u32),
+    ]
+
+
+class kvp_stats_summary_t(ctypes.Structure):
+    _fields_ = [
+        ("num_pages", _u32),
+        ("free_pages", _u32),
+        ("used_pages", _u32),
+        ("shared_pages", _u32),
+        ("num_seqs", _u32),
+        ("num_clients", _u32),
+        ("num_tokens", _u64),
+        ("page_refs", _u64),
+        ("page_bytes", _u64),
+        ("uptime_ms", _u64),
+        ("requests_total", _u64),
+        ("append_bytes_total", _u64),
+    ]
+
+
+_c = ctypes.c_void_p  # kvp_client_t *
+_int = ctypes.c_int
+
+# name: (restype, argtypes), exactly the prototypes of kvpool.h (the CUDA section is left to the
+# change that adds the cuda backend's Python side).
+_PROTOTYPES = {
+    "kvp_client_default_socket": (ctypes.c_char_p, [ctypes.c_char_p, ctypes.c_size_t]),
+    "kvp_client_connect": (
+        _int,
+        [ctypes.POINTER(kvp_client_opts_t), ctypes.POINTER(_c), ctypes.c_char_p, ctypes.c_size_t],
+    ),
+    "kvp_client_close": (None, [_c]),
+    "kvp_client_last_error": (ctypes.c_char_p, [_c]),
+    "kvp_client_session_id": (_u64, [_c]),
+    "kvp_client_server_version": (ctypes.c_char_p, [_c]),
+    "kvp_client_pool_info": (ctypes.POINTER(kvp_pool_info_t), [_c]),
+    "kvp_client_pool_base": (ctypes.c_void_p, [_c, _u32]),
+    "kvp_client_pool_fd": (_int, [_c, _u32]),
+    "kvp_client_ping": (_int, [_c, _p_u64]),
+    "kvp_client_alloc_host_buffer": (
+        _int, [_c, _u64, ctypes.POINTER(ctypes.c_void_p), _p_u32]),
+    "kvp_client_register_fd": (_int, [_c, _int, _u32, _u64, _p_u32]),
+    "kvp_client_unregister_buffer": (_int, [_c, _u32]),
+    "kvp_client_append": (
+        _int,
+        [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_source_t),
+         ctypes.POINTER(kvp_page_table_t)],
+    ),
+    "kvp_client_reserve": (
+        _int, [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_page_table_t)]),
+    "kvp_client_fork": (_int, [_c, _u64, _u64]),
+    "kvp_client_truncate": (_int, [_c, _u64, _u32]),
+    "kvp_client_release": (_int, [_c, _p_u64, _u32, _p_u32]),
+    "kvp_client_page_table": (_int, [_c, _p_u64, _u32, ctypes.POINTER(kvp_page_table_t)]),
+    "kvp_client_stats": (_int, [_c, ctypes.POINTER(kvp_stats_summary_t)]),
+    "kvp_client_audit": (_int, [_c]),
+    "kvp_strerror": (ctypes.c_char_p, [_int]),
+    "kvp_errname": (ctypes.c_char_p, [_int]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("KVPOOL_LIB")
+    if env:
+        return [env]  # explicit: only this one
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    for d in (here, os.path.dirname(here)):
+        out += sorted(glob.glob(os.path.join(d, "libkvpool.so*")), key=len)
+    # source tree: client/python/kvpool -> ../../build/client (relative to client/python)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    build = os.environ.get("BUILD_DIR") or os.path.join(root, "build")
+    out.append(os.path.join(build, "client", "libkvpool.so"))
+    found = ctypes.util.find_library("kvpool")
+    if found:
+        out.append(found)
+    return out
+
+
+def library_path():
+    """The path of the loaded libkvpool (loads it if needed)."""
+    load()
+    return _lib_path
+
+
+def load():
+    """Loads libkvpool once and declares its functions. Raises OSError when none is found."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in _candidates():
+            if os.sep in path and not os.path.exists(path):
+                tried.append(path + " (missing)")
+                continue
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                tried.append("%s (%s)" % (path, e))
+                continue
+            for name, (res, args) in _PROTOTYPES.items():
+                fn = getattr(lib, name)
+                fn.restype = res
+                fn.argtypes = args
+            _lib, _lib_path = lib, path
+            return lib
+        raise OSError(
+            "libkvpool.so not found; build it (cmake --build build) or set KVPOOL_LIB. Tried: "
+            + "; ".join(tried))
+
+
+def has_symbol(name):
+    """Whether the loaded libkvpool exports `name`."""
+    try:
+        getattr(load(), name)
+        return True
+    except AttributeError:
+        return False

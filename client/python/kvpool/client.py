@@ -1,0 +1,478 @@
+"""Client: one libkvpool handle (one connection, one session of one namespace)."""
+import ctypes
+import dataclasses
+import os
+import threading
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from . import _lib
+from .errors import KVP_EPRECOND, error
+
+DTYPE_NAMES = {1: "fp8_e4m3", 2: "fp8_e5m2", 3: "fp16", 4: "bf16", 5: "fp32"}
+# The NumPy dtype of a view. NumPy has no bf16 or fp8: those pools are shown raw, as unsigned
+# integers of the element size (reinterpret with ml_dtypes or torch if needed).
+NUMPY_DTYPES = {1: np.uint8, 2: np.uint8, 3: np.float16, 4: np.uint16, 5: np.float32}
+LAYOUT_NAMES = {0: "nhd", 1: "hnd"}
+STORAGE_NAMES = {0: "combined", 1: "split"}
+BACKEND_NAMES = {0: "host", 1: "cuda"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolInfo:
+    """kvp_pool_info_t (the daemon's PoolInfo). Strides are in elements; sizes in bytes, for
+    one device's share of heads_per_device heads."""
+
+    num_layers: int
+    num_pages: int
+    page_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: int
+    layout: int
+    storage: int
+    num_devices: int
+    backend: int
+    elem_bytes: int
+    heads_per_device: int
+    pool_bytes: int
+    layer_bytes: int
+    v_offset_bytes: int
+    stride_page: int
+    stride_n: int
+    stride_h: int
+    map_granularity: int
+    device_ids: Tuple[int, ...]
+
+    @property
+    def dtype_name(self):
+        return DTYPE_NAMES.get(self.dtype, "unknown")
+
+    @property
+    def layout_name(self):
+        return LAYOUT_NAMES.get(self.layout, "unknown")
+
+    @property
+    def storage_name(self):
+        return STORAGE_NAMES.get(self.storage, "unknown")
+
+    @property
+    def backend_name(self):
+        return BACKEND_NAMES.get(self.backend, "unknown")
+
+    @property
+    def numpy_dtype(self):
+        return np.dtype(NUMPY_DTYPES[self.dtype])
+
+    @classmethod
+    def _from_c(cls, p):
+        vals = {f.name: getattr(p, f.name) for f in dataclasses.fields(cls) if f.name != "device_ids"}
+        n = min(p.num_devices, _lib.KVP_CLIENT_MAX_DEVICES)
+        return cls(device_ids=tuple(p.device_ids[i] for i in range(n)), **vals)
+
+
+class PageTable(NamedTuple):
+    """A batch's page table, laid out as FlashInfer's plan() / append_paged_kv_cache take it:
+    int32 kv_indptr [B+1], kv_indices [kv_indptr[B]], kv_last_page_len [B], append_indptr
+    [B+1], seq_lens [B]; copies: uint32 [n, 2] (src, dst) page pairs to copy (K and V, every
+    layer) before appending (Reserve; the daemon already ran them for Append)."""
+
+    kv_indptr: np.ndarray
+    kv_indices: np.ndarray
+    kv_last_page_len: np.ndarray
+    append_indptr: np.ndarray
+    seq_lens: np.ndarray
+    copies: np.ndarray
+
+    @property
+    def batch_size(self):
+        return int(self.kv_last_page_len.size)
+
+    @property
+    def nnz(self):
+        """Tokens appended by the call (append_indptr[-1]; 0 for page_table)."""
+        return int(self.append_indptr[-1]) if self.append_indptr.size else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """kvp_stats_summary_t."""
+
+    num_pages: int
+    free_pages: int
+    used_pages: int
+    shared_pages: int
+    num_seqs: int
+    num_clients: int
+    num_tokens: int
+    page_refs: int
+    page_bytes: int
+    uptime_ms: int
+    requests_total: int
+    append_bytes_total: int
+
+
+class _Memory:
+    """Exposes raw memory to NumPy (__array_interface__) and keeps its owner alive as long as an
+    array over it exists."""
+
+    def __init__(self, addr, nbytes, owner, readonly=False):
+        self.owner = owner
+        self.__array_interface__ = {
+            "shape": (int(nbytes),),
+            "typestr": "|u1",
+            "data": (int(addr), bool(readonly)),
+            "version": 3,
+        }
+
+
+def _u64_array(x, name):
+    a = np.ascontiguousarray(np.atleast_1d(np.asarray(x)), dtype=np.uint64)
+    if a.ndim != 1:
+        raise ValueError("%s must be 1-D" % name)
+    return a
+
+
+def _num_tokens(num_tokens, n):
+    t = np.asarray(num_tokens)
+    if t.ndim == 0:
+        t = np.full(n, int(t))
+    t = np.ascontiguousarray(t, dtype=np.uint32)
+    if t.shape != (n,):
+        raise ValueError("num_tokens has %d entries for %d sequences" % (t.size, n))
+    return t
+
+
+def _ptr(a, ctype):
+    return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+# Cap on the kv_indices array prepared for a reply (entries, 4 bytes each; np.empty only
+# reserves address space): beyond it a page_table read that overflows is repeated exactly.
+_INDICES_CAP = 1 << 24
+
+
+class Client:
+    """A connection to kvpoold (libkvpool handle).
+
+    socket: the socket path (None: $KVPOOL_SOCKET or the default path, kvp_client_default_socket).
+    namespace: None or "" -> "default". lease_ms: None leaves the lease to the daemon
+    (KVP_LEASE_DEFAULT: a new namespace takes limits.default_lease_ms, an existing one keeps its
+    lease); 0 releases the namespace's sequences when its last session goes. timeout_ms: per
+    call, 0 -> 10000. map_pool: ask for the pool fds and map the pool (needed for the views).
+
+    A handle is not thread-safe in C; this class serialises its calls with a lock. Views and
+    staging arrays point into mappings the handle owns: they keep the Client object alive, but
+    close() unmaps them, after which they must not be touched.
+    """
+
+    def __init__(self, socket=None, namespace=None, lease_ms=None, *, client_name=None,
+                 timeout_ms=0, map_pool=True):
+        self._lib = _lib.load()
+        self._h = None
+        self._lock = threading.Lock()
+        self._staging = {}
+        opts = _lib.kvp_client_opts_t()
+        enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+        opts.socket_path = enc(socket)
+        opts.ns = enc(namespace)
+        opts.client_name = enc(client_name)
+        opts.lease_ms = _lib.KVP_LEASE_DEFAULT if lease_ms is None else int(lease_ms)
+        opts.timeout_ms = int(timeout_ms)
+        opts.map_pool = 1 if map_pool else 0
+        h = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.kvp_client_connect(ctypes.byref(opts), ctypes.byref(h), err, len(err))
+        if rc != 0:
+            raise error(rc, err.value.decode(errors="replace"))
+        self._h = h
+        self.socket = socket
+        self.namespace = namespace or "default"
+        self._info = PoolInfo._from_c(self._lib.kvp_client_pool_info(h).contents)
+        self._pool_arrays = {}
+
+    # ---- handle --------------------------------------------------------------------------
+
+    def close(self):
+        """Closes the connection, unmaps the pool and the staging buffers. Idempotent."""
+        with self._lock:
+            if self._h is not None:
+                self._lib.kvp_client_close(self._h)
+                self._h = None
+                self._pool_arrays.clear()
+                self._staging.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def _handle(self):
+        if self._h is None:
+            raise error(KVP_EPRECOND, "the client is closed")
+        return self._h
+
+    def _call(self, fn, *args):
+        """Runs a kvp_client_* call under the lock; raises the code's exception on failure."""
+        with self._lock:
+            h = self._handle()
+            rc = fn(h, *args)
+            if rc != 0:
+                msg = self._lib.kvp_client_last_error(h)
+                raise error(rc, msg.decode(errors="replace") if msg else "")
+
+    @property
+    def pool_info(self) -> PoolInfo:
+        return self._info
+
+    @property
+    def session_id(self) -> int:
+        return int(self._lib.kvp_client_session_id(self._handle()))
+
+    @property
+    def server_version(self) -> str:
+        return self._lib.kvp_client_server_version(self._handle()).decode()
+
+    def ping(self) -> int:
+        """Round trip; returns the round-trip time in ns."""
+        rtt = ctypes.c_uint64()
+        self._call(self._lib.kvp_client_ping, ctypes.byref(rtt))
+        return int(rtt.value)
+
+    def audit(self):
+        """Runs the daemon's audit; raises AuditFailed (KVP_EAUDIT) with the violation."""
+        self._call(self._lib.kvp_client_audit)
+
+    def stats(self) -> Stats:
+        s = _lib.kvp_stats_summary_t()
+        self._call(self._lib.kvp_client_stats, ctypes.byref(s))
+        return Stats(**{f.name: getattr(s, f.name) for f in dataclasses.fields(Stats)})
+
+    # ---- pool views ----------------------------------------------------------------------
+
+    def _pool(self, device=0):
+        info = self._info
+        if info.backend != 0:
+            raise NotImplementedError(
+                "views of a %s-backend pool are not implemented in the Python package yet (a "
+                "later change adds them, as torch/DLPack device tensors after "
+                "kvp_client_cuda_map_pool); this change covers the host backend only"
+                % info.backend_name)
+        if device in self._pool_arrays:
+            return self._pool_arrays[device]
+        with self._lock:
+            base = self._lib.kvp_client_pool_base(self._handle(), int(device))
+        if not base:
+            raise error(KVP_EPRECOND, "the pool of device %d is not mapped (connect with "
+                        "map_pool=True)" % device)
+        arr = np.asarray(_Memory(base, info.pool_bytes, self))
+        self._pool_arrays[device] = arr
+        return arr
+
+    def pool_bytes_view(self, device=0) -> np.ndarray:
+        """The whole mapped pool of a device as a writable uint8 array (no copy)."""
+        return self._pool(device)
+
+    def _kv_view(self, layer, kv, device):
+        info = self._info
+        if not 0 <= layer < info.num_layers:
+            raise IndexError("layer %d out of range (the pool has %d)" % (layer, info.num_layers))
+        pool = self._pool(device)
+        dt = info.numpy_dtype
+        e = dt.itemsize
+        H = info.heads_per_device
+        off = layer * info.layer_bytes + (info.v_offset_bytes if kv else 0)
+        if info.layout == 0:  # NHD: [P, page_size, H, D]
+            shape = (info.num_pages, info.page_size, H, info.head_dim)
+            strides = (info.stride_page * e, info.stride_n * e, info.stride_h * e, e)
+        else:  # HND: [P, H, page_size, D]
+            shape = (info.num_pages, H, info.page_size, info.head_dim)
+            strides = (info.stride_page * e, info.stride_h * e, info.stride_n * e, e)
+        return np.ndarray(shape, dtype=dt, buffer=pool, offset=off, strides=strides)
+
+    def k_view(self, layer, device=0) -> np.ndarray:
+        """Layer `layer`'s K cache as a writable NumPy array over the mapped pool (no copy):
+        [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D] (HND), dtype
+        float16/float32, or uint16 (bf16) / uint8 (fp8) raw. With combined storage the page
+        stride is 2 * page elements (K and V of a page side by side)."""
+        return self._kv_view(layer, 0, device)
+
+    def v_view(self, layer, device=0) -> np.ndarray:
+        """Layer `layer`'s V cache; see k_view."""
+        return self._kv_view(layer, 1, device)
+
+    def paged_kv_cache(self, layer, device=0):
+        """Layer `layer` as FlashInfer's paged_kv_cache argument: combined storage -> one array
+        [num_pages, 2, ...] ([:, 0] K, [:, 1] V); split storage -> the tuple (k, v)."""
+        k = self.k_view(layer, device)
+        if self._info.storage == 1:
+            return k, self.v_view(layer, device)
+        vstride = self._info.v_offset_bytes
+        return np.lib.stride_tricks.as_strided(
+            k, shape=(k.shape[0], 2) + k.shape[1:],
+            strides=(k.strides[0], vstride) + k.strides[1:], writeable=True)
+
+    def apply_copies(self, table: PageTable, device=0):
+        """Runs a Reserve answer's copy-on-write copies on the mapped pool (K and V, every
+        layer), as the Reserve caller must before its own appends."""
+        c = np.asarray(table.copies)
+        if c.size == 0:
+            return
+        src, dst = c[:, 0].astype(np.int64), c[:, 1].astype(np.int64)
+        for layer in range(self._info.num_layers):
+            for kv in (0, 1):
+                v = self._kv_view(layer, kv, device)
+                v[dst] = v[src]
+
+    # ---- staging buffers -----------------------------------------------------------------
+
+    def alloc_staging(self, nbytes) -> Tuple[np.ndarray, int]:
+        """Creates, maps and registers a sealed memfd staging buffer of nbytes; returns (a
+        writable uint8 array over it, its buffer id). Unmapped by unregister_buffer / close."""
+        ptr = ctypes.c_void_p()
+        bid = ctypes.c_uint32()
+        self._call(self._lib.kvp_client_alloc_host_buffer, int(nbytes), ctypes.byref(ptr),
+                   ctypes.byref(bid))
+        arr = np.asarray(_Memory(ptr.value, nbytes, self))
+        self._staging[bid.value] = arr
+        return arr, int(bid.value)
+
+    def register_fd(self, fd, size_bytes, kind=0) -> int:
+        """Registers a buffer given as an fd (kind 0: memfd sealed against shrinking); the fd
+        stays the caller's. Returns the buffer id."""
+        bid = ctypes.c_uint32()
+        self._call(self._lib.kvp_client_register_fd, int(fd), int(kind), int(size_bytes),
+                   ctypes.byref(bid))
+        return int(bid.value)
+
+    def unregister_buffer(self, buffer_id):
+        """Unregisters a buffer (and unmaps it if alloc_staging made it: its array must not be
+        used afterwards)."""
+        self._call(self._lib.kvp_client_unregister_buffer, int(buffer_id))
+        self._staging.pop(int(buffer_id), None)
+
+    # ---- sequences -----------------------------------------------------------------------
+
+    def _table_call(self, fn, seq, extra, n_indices=None):
+        n = seq.size
+        info = self._info
+        cap_idx = n_indices if n_indices is not None else min(n * info.num_pages, _INDICES_CAP)
+        cap_idx = max(int(cap_idx), 1)
+        arrs = dict(
+            kv_indptr=np.empty(n + 1, np.int32),
+            kv_indices=np.empty(cap_idx, np.int32),
+            kv_last_page_len=np.empty(max(n, 1), np.int32),
+            append_indptr=np.empty(n + 1, np.int32),
+            seq_lens=np.empty(max(n, 1), np.int32),
+            copies=np.empty((max(n, 1), 2), np.uint32),
+        )
+        t = _lib.kvp_page_table_t()
+        for k, a in arrs.items():
+            setattr(t, k, _ptr(a, ctypes.c_uint32 if k == "copies" else ctypes.c_int32))
+        t.cap_batch = n + 1
+        t.cap_indices = cap_idx
+        t.cap_copies = max(n, 1)
+        self._call(fn, _ptr(seq, ctypes.c_uint64), *extra, ctypes.byref(t))
+        B = t.batch_size
+        out = PageTable(
+            kv_indptr=arrs["kv_indptr"][: B + 1].copy(),
+            kv_indices=arrs["kv_indices"][: t.num_indices].copy(),
+            kv_last_page_len=arrs["kv_last_page_len"][:B].copy(),
+            append_indptr=arrs["append_indptr"][: B + 1].copy(),
+            seq_lens=arrs["seq_lens"][:B].copy(),
+            copies=arrs["copies"][: t.num_copies].copy(),
+        )
+        if B == 0:  # the daemon may leave an empty batch's arrays out: kv_indptr = [0]
+            out = out._replace(kv_indptr=np.zeros(1, np.int32), append_indptr=np.zeros(1, np.int32))
+        return out
+
+    def append(self, seq_ids, num_tokens, source) -> PageTable:
+        """Daemon-run append: grows each sequence by num_tokens[i] tokens (an int applies to
+        all), the daemon copies K/V from a registered buffer and answers once the data is in
+        the pool. source: dict with buffer_id, k_offset, v_offset (bytes) and optionally
+        k_stride_n, k_stride_h, v_stride_n, v_stride_h (default: contiguous [nnz, H, D] rows of
+        this pool's dtype), layer_stride (default 0), layer_begin, layer_end (0 = all layers).
+        Token t (batch order), head h, layer l reads K at k_offset + (l - layer_begin) *
+        layer_stride + t * k_stride_n + h * k_stride_h. Returns the batch's PageTable."""
+        seq = _u64_array(seq_ids, "seq_ids")
+        tok = _num_tokens(num_tokens, seq.size)
+        src = self._source(source)
+        return self._table_call(self._lib.kvp_client_append, seq,
+                                (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src)))
+
+    def reserve(self, seq_ids, num_tokens) -> PageTable:
+        """Reserve: the allocation and page table of an append, without the copy. Run
+        apply_copies(table) and then append_paged_kv_cache on the views yourself."""
+        seq = _u64_array(seq_ids, "seq_ids")
+        tok = _num_tokens(num_tokens, seq.size)
+        return self._table_call(self._lib.kvp_client_reserve, seq,
+                                (_ptr(tok, ctypes.c_uint32), seq.size))
+
+    def page_table(self, seq_ids) -> PageTable:
+        """The current page table of the sequences (append_indptr all zeros: nothing appended)."""
+        seq = _u64_array(seq_ids, "seq_ids")
+        try:
+            return self._table_call(self._lib.kvp_client_page_table, seq, (seq.size,))
+        except Exception as e:
+            from .errors import LimitExceeded
+
+            exact = seq.size * self._info.num_pages
+            if isinstance(e, LimitExceeded) and exact > _INDICES_CAP:
+                return self._table_call(self._lib.kvp_client_page_table, seq, (seq.size,),
+                                        n_indices=exact)
+            raise
+
+    def fork(self, parent, child):
+        """Creates `child` sharing all of `parent`'s pages (copy-on-write)."""
+        self._call(self._lib.kvp_client_fork, int(parent), int(child))
+
+    def truncate(self, seq_id, num_tokens):
+        """Shortens a sequence to num_tokens tokens."""
+        self._call(self._lib.kvp_client_truncate, int(seq_id), int(num_tokens))
+
+    def release(self, seq_ids) -> int:
+        """Releases sequences; returns how many of them existed."""
+        seq = _u64_array(seq_ids, "seq_ids")
+        released = ctypes.c_uint32()
+        self._call(self._lib.kvp_client_release, _ptr(seq, ctypes.c_uint64), seq.size,
+                   ctypes.byref(released))
+        return int(released.value)
+
+    def _source(self, source):
+        if isinstance(source, _lib.kvp_source_t):
+            return source
+        s = dict(source)
+        info = self._info
+        row = info.head_dim * info.elem_bytes
+        defaults = dict(k_stride_h=row, k_stride_n=row * info.heads_per_device,
+                        v_stride_h=row, v_stride_n=row * info.heads_per_device,
+                        layer_stride=0, layer_begin=0, layer_end=0)
+        for k in ("buffer_id", "k_offset", "v_offset"):
+            if k not in s:
+                raise ValueError("source needs %r" % k)
+        unknown = set(s) - set(defaults) - {"buffer_id", "k_offset", "v_offset"}
+        if unknown:
+            raise ValueError("unknown source fields: %s" % sorted(unknown))
+        src = _lib.kvp_source_t()
+        for k, v in {**defaults, **s}.items():
+            setattr(src, k, int(v))
+        return src
+
+
+def default_socket() -> Optional[str]:
+    """kvp_client_default_socket: $KVPOOL_SOCKET, else the per-user default path."""
+    buf = ctypes.create_string_buffer(4096)
+    r = _lib.load().kvp_client_default_socket(buf, len(buf))
+    return os.fsdecode(r) if r else None
