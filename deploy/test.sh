@@ -5,7 +5,8 @@
 # pytest suite (tests/python) runs against the default build.
 #
 #   deploy/test.sh              everything (what .ci/run calls)
-#   KVP_TEST_QUICK=1 deploy/test.sh   skip the sanitizer build
+#   KVP_TEST_QUICK=1 deploy/test.sh   skip the sanitizer build and the fuzzers
+#   KVP_FUZZ_SECONDS=600 deploy/test.sh   a longer fuzz run (default 20 s per target)
 #
 # Build trees: build/ (default, CUDA when nvcc is found) and build-asan/ (CUDA off).
 # GPU tests exit 77 where there is no GPU and CTest counts them as skipped.
@@ -32,5 +33,9 @@ if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
     echo "== tests (asan+ubsan) =="
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
         ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -L "unit|integration"
+fi
+if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
+    echo "== fuzz (libFuzzer, clang, ${KVP_FUZZ_SECONDS:-20} s per target) =="
+    sh "$root/tests/fuzz/run.sh" "${KVP_FUZZ_SECONDS:-20}"
 fi
 echo "== all tests passed =="

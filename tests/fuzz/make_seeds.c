@@ -1,0 +1,286 @@
+/*
+ * make_seeds.c - writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/):
+ * nanopb-encoded requests cut into frames for fuzz_rpc (a Hello, then every other call),
+ * encoded responses for fuzz_response, and a few hand-made inputs for fuzz_kernel.
+ * Usage: make_seeds CORPUS_DIR (its subdirectories must exist). Run by hand when the protocol
+ * changes; the output is checked in.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_wire.h"
+
+static uint8_t file_buf[1 << 16];
+static size_t file_len;
+static uint64_t next_id = 1;
+
+static void put_file(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(file_buf, 1, file_len, f) != file_len || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+    file_len = 0;
+}
+
+static void put_msg(const pb_msgdesc_t *fields, const void *msg)
+{
+    long n = kvp_wire_encode_frame(fields, msg, file_buf + file_len, sizeof(file_buf) - file_len);
+    if (n < 0) {
+        fprintf(stderr, "encode failed\n");
+        exit(1);
+    }
+    file_len += (size_t)n;
+}
+
+static kvpool_Request req(pb_size_t which)
+{
+    kvpool_Request q;
+    memset(&q, 0, sizeof(q));
+    q.id = next_id++;
+    q.which_body = which;
+    return q;
+}
+
+static void hello(const char *ns, uint32_t lease)
+{
+    kvpool_Request q = req(kvpool_Request_hello_tag);
+    q.body.hello.protocol_version = KVP_PROTOCOL_VERSION;
+    snprintf(q.body.hello.namespace, sizeof(q.body.hello.namespace), "%s", ns);
+    snprintf(q.body.hello.client_name, sizeof(q.body.hello.client_name), "seed");
+    q.body.hello.has_lease_ms = lease != 0;
+    q.body.hello.lease_ms = lease;
+    q.body.hello.want_pool_fds = true;
+    put_msg(kvpool_Request_fields, &q);
+}
+
+/* A call carrying a Batch (reserve, append, release, get_page_table). */
+static void batch_call(pb_size_t which, uint32_t n, const uint64_t *ids, const uint32_t *toks,
+                       const kvpool_Source *src)
+{
+    kvpool_Request q = req(which);
+    kvp_batch_arrays_t b = {.seq_ids = kvp_array((void *)ids, 8, n, n),
+                            .num_tokens = kvp_array((void *)toks, 4, toks ? n : 0, n)};
+    kvpool_Batch *batch = NULL;
+    switch (which) {
+    case kvpool_Request_reserve_tag:
+        q.body.reserve.has_batch = true;
+        batch = &q.body.reserve.batch;
+        break;
+    case kvpool_Request_append_tag:
+        q.body.append.has_batch = true;
+        batch = &q.body.append.batch;
+        if (src) {
+            q.body.append.has_source = true;
+            q.body.append.source = *src;
+        }
+        break;
+    case kvpool_Request_release_tag:
+        q.body.release.has_batch = true;
+        batch = &q.body.release.batch;
+        break;
+    default:
+        q.body.get_page_table.has_batch = true;
+        batch = &q.body.get_page_table.batch;
+        break;
+    }
+    kvp_wire_batch_bind_encode(batch, &b);
+    put_msg(kvpool_Request_fields, &q);
+}
+
+static void simple(pb_size_t which)
+{
+    kvpool_Request q = req(which);
+    put_msg(kvpool_Request_fields, &q);
+}
+
+static void rpc_seeds(const char *dir)
+{
+    uint64_t ids[3] = {7, 9, 11};
+    uint32_t toks[3] = {5, 3, 8};
+
+    hello("ns", 0);
+    put_file(dir, "hello");
+
+    simple(kvpool_Request_stats_tag); /* before Hello: refused */
+    hello("ns", 0);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "stats_before_hello");
+
+    hello("ns", 0);
+    batch_call(kvpool_Request_reserve_tag, 2, ids, toks, NULL);
+    kvpool_Request q = req(kvpool_Request_fork_tag);
+    q.body.fork.parent = 7;
+    q.body.fork.child = 8;
+    put_msg(kvpool_Request_fields, &q);
+    uint64_t c8 = 8;
+    uint32_t one = 1;
+    batch_call(kvpool_Request_reserve_tag, 1, &c8, &one, NULL);
+    q = req(kvpool_Request_truncate_tag);
+    q.body.truncate.seq_id = 7;
+    q.body.truncate.num_tokens = 4;
+    put_msg(kvpool_Request_fields, &q);
+    batch_call(kvpool_Request_get_page_table_tag, 3, ids, NULL, NULL);
+    batch_call(kvpool_Request_release_tag, 2, ids, NULL, NULL);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "reserve_fork_truncate_release");
+
+    hello("ns", 0);
+    q = req(kvpool_Request_register_buffer_tag);
+    q.body.register_buffer.kind = kvpool_BufferKind_BUFFER_MEMFD;
+    q.body.register_buffer.size_bytes = 4096;
+    put_msg(kvpool_Request_fields, &q);
+    /* 6 tokens, 2 heads of 16 fp16 (64 bytes a token), 2 layers: K at 0, V at 384 */
+    kvpool_Source src = {.buffer_id = 1,
+                         .k_offset = 0,
+                         .v_offset = 384,
+                         .k_stride_n = 64,
+                         .k_stride_h = 32,
+                         .v_stride_n = 64,
+                         .v_stride_h = 32,
+                         .layer_stride = 768};
+    uint32_t t2[2] = {4, 2};
+    batch_call(kvpool_Request_append_tag, 2, ids, t2, &src);
+    batch_call(kvpool_Request_append_tag, 2, ids, t2, &src);
+    q = req(kvpool_Request_unregister_buffer_tag);
+    q.body.unregister_buffer.buffer_id = 1;
+    put_msg(kvpool_Request_fields, &q);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "register_append_unregister");
+
+    hello("other", 5000);
+    batch_call(kvpool_Request_reserve_tag, 3, ids, toks, NULL);
+    q = req(kvpool_Request_ping_tag);
+    q.body.ping.nonce = 77;
+    put_msg(kvpool_Request_fields, &q);
+    q = req(kvpool_Request_pool_info_tag);
+    q.body.pool_info.want_pool_fds = true;
+    put_msg(kvpool_Request_fields, &q);
+    q = req(kvpool_Request_list_sequences_tag);
+    q.body.list_sequences.limit = 2;
+    put_msg(kvpool_Request_fields, &q);
+    simple(kvpool_Request_list_clients_tag);
+    simple(kvpool_Request_audit_tag);
+    simple(kvpool_Request_metrics_tag);
+    put_file(dir, "introspection");
+
+    /* the same mutating id twice: the second is a replay */
+    hello("ns", 0);
+    next_id = 42;
+    batch_call(kvpool_Request_reserve_tag, 1, ids, toks, NULL);
+    next_id = 42;
+    batch_call(kvpool_Request_reserve_tag, 1, ids, toks, NULL);
+    put_file(dir, "replay");
+}
+
+static void response_seeds(const char *dir)
+{
+    kvpool_Response r;
+    memset(&r, 0, sizeof(r));
+    r.id = 3;
+    r.which_body = kvpool_Response_reserve_tag;
+    r.body.reserve.has_table = true;
+    int32_t indptr[3] = {0, 2, 3}, idx[3] = {0, 1, 2}, last[2] = {1, 3}, aind[3] = {0, 5, 8},
+            lens[2] = {5, 3};
+    uint32_t copies[2] = {1, 3};
+    kvp_reply_arrays_t a = {.kv_indptr = kvp_array(indptr, 4, 3, 3),
+                            .kv_indices = kvp_array(idx, 4, 3, 3),
+                            .kv_last_page_len = kvp_array(last, 4, 2, 2),
+                            .append_indptr = kvp_array(aind, 4, 3, 3),
+                            .seq_lens = kvp_array(lens, 4, 2, 2),
+                            .copies = kvp_array(copies, 8, 1, 1)};
+    r.body.reserve.table.batch_size = 2;
+    r.body.reserve.table.nnz = 8;
+    kvp_wire_table_bind_encode(&r.body.reserve.table, &a);
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4); /* a payload, no header */
+    file_len -= 4;
+    put_file(dir, "reserve");
+
+    memset(&r, 0, sizeof(r));
+    r.id = 4;
+    r.which_body = kvpool_Response_metrics_tag;
+    kvp_text_t t = {.s = "kvpool_up 1\n", .len = 12, .cap = 13};
+    kvp_text_bind_encode(&r.body.metrics.text, &t);
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "metrics");
+
+    memset(&r, 0, sizeof(r));
+    r.id = 5;
+    r.status.code = kvpool_Code_NOT_FOUND;
+    snprintf(r.status.message, sizeof(r.status.message), "no such sequence");
+    r.which_body = kvpool_Response_stats_tag;
+    r.body.stats.has_stats = true;
+    r.body.stats.stats.namespaces_count = 1;
+    snprintf(r.body.stats.stats.namespaces[0].name, 8, "ns");
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "stats_error");
+}
+
+/* fuzz_kernel inputs: geometry bytes, flags, then the tables (see fuzz_kernel.c). */
+static void kernel_seeds(const char *dir)
+{
+    /* eb 2, 4 pages, page 4, 2 heads, dim 8, NHD; flags: indptr[0] = 0, small indices */
+    const uint8_t valid[] = {0x0d, 0x0b, 0x07, 0x05, 2,
+                             /* indptr: 0, 2, 3 (mode 3 = small) */
+                             3, 0, 3, 2, 3, 3,
+                             /* last page lens */
+                             3, 1};
+    memcpy(file_buf, valid, sizeof(valid));
+    file_len = sizeof(valid);
+    for (int i = 0; i < 128; i++)
+        file_buf[file_len++] = (uint8_t)(i % 4);
+    const uint8_t tail[] = {/* nnz 4: (b, pos) */ 4,
+                            1,
+                            0,
+                            1,
+                            1,
+                            1,
+                            2,
+                            2,
+                            0,
+                            /* cap 4, append indptr 0 2 4, seq lens 3 1 */ 4,
+                            0,
+                            2,
+                            4,
+                            3,
+                            1,
+                            /* 2 copies: 0->3, 1->2 */ 2,
+                            0,
+                            3,
+                            1,
+                            2};
+    memcpy(file_buf + file_len, tail, sizeof(tail));
+    file_len += sizeof(tail);
+    put_file(dir, "valid_append");
+
+    const uint8_t extreme[] = {0x3e, 0xff, 0xff, 0xff, 16,   0, 1, 1, 1, 2, 0, 0xff, 0xff, 0xff,
+                               0x7f, 0,    0,    0,    0x80, 1, 2, 3, 4, 5, 6, 7,    8};
+    memcpy(file_buf, extreme, sizeof(extreme));
+    file_len = sizeof(extreme);
+    put_file(dir, "extreme");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: make_seeds CORPUS_DIR\n");
+        return 2;
+    }
+    char d[512];
+    snprintf(d, sizeof(d), "%s/fuzz_rpc", argv[1]);
+    rpc_seeds(d);
+    snprintf(d, sizeof(d), "%s/fuzz_response", argv[1]);
+    response_seeds(d);
+    snprintf(d, sizeof(d), "%s/fuzz_kernel", argv[1]);
+    kernel_seeds(d);
+    return 0;
+}
