@@ -5,86 +5,20 @@ build/server/kvpoold of this source tree; libkvpool is found by the package ($KV
 tests/python/run.sh sets everything up.
 """
 import os
-import signal
 import socket as pysocket
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-try:
-    import kvpool
-except ImportError:  # not installed: the source tree's copy
-    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-    import kvpool
+from conftest import ROOT, kvpool  # noqa: E402  (conftest puts the package on sys.path)
 from kvpool import errors as E  # noqa: E402
-
-BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
-KVPOOLD = os.environ.get("KVPOOLD") or os.path.join(BUILD, "server", "kvpoold")
 
 # The small pool of the view tests: 2 layers x 64 pages x 4 tokens x 2 heads x 16 dims, fp32.
 SMALL = ["--num-pages", "64", "--page-size", "4", "--num-layers", "2", "--num-kv-heads", "2",
          "--head-dim", "16", "--dtype", "fp32"]
-
-
-class Daemon:
-    def __init__(self, args):
-        self.dir = tempfile.mkdtemp(prefix="kvpool-py-")
-        self.sock = os.path.join(self.dir, "kvpool.sock")
-        self.log = open(os.path.join(self.dir, "kvpoold.log"), "w+")
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "WATCHDOG_USEC")}
-        self.proc = subprocess.Popen([KVPOOLD, "--socket", self.sock, "--backend", "host"]
-                                     + list(args), stdout=subprocess.DEVNULL, stderr=self.log,
-                                     env=env)
-        end = time.time() + 10
-        while time.time() < end and self.proc.poll() is None:
-            s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
-            try:
-                s.connect(self.sock)
-                break
-            except OSError:
-                time.sleep(0.01)
-            finally:
-                s.close()
-        assert self.proc.poll() is None, "kvpoold did not start:\n" + self.logtext()
-
-    def logtext(self):
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def client(self, ns="default", lease_ms=0, **kw):
-        return kvpool.Client(self.sock, ns, lease_ms, **kw)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-@pytest.fixture
-def start():
-    """A factory of daemons, each stopped at the end of the test."""
-    live = []
-
-    def make(*args):
-        d = Daemon(args)
-        live.append(d)
-        return d
-
-    yield make
-    for d in live:
-        d.stop()
 
 
 @pytest.fixture
@@ -401,7 +335,6 @@ def test_views_alias_the_pool(start, request, layout, storage):
 def test_reserve_then_local_append_equals_daemon_append(start, request, layout):
     d = start(*SMALL, "--layout", layout)
     with d.client(nsname(request)) as c:
-        ps = c.pool_info.page_size
         L = c.pool_info.num_layers
         # a shared prefix so the Reserve path has a copy-on-write copy to run
         prefix, _ = staging_rows(c, 3, seed=3)

@@ -2,29 +2,15 @@
 attention stack keeping its KV only in kvpool (Reserve + in-process append, daemon Append every
 4th step, fork, truncate) matches a contiguous-cache reference.
 
-The daemon helper is a copy of test_kvpool.py's (kept separate so neither file depends on the
-other).
+The daemon fixture `start` comes from conftest.py.
 """
 import importlib.util
 import os
-import signal
-import socket as pysocket
-import subprocess
-import sys
-import tempfile
-import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-try:
-    import kvpool
-except ImportError:  # not installed: the source tree's copy
-    sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-    import kvpool
+from conftest import ROOT  # noqa: E402
 
-BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
-KVPOOLD = os.environ.get("KVPOOLD") or os.path.join(BUILD, "server", "kvpoold")
 EXAMPLE = os.path.join(ROOT, "client", "python", "examples", "worker_loop.py")
 
 
@@ -42,61 +28,6 @@ def geometry(num_layers=wl.NUM_LAYERS, layout="nhd"):
     return ["--num-layers", str(num_layers), "--num-kv-heads", str(wl.NUM_KV_HEADS),
             "--head-dim", str(wl.HEAD_DIM), "--dtype", "fp32", "--page-size", "4",
             "--num-pages", "256", "--layout", layout]
-
-
-class Daemon:
-    def __init__(self, args):
-        self.dir = tempfile.mkdtemp(prefix="kvpool-wl-")
-        self.sock = os.path.join(self.dir, "kvpool.sock")
-        self.log = open(os.path.join(self.dir, "kvpoold.log"), "w+")
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "WATCHDOG_USEC")}
-        self.proc = subprocess.Popen([KVPOOLD, "--socket", self.sock, "--backend", "host"]
-                                     + list(args), stdout=subprocess.DEVNULL, stderr=self.log,
-                                     env=env)
-        end = time.time() + 10
-        while time.time() < end and self.proc.poll() is None:
-            s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
-            try:
-                s.connect(self.sock)
-                break
-            except OSError:
-                time.sleep(0.01)
-            finally:
-                s.close()
-        assert self.proc.poll() is None, "kvpoold did not start:\n" + self.logtext()
-
-    def logtext(self):
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def client(self, ns="default", lease_ms=0, **kw):
-        return kvpool.Client(self.sock, ns, lease_ms, **kw)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-@pytest.fixture
-def start():
-    live = []
-
-    def make(*args):
-        d = Daemon(args)
-        live.append(d)
-        return d
-
-    yield make
-    for d in live:
-        d.stop()
 
 
 @pytest.mark.parametrize("layout", ["nhd", "hnd"])
