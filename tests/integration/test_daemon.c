@@ -358,7 +358,12 @@ typedef struct {
     int fd;
     uint8_t *rbuf;
     size_t rcap;
+    uint32_t len; /* payload bytes of the last frame received */
 } raw_t;
+
+/* The bulk arrays of the last response raw_recv decoded. */
+static int32_t R_ARR[6][4096];
+static kvp_reply_arrays_t R_LAST;
 
 static void raw_open(raw_t *w)
 {
@@ -393,15 +398,14 @@ static int raw_recv(raw_t *w, kvpool_Response *resp)
         close(fds[i]);
     if (rc)
         return -1;
+    w->len = len;
     memset(resp, 0, sizeof(*resp));
-    kvp_reply_arrays_t arr;
-    memset(&arr, 0, sizeof(arr));
-    static int32_t sink[4096];
-    kvp_array_t *all[] = {&arr.kv_indptr,     &arr.kv_indices, &arr.kv_last_page_len,
-                          &arr.append_indptr, &arr.seq_lens,   &arr.copies};
+    memset(&R_LAST, 0, sizeof(R_LAST));
+    kvp_array_t *all[] = {&R_LAST.kv_indptr,     &R_LAST.kv_indices, &R_LAST.kv_last_page_len,
+                          &R_LAST.append_indptr, &R_LAST.seq_lens,   &R_LAST.copies};
     for (int i = 0; i < 6; i++)
-        *all[i] = kvp_array(sink, 4, 0, 4096);
-    kvp_wire_response_bind_decode(resp, &arr);
+        *all[i] = kvp_array(R_ARR[i], 4, 0, 4096);
+    kvp_wire_response_bind_decode(resp, &R_LAST);
     ck_assert_int_eq(kvp_wire_decode(kvpool_Response_fields, resp, w->rbuf, len, NULL), 0);
     return resp->status.code;
 }
@@ -489,6 +493,47 @@ START_TEST(bad_input_gets_its_exact_status_and_changes_nothing)
     raw_send_req(&w, &q, &memfd, 1);
     ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
     close(memfd);
+    /* a retried Reserve (same request id, even on a new connection of the namespace) gets the
+     * first answer, byte for byte, and is applied once */
+    {
+        uint64_t rid = 42;
+        uint32_t rtok = 5;
+        kvp_batch_arrays_t rb = {.seq_ids = kvp_array(&rid, 8, 1, 1),
+                                 .num_tokens = kvp_array(&rtok, 4, 1, 1)};
+        q = (kvpool_Request){.id = 0x5151, .which_body = kvpool_Request_reserve_tag};
+        q.body.reserve.has_batch = true;
+        kvp_wire_batch_bind_encode(&q.body.reserve.batch, &rb);
+        uint8_t first[4096];
+        raw_send_req(&w, &q, NULL, 0);
+        ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+        ck_assert_uint_le(w.len, sizeof(first));
+        uint32_t first_len = w.len;
+        memcpy(first, w.rbuf, first_len);
+        ck_assert_int_eq(R_ARR[4][0], 5); /* seq_lens */
+        raw_t w2;
+        raw_open(&w2);
+        raw_hello(&w2, KVP_PROTOCOL_VERSION); /* the same namespace "raw" */
+        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
+        raw_send_req(&w2, &q, NULL, 0);
+        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
+        ck_assert_uint_eq(w2.len, first_len);
+        ck_assert_int_eq(memcmp(w2.rbuf, first, first_len), 0);
+        q = (kvpool_Request){.id = 0x5152, .which_body = kvpool_Request_get_page_table_tag};
+        q.body.get_page_table.has_batch = true;
+        kvp_wire_batch_bind_encode(&q.body.get_page_table.batch, &rb);
+        raw_send_req(&w2, &q, NULL, 0);
+        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
+        ck_assert_uint_eq(resp.body.get_page_table.table.batch_size, 1);
+        ck_assert_int_eq(R_LAST.seq_lens.count, 1);
+        ck_assert_int_eq(R_ARR[4][0], 5); /* applied once, not 10 */
+        q = (kvpool_Request){.id = 0x5153, .which_body = kvpool_Request_release_tag};
+        q.body.release.has_batch = true;
+        kvp_wire_batch_bind_encode(&q.body.release.batch, &rb);
+        raw_send_req(&w2, &q, NULL, 0);
+        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
+        ck_assert_uint_eq(resp.body.release.released, 1);
+        raw_close(&w2);
+    }
     /* still served after all that */
     q = (kvpool_Request){.id = 7, .which_body = kvpool_Request_ping_tag};
     raw_send_req(&w, &q, NULL, 0);
