@@ -89,6 +89,9 @@ struct kvp_backend {
                                  up to map_granularity); host: 0 */
     uint32_t num_device_ids;  /* cuda: one per exported fd; host: 0 */
     int32_t device_ids[KVP_GEOM_MAX_DEVICES]; /* cuda: CUDA ordinal of each fd, in order */
+    uint32_t src_align_bytes; /* alignment an Append's source offsets and strides need beyond
+                                 the element size (cuda: 16, its kernels move 16-byte vectors;
+                                 host: 0) */
 };
 
 /* Creates the host backend: a memfd of pool_bytes, mapped shared, filled with zeros.

@@ -798,6 +798,7 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
     cb->base.geom = *g;
     cb->base.derived = derived;
     cb->base.kind = kvpool_BackendKind_BACKEND_CUDA;
+    cb->base.src_align_bytes = 16;
     atomic_init(&cb->poisoned, 0);
     cb->ready_timeout_ms = READY_TIMEOUT_MS;
     const char *env = getenv("KVPOOL_CUDA_READY_TIMEOUT_MS");

@@ -617,8 +617,9 @@ static int check_source(const kvp_rpc_t *r, const kvpool_Source *src, const kvp_
                         uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
 {
     const kvp_geom_derived_t *d = &r->backend->derived;
-    /* the CUDA kernels move 16-byte vectors: offsets and strides must be 16-byte multiples */
-    uint64_t e = r->backend->kind == kvpool_BackendKind_BACKEND_CUDA ? 16 : d->elem_bytes;
+    /* offsets and strides: whole elements, and what the backend's copy needs on top */
+    uint64_t e =
+        d->elem_bytes > r->backend->src_align_bytes ? d->elem_bytes : r->backend->src_align_bytes;
     uint64_t vals[] = {src->k_offset,   src->v_offset,   src->k_stride_n,  src->k_stride_h,
                        src->v_stride_n, src->v_stride_h, src->layer_stride};
     for (unsigned i = 0; i < 7; i++)

@@ -181,24 +181,28 @@ static void queue_frame(conn_t *c, uint8_t *buf, size_t len, const int *fds, int
 
 /* Encodes resp (with its bound arrays) into a frame and queues it. Returns the frame bytes
  * for the dedup window through *copy_out/len when wanted. */
+/* Encodes resp (with its bound arrays) into a frame and queues it. Most answers fit a 4 KiB
+ * first try, so they are encoded once; only larger ones (long page tables, metrics, lists)
+ * are sized and encoded again. A mutating call's frame is also kept for replays. */
+#define FIRST_TRY_BYTES 4096
+
 static void send_response(conn_t *c, const kvpool_Response *resp, const int *fds, int nfds,
                           int remember_id_set, uint64_t remember_id)
 {
     kvp_server_t *s = c->srv;
-    long size = kvp_wire_encoded_size(kvpool_Response_fields, resp);
-    if (size < 0) {
-        kvp_log(KVP_LOG_ERR, "cannot size response id=%llu", (unsigned long long)resp->id);
-        conn_close(c);
-        return;
-    }
-    size_t cap = (size_t)size + KVP_FRAME_HDR_BYTES;
+    size_t cap = FIRST_TRY_BYTES;
     uint8_t *buf = malloc(cap);
-    if (!buf) {
-        conn_close(c);
-        return;
+    long n = buf ? kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap) : -1;
+    if (buf && n < 0) {
+        long size = kvp_wire_encoded_size(kvpool_Response_fields, resp);
+        uint8_t *nb = size < 0 ? NULL : realloc(buf, (size_t)size + KVP_FRAME_HDR_BYTES);
+        if (nb) {
+            buf = nb;
+            cap = (size_t)size + KVP_FRAME_HDR_BYTES;
+            n = kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap);
+        }
     }
-    long n = kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap);
-    if (n < 0) {
+    if (!buf || n < 0) {
         free(buf);
         kvp_log(KVP_LOG_ERR, "cannot encode response id=%llu", (unsigned long long)resp->id);
         conn_close(c);
