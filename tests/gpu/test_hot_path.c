@@ -8,7 +8,7 @@
  * pages) shows as a wrong sum. At the end A reads every page of every sequence back and
  * compares it byte for byte with what it appended. Exits 77 without a GPU.
  *
- * Status (2026-11-30, H200, time-sliced, no MPS): passed 7 runs in a row (40 steps x 4
+ * Status (2026-11-30, H200, time-sliced, no MPS): passed 6 runs in a row (40 steps x 4
  * layers, 333-361 of B's Appends interleaved) once A waited for B's first Append before
  * stepping. One earlier run, in which A started stepping while B was still starting up (its
  * context, buffer import and first Append), did not finish within 300 s; not diagnosed. It
