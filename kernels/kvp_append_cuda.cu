@@ -44,6 +44,45 @@ __device__ __forceinline__ void set_err(int32_t *err, int32_t code)
         atomicCAS(err, 0, code);
 }
 
+/* Launch options carried into the copy kernels (uniform branches). */
+enum : uint32_t {
+    kPdl = 1u,       /* launched with programmatic stream serialization (KVP_CUDA_APPEND_PDL) */
+    kStreamLd = 2u,  /* source loads with the evict-first hint (ld.global.cs) */
+    kStreamSt = 4u,  /* pool stores with the evict-first hint (st.global.cs) */
+};
+
+/* Programmatic dependent launch (sm_90): let the next kernel of the stream start its
+ * prologue now, and wait until the previous one has finished and flushed its writes. Both
+ * are no-ops when the kernel was launched without the attribute, and absent before sm_90. */
+__device__ __forceinline__ void pdl_launch_dependents(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint4 load_src(const uint8_t *p, uint32_t flags)
+{
+    const uint4 *q = reinterpret_cast<const uint4 *>(p);
+    return (flags & kStreamLd) ? __ldcs(q) : __ldg(q);
+}
+
+__device__ __forceinline__ void store_dst(uint8_t *p, uint4 v, uint32_t flags)
+{
+    uint4 *q = reinterpret_cast<uint4 *>(p);
+    if (flags & kStreamSt)
+        __stcs(q, v);
+    else
+        *q = v;
+}
+
 __device__ __forceinline__ int32_t seq_len_of(const int32_t *indptr, const int32_t *last,
                                               uint32_t page_size, int32_t b)
 {
@@ -128,24 +167,39 @@ __device__ __forceinline__ int64_t token_dst(const Geo &g, uint32_t i, uint32_t 
  * up where each token goes (the dependent chain: request, sequence length, page id), so the
  * two latencies overlap; after one barrier every thread stores. kItems vectors per thread are
  * in flight at once. gate (may be NULL): skip everything when *gate != 0 (the validation
- * kernel found an error).
+ * kernel found an error). Under PDL (flags & kPdl) the lookups run first, before the wait for
+ * the previous kernel (they read only the page table, which the caller guarantees is ready),
+ * and the source loads after it.
  */
 template <int VECS, bool FUSED>
 __global__ void __launch_bounds__(kThreads)
     copy_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
                 const int32_t *__restrict__ aip, uint32_t nnz, uint32_t tokens_per_block,
-                const int32_t *gate, int32_t *err)
+                const int32_t *gate, int32_t *err, uint32_t flags)
 {
     __shared__ int64_t s_dst[kMaxTokens];
-    if (gate && *gate)
+    const bool pdl = flags & kPdl;
+    if (pdl)
+        pdl_launch_dependents();
+    if (gate && *gate) {
+        if (pdl)
+            pdl_wait();
         return;
+    }
     const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
     const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+    bool waited = !pdl;
     for (uint64_t tok0 = (uint64_t)blockIdx.x * tokens_per_block; tok0 < nnz;
          tok0 += (uint64_t)gridDim.x * tokens_per_block) {
         const uint32_t ntok =
             (uint32_t)(nnz - tok0 < tokens_per_block ? nnz - tok0 : tokens_per_block);
         const uint32_t nitems = ntok * per_tok;
+        if (!waited) {
+            if (threadIdx.x < ntok)
+                s_dst[threadIdx.x] = token_dst<FUSED>(g, (uint32_t)(tok0 + threadIdx.x), nnz, bi,
+                                                      pos_arr, aip, err);
+            pdl_wait();
+        }
         for (uint32_t base = 0; base < nitems; base += blockDim.x * kItems) {
             uint4 v[kItems];
 #pragma unroll
@@ -160,11 +214,11 @@ __global__ void __launch_bounds__(kThreads)
                     const uint8_t *src = (kv ? g.sv + (int64_t)i * g.sv_n + (int64_t)h * g.sv_h
                                              : g.sk + (int64_t)i * g.sk_n + (int64_t)h * g.sk_h) +
                                          vec * 16;
-                    v[k] = __ldg(reinterpret_cast<const uint4 *>(src));
+                    v[k] = load_src(src, flags);
                 }
             }
             if (base == 0) {
-                if (threadIdx.x < ntok)
+                if (waited && threadIdx.x < ntok)
                     s_dst[threadIdx.x] = token_dst<FUSED>(g, (uint32_t)(tok0 + threadIdx.x), nnz,
                                                           bi, pos_arr, aip, err);
                 __syncthreads();
@@ -180,34 +234,54 @@ __global__ void __launch_bounds__(kThreads)
                     uint32_t kv = r >= per_kv;
                     r -= kv * per_kv;
                     uint32_t h = r / vecs, vec = r - h * vecs;
-                    uint8_t *d = (kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16;
-                    *reinterpret_cast<uint4 *>(d) = v[k];
+                    store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k],
+                              flags);
                 }
             }
         }
+        waited = true;
         __syncthreads(); /* s_dst is reused by the next tokens */
     }
+    if (!waited)
+        pdl_wait(); /* a block with no tokens still finishes after its predecessor */
 }
 
 /*
  * The small-batch copy (decode steps): one warp per token, no shared memory and no barrier.
  * Every lane computes the token's destination itself (the loads are the same for the whole
  * warp, so each is one transaction) while its source vectors are already in flight, then
- * stores. Blocks of kWarpTokens warps keep the tokens spread over every multiprocessor.
+ * stores. Blocks of kWarpTokens warps keep the tokens spread over every multiprocessor. Under
+ * PDL the destination is computed before the wait for the previous kernel and the source is
+ * loaded after it, so the page-table round trips overlap the previous kernel's tail.
  */
-constexpr int kWarpTokens = 2;
+constexpr int kWarpTokens = 2;    /* warps (tokens) per block by default */
+constexpr int kMaxWarpTokens = 8; /* KVP_APPEND_WARPS_PER_BLOCK at most */
 
 template <int VECS, bool FUSED>
-__global__ void __launch_bounds__(32 * kWarpTokens)
+__global__ void __launch_bounds__(32 * kMaxWarpTokens)
     copy_warp_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
-                     const int32_t *__restrict__ aip, uint32_t nnz, int32_t *err)
+                     const int32_t *__restrict__ aip, uint32_t nnz, int32_t *err, uint32_t flags)
 {
+    const bool pdl = flags & kPdl;
+    if (pdl)
+        pdl_launch_dependents();
     const uint32_t lane = threadIdx.x & 31;
-    const uint32_t i = blockIdx.x * kWarpTokens + (threadIdx.x >> 5);
-    if (i >= nnz)
+    const uint32_t i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (i >= nnz) {
+        if (pdl)
+            pdl_wait();
         return;
+    }
     const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
     const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+    /* lane 0 alone reports errors; every lane computes the same destination */
+    int64_t dst = 0;
+    if (pdl) {
+        dst = token_dst<FUSED>(g, i, nnz, bi, pos_arr, aip, lane == 0 ? err : nullptr);
+        pdl_wait();
+        if (dst < 0)
+            return;
+    }
     for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
         uint4 v[kItems];
 #pragma unroll
@@ -219,21 +293,22 @@ __global__ void __launch_bounds__(32 * kWarpTokens)
                 const uint8_t *src = (kv ? g.sv + (int64_t)i * g.sv_n + (int64_t)h * g.sv_h
                                          : g.sk + (int64_t)i * g.sk_n + (int64_t)h * g.sk_h) +
                                      vec * 16;
-                v[k] = __ldg(reinterpret_cast<const uint4 *>(src));
+                v[k] = load_src(src, flags);
             }
         }
-        /* lane 0 alone reports errors; every lane computes the same destination */
-        int64_t dst = token_dst<FUSED>(g, i, nnz, bi, pos_arr, aip, lane == 0 ? err : nullptr);
-        if (dst < 0)
-            return;
+        if (!pdl && base == 0) {
+            dst = token_dst<FUSED>(g, i, nnz, bi, pos_arr, aip, lane == 0 ? err : nullptr);
+            if (dst < 0)
+                return;
+        }
 #pragma unroll
         for (int k = 0; k < kItems; k++) {
             uint32_t it = base + k * 32 + lane;
             if (it < per_tok) {
                 uint32_t kv = it >= per_kv, r = it - kv * per_kv;
                 uint32_t h = r / vecs, vec = r - h * vecs;
-                uint8_t *d = (kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16;
-                *reinterpret_cast<uint4 *>(d) = v[k];
+                store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k],
+                          flags);
             }
         }
     }
@@ -396,11 +471,66 @@ uint32_t num_sms(void)
     return (uint32_t)sms;
 }
 
+/* Tuning knobs read once per process from the environment, for benchmarking the shapes
+ * against each other on one machine (tests/bench/README.md says what was chosen and why):
+ *   KVP_APPEND_KERNEL=warp|block   force one copy kernel;
+ *   KVP_APPEND_TPB=N               tokens per block of the block kernel (1..kMaxTokens);
+ *   KVP_APPEND_BLOCKS_PER_SM=N     cap the block kernel's grid at N blocks per SM (the
+ *                                  blocks then loop over the tokens: a persistent grid);
+ *   KVP_APPEND_HINTS=ld|st|ldst    evict-first hints on source loads and/or pool stores;
+ *   KVP_APPEND_WARPS_PER_BLOCK=N   tokens (warps) per block of the warp kernel (1..8). */
+struct Knobs {
+    int kernel; /* 0 auto, 1 warp, 2 block */
+    uint32_t tpb, blocks_per_sm, hints, warps;
+};
+
+const Knobs &knobs(void)
+{
+    static Knobs k;
+    static bool done = false;
+    if (!done) {
+        const char *f = getenv("KVP_APPEND_KERNEL");
+        k.kernel = !f ? 0 : !strcmp(f, "warp") ? 1 : !strcmp(f, "block") ? 2 : 0;
+        const char *t = getenv("KVP_APPEND_TPB");
+        k.tpb = t ? (uint32_t)strtoul(t, NULL, 10) : 0;
+        if (k.tpb > (uint32_t)kMaxTokens)
+            k.tpb = kMaxTokens;
+        const char *b = getenv("KVP_APPEND_BLOCKS_PER_SM");
+        k.blocks_per_sm = b ? (uint32_t)strtoul(b, NULL, 10) : 0;
+        const char *w = getenv("KVP_APPEND_WARPS_PER_BLOCK");
+        k.warps = w ? (uint32_t)strtoul(w, NULL, 10) : (uint32_t)kWarpTokens;
+        if (k.warps < 1 || k.warps > (uint32_t)kMaxWarpTokens)
+            k.warps = kWarpTokens;
+        const char *h = getenv("KVP_APPEND_HINTS");
+        k.hints = !h ? 0u
+                     : (strstr(h, "ld") ? (uint32_t)kStreamLd : 0u) |
+                           (strstr(h, "st") ? (uint32_t)kStreamSt : 0u);
+        done = true;
+    }
+    return k;
+}
+
+/* 1 when the current device runs griddepcontrol (sm_90 and later), read once per process. */
+bool device_has_pdl(void)
+{
+    static int has = -1;
+    if (has < 0) {
+        int dev = 0, major = 0;
+        has = cudaGetDevice(&dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                  cudaSuccess &&
+              major >= 9;
+    }
+    return has == 1;
+}
+
 /* Tokens per block: up to kThreads * kItems vectors a block, but never so many that fewer
  * than four blocks per multiprocessor remain: one SM moves only its share of the memory
  * bandwidth (~32 GB/s on an H200), so a small decode step must reach every SM. */
 uint32_t tokens_per_block(const Geo &g, uint32_t nnz)
 {
+    if (knobs().tpb)
+        return knobs().tpb;
     uint32_t per_tok = 2 * g.num_heads * g.vecs;
     uint32_t t = (uint32_t)(kThreads * kItems) / per_tok;
     uint32_t spread = nnz / (4 * num_sms());
@@ -409,51 +539,72 @@ uint32_t tokens_per_block(const Geo &g, uint32_t nnz)
     return t < 1 ? 1 : t > (uint32_t)kMaxTokens ? (uint32_t)kMaxTokens : t;
 }
 
+/* Launches kern<<<grid, block, 0, s>>>(args...), with programmatic stream serialization when
+ * pdl is set (the kernel then waits for its predecessor with griddepcontrol.wait itself). */
+template <typename... KArgs, typename... Args>
+void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, bool pdl, cudaStream_t s,
+            Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    if (pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    (void)cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
+}
+
 template <int VECS, bool FUSED>
 void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
-                   uint32_t nnz, const int32_t *gate, int32_t *err, cudaStream_t s)
+                   uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags,
+                   cudaStream_t s)
 {
-    /* small batches (decode) with rows a warp covers in one pass: a warp per token.
-     * KVP_APPEND_KERNEL=warp|block forces one form (for benchmarking). */
-    static int force = -1;
-    if (force < 0) {
-        const char *f = getenv("KVP_APPEND_KERNEL");
-        force = !f ? 0 : !strcmp(f, "warp") ? 1 : !strcmp(f, "block") ? 2 : 0;
-    }
-    bool warp = force == 1 || (force == 0 && nnz <= 16 * num_sms());
+    const Knobs &kn = knobs();
+    flags |= kn.hints;
+    if (!device_has_pdl())
+        flags &= ~(uint32_t)kPdl;
+    const bool pdl = flags & kPdl;
+    /* small batches (decode) with rows a warp covers in one pass: a warp per token */
+    bool warp = kn.kernel == 1 || (kn.kernel == 0 && nnz <= 16 * num_sms());
     if (!gate && warp && 2 * g.num_heads * g.vecs <= 32u * kItems) {
-        uint32_t blocks = (nnz + kWarpTokens - 1) / kWarpTokens;
-        copy_warp_kernel<VECS, FUSED>
-            <<<blocks, 32 * kWarpTokens, 0, s>>>(g, bi, pos, aip, nnz, err);
+        uint32_t blocks = (nnz + kn.warps - 1) / kn.warps;
+        launch(copy_warp_kernel<VECS, FUSED>, blocks, 32 * kn.warps, pdl, s, g, bi, pos, aip, nnz,
+               err, flags);
         return;
     }
     uint32_t tpb = tokens_per_block(g, nnz);
     uint64_t blocks = ((uint64_t)nnz + tpb - 1) / tpb;
-    if (blocks > 65535u * 16u)
-        blocks = 65535u * 16u; /* the kernel loops over the rest */
-    copy_kernel<VECS, FUSED>
-        <<<(unsigned)blocks, kThreads, 0, s>>>(g, bi, pos, aip, nnz, tpb, gate, err);
+    uint64_t cap = kn.blocks_per_sm ? (uint64_t)kn.blocks_per_sm * num_sms() : 65535u * 16u;
+    if (blocks > cap)
+        blocks = cap; /* the kernel loops over the rest */
+    launch(copy_kernel<VECS, FUSED>, (uint32_t)blocks, kThreads, pdl, s, g, bi, pos, aip, nnz, tpb,
+           gate, err, flags);
 }
 
 template <bool FUSED>
 void launch_copy(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
-                 uint32_t nnz, const int32_t *gate, int32_t *err, cudaStream_t s)
+                 uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, cudaStream_t s)
 {
     switch (g.vecs) {
     case 4:
-        launch_copy_t<4, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        launch_copy_t<4, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
         break;
     case 8:
-        launch_copy_t<8, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        launch_copy_t<8, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
         break;
     case 16:
-        launch_copy_t<16, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        launch_copy_t<16, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
         break;
     case 32:
-        launch_copy_t<32, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        launch_copy_t<32, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
         break;
     default:
-        launch_copy_t<0, FUSED>(g, bi, pos, aip, nnz, gate, err, s);
+        launch_copy_t<0, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
         break;
     }
 }
@@ -524,7 +675,7 @@ extern "C" int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kv
     validate_kernel<<<blocks, kThreads, 0, s>>>(g, batch_indices, positions, nnz, err_dev);
     if ((rc = launched()))
         return rc;
-    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, s);
+    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, 0, s);
     return launched();
 }
 
@@ -542,16 +693,19 @@ extern "C" int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv
         return rc;
     if (!batch_indices || !positions || !kv->kv_indptr || !kv->kv_indices || !kv->kv_last_page_len)
         return KVP_EINVAL;
-    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev,
+    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev, 0,
                        static_cast<cudaStream_t>(stream));
     return launched();
 }
 
-extern "C" int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv,
-                                                    const kvp_append_src_t *src,
-                                                    const int32_t *append_indptr, uint32_t nnz,
-                                                    int32_t *err_dev, void *stream)
+extern "C" int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv,
+                                                       const kvp_append_src_t *src,
+                                                       const int32_t *append_indptr, uint32_t nnz,
+                                                       int32_t *err_dev, unsigned flags,
+                                                       void *stream)
 {
+    if (flags & ~(unsigned)KVP_CUDA_APPEND_PDL)
+        return KVP_EINVAL;
     if (nnz == 0)
         return 0;
     Geo g;
@@ -562,8 +716,17 @@ extern "C" int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv,
         !kv->kv_last_page_len)
         return KVP_EINVAL;
     launch_copy<true>(g, nullptr, nullptr, append_indptr, nnz, nullptr, err_dev,
+                      (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u,
                       static_cast<cudaStream_t>(stream));
     return launched();
+}
+
+extern "C" int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv,
+                                                    const kvp_append_src_t *src,
+                                                    const int32_t *append_indptr, uint32_t nnz,
+                                                    int32_t *err_dev, void *stream)
+{
+    return kvp_append_paged_kv_cache_fused_cuda_ex(kv, src, append_indptr, nnz, err_dev, 0, stream);
 }
 
 extern "C" int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,

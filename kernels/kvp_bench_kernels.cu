@@ -26,6 +26,29 @@ __global__ void spin_kernel(uint64_t ns)
         ;
 }
 
+/* One thread that does nothing but the programmatic-dependent-launch handshake: the floor of
+ * a launch in a PDL chain. */
+__global__ void empty_pdl_kernel(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Spins ns, then fills bytes (a multiple of 16) with the byte value: a slow producer. */
+__global__ void spin_fill_kernel(uint8_t *dst, uint64_t bytes, uint8_t value, uint64_t ns)
+{
+    uint64_t start = global_ns();
+    while (global_ns() - start < ns)
+        ;
+    uint32_t w = value * 0x01010101u;
+    uint4 v = make_uint4(w, w, w, w);
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < bytes / 16;
+         i += (uint64_t)gridDim.x * blockDim.x)
+        reinterpret_cast<uint4 *>(dst)[i] = v;
+}
+
 /* For each request b, reads the K row of its last token (every head) and adds the first 8
  * bytes of each into *sum. */
 __global__ void read_last_kernel(kvp_paged_kv_t kv, unsigned long long *sum)
@@ -57,6 +80,28 @@ extern "C" int kvp_bench_spin_cuda(uint64_t ns, unsigned blocks, void *stream)
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
+extern "C" int kvp_bench_empty_pdl_cuda(void *stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(1);
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, empty_pdl_kernel) == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvp_bench_spin_fill_cuda(void *dst, uint64_t bytes, uint8_t value, uint64_t ns,
+                                        void *stream)
+{
+    spin_fill_kernel<<<64, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<uint8_t *>(dst), bytes, value, ns);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
 extern "C" int kvp_bench_read_last_cuda(const kvp_paged_kv_t *kv, unsigned long long *sum_dev,
                                         void *stream)
 {
@@ -74,7 +119,9 @@ extern "C" int kvp_bench_kernels_preload(void)
     cudaFuncAttributes a;
     if (cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(spin_kernel)) != cudaSuccess ||
         cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(read_last_kernel)) !=
-            cudaSuccess)
+            cudaSuccess ||
+        cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(spin_fill_kernel)) != cudaSuccess ||
+        cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(empty_pdl_kernel)) != cudaSuccess)
         return -1;
     return 0;
 }

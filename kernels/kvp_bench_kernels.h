@@ -1,6 +1,6 @@
 /*
  * kvp_bench_kernels.h - benchmark-only kernels (kvp_bench_kernels.cu): a fixed-time compute
- * stand-in and a reader of the rows just appended. Not part of the kernel library's API.
+ * stand-in, a slow producer and a reader of the rows just appended. Not part of the kernel library's API.
  */
 #ifndef KVP_BENCH_KERNELS_H
 #define KVP_BENCH_KERNELS_H
@@ -13,6 +13,11 @@ extern "C" {
 
 /* Keeps `blocks` blocks busy for ns nanoseconds (the %globaltimer clock). */
 int kvp_bench_spin_cuda(uint64_t ns, unsigned blocks, void *stream);
+/* Launches a one-thread kernel under programmatic dependent launch (the PDL chain's floor). */
+int kvp_bench_empty_pdl_cuda(void *stream);
+/* Spins ns nanoseconds, then fills bytes (a multiple of 16) of dst with value: a slow
+ * producer of an append's sources (the PDL ordering test). */
+int kvp_bench_spin_fill_cuda(void *dst, uint64_t bytes, uint8_t value, uint64_t ns, void *stream);
 /* Adds the first 8 bytes of every head's K row of every request's last token into *sum_dev. */
 int kvp_bench_read_last_cuda(const kvp_paged_kv_t *kv, unsigned long long *sum_dev, void *stream);
 int kvp_bench_kernels_preload(void);

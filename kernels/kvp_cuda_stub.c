@@ -41,6 +41,15 @@ int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv, const kvp_app
     return KVP_EUNAVAIL;
 }
 
+int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                            const int32_t *append_indptr, uint32_t nnz,
+                                            int32_t *err_dev, unsigned flags, void *stream)
+{
+    (void)kv, (void)src, (void)append_indptr, (void)nnz, (void)err_dev, (void)flags;
+    (void)stream;
+    return KVP_EUNAVAIL;
+}
+
 int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
                           uint32_t batch_size, uint32_t page_size, int32_t *seq_lens, void *stream)
 {

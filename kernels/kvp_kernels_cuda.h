@@ -60,6 +60,24 @@ int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv, const kvp_app
                                          const int32_t *append_indptr, uint32_t nnz,
                                          int32_t *err_dev, void *stream);
 
+/* Launch options of kvp_append_paged_kv_cache_fused_cuda_ex. */
+enum {
+    /* Programmatic dependent launch (sm_90+, ignored before): the kernel may start while the
+     * previous kernel of the stream is still running; it reads the page table (kv_indptr,
+     * kv_indices, kv_last_page_len, append_indptr) at once and waits for that kernel only
+     * before it reads the sources and writes the pool. So with this flag the page-table
+     * arrays must already be complete when the previous kernel starts (uploaded by a copy
+     * earlier in the stream, as an engine does once per step), while the sources may be
+     * produced by the previous kernel. The same contract as FlashInfer's enable_pdl. */
+    KVP_CUDA_APPEND_PDL = 1u,
+};
+
+/* kvp_append_paged_kv_cache_fused_cuda with launch options (KVP_CUDA_APPEND_*); an unknown
+ * flag is KVP_EINVAL. */
+int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                            const int32_t *append_indptr, uint32_t nnz,
+                                            int32_t *err_dev, unsigned flags, void *stream);
+
 int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
                           uint32_t batch_size, uint32_t page_size, int32_t *seq_lens,
                           void *stream);

@@ -2,8 +2,9 @@
  * bench_append_cuda.c - the CUDA append kernels against the device-to-device copy ceiling
  * measured in the same run (METHOD.md): a large cudaMemcpyAsync counting bytes read + written.
  * For each workload and layout: the fused append (positions computed in the launch), the
- * checked append (validation kernel + copy) and, for decode steps, the fused append replayed
- * from a CUDA graph of 100 launches (µs per launch). Times are medians of --reps event-timed
+ * checked append (validation kernel + copy), and the fused append replayed from a CUDA graph
+ * (µs per launch) with and without programmatic dependent launch: 100 launches rotating over
+ * 8 layers of the pool for decode steps, 10 alternating between 2 source sets for prefills. Times are medians of --reps event-timed
  * runs after warm-up; bytes = K and V rows read once and written once. fp16, page 16 unless
  * the workload says otherwise. Prints one table; exits 77 without a GPU.
  *
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvp_bench_kernels.h"
 #include "kvp_geom.h"
 #include "kvp_kernels_cuda.h"
 
@@ -78,6 +80,7 @@ typedef struct {
     int32_t *aip, *bi, *pos, *err;
     uint32_t nnz;
     int checked;
+    unsigned flags; /* KVP_CUDA_APPEND_* of the fused form */
 } app_arg_t;
 
 static void do_append(void *p)
@@ -85,7 +88,8 @@ static void do_append(void *p)
     app_arg_t *a = p;
     int rc = a->checked
                  ? kvp_append_paged_kv_cache_cuda(&a->kv, &a->src, a->bi, a->pos, a->nnz, a->err, S)
-                 : kvp_append_paged_kv_cache_fused_cuda(&a->kv, &a->src, a->aip, a->nnz, a->err, S);
+                 : kvp_append_paged_kv_cache_fused_cuda_ex(&a->kv, &a->src, a->aip, a->nnz, a->err,
+                                                           a->flags, S);
     if (rc) {
         fprintf(stderr, "append failed: %d\n", rc);
         exit(1);
@@ -108,6 +112,32 @@ typedef struct {
 
 static double CEIL_GBS;
 
+/* Per-launch ms of a graph of n fused launches, launch i writing layer i % nl of the pool
+ * (layer_bytes apart) from source set i % ns (src_bytes apart): so the rows measure the
+ * steady state of back-to-back launches, not one buffer sitting in L2. */
+static float graph_ms(const app_arg_t *a0, int n, unsigned nl, size_t layer_bytes, unsigned ns,
+                      size_t src_set_bytes, unsigned flags)
+{
+    cudaGraph_t graph;
+    graph_arg_t ga;
+    CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n; i++) {
+        app_arg_t a = *a0;
+        a.flags = flags;
+        a.kv.k_data = (uint8_t *)a.kv.k_data + (i % nl) * layer_bytes;
+        a.kv.v_data = (uint8_t *)a.kv.v_data + (i % nl) * layer_bytes;
+        a.src.key = (const uint8_t *)a.src.key + (i % ns) * src_set_bytes;
+        a.src.value = (const uint8_t *)a.src.value + (i % ns) * src_set_bytes;
+        do_append(&a);
+    }
+    CK(cudaStreamEndCapture(S, &graph));
+    CK(cudaGraphInstantiate(&ga.exec, graph, 0));
+    float ms = time_ms(do_graph, &ga, REPS) / (float)n;
+    CK(cudaGraphExecDestroy(ga.exec));
+    CK(cudaGraphDestroy(graph));
+    return ms;
+}
+
 static void run_workload(const workload_t *w, kvp_layout_t layout)
 {
     /* pool: every request holds old_len + tokens */
@@ -127,14 +157,16 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
         fprintf(stderr, "bad geometry for %s\n", w->name);
         return;
     }
+    /* decode graphs rotate over 8 layers of the pool, prefill graphs over 2 source sets */
+    const unsigned nl = w->tokens == 1 ? 8 : 1, ns = w->tokens == 1 ? 1 : 2;
     uint8_t *pool;
-    CK(cudaMalloc((void **)&pool, d.pool_bytes));
-    CK(cudaMemsetAsync(pool, 0, d.pool_bytes, S));
+    CK(cudaMalloc((void **)&pool, d.pool_bytes * nl));
+    CK(cudaMemsetAsync(pool, 0, d.pool_bytes * nl, S));
     uint32_t nnz = B * w->tokens;
     size_t row = (size_t)w->dim * 2, src_bytes = (size_t)nnz * w->heads * row;
     uint8_t *src;
-    CK(cudaMalloc((void **)&src, 2 * src_bytes));
-    CK(cudaMemsetAsync(src, 0x3c, 2 * src_bytes, S));
+    CK(cudaMalloc((void **)&src, 2 * src_bytes * ns));
+    CK(cudaMemsetAsync(src, 0x3c, 2 * src_bytes * ns, S));
     int32_t *h_indptr = malloc(4 * (B + 1)), *h_idx = malloc(4 * (size_t)B * pages_per);
     int32_t *h_last = malloc(4 * B), *h_aip = malloc(4 * (B + 1));
     int32_t *h_bi = malloc(4 * (size_t)nnz), *h_pos = malloc(4 * (size_t)nnz);
@@ -202,20 +234,14 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
     printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   checked (validate + copy)\n", w->name, lay, nnz,
            ms * 1e3, gbs, 100.0 * gbs / CEIL_GBS);
     a.checked = 0;
-    if (w->tokens == 1) { /* decode: graph replay of 100 fused launches */
-        cudaGraph_t graph;
-        graph_arg_t ga;
-        CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < 100; i++)
-            do_append(&a);
-        CK(cudaStreamEndCapture(S, &graph));
-        CK(cudaGraphInstantiate(&ga.exec, graph, 0));
-        ms = time_ms(do_graph, &ga, REPS) / 100.0f;
+    for (int pdl = 0; pdl < 2; pdl++) {
+        unsigned fl = pdl ? KVP_CUDA_APPEND_PDL : 0u;
+        int n = w->tokens == 1 ? 100 : 10;
+        ms = graph_ms(&a, n, nl, d.pool_bytes, ns, 2 * src_bytes, fl);
         gbs = bytes / (ms * 1e-3) / 1e9;
-        printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   fused, graph replay (per launch)\n", w->name,
-               lay, nnz, ms * 1e3, gbs, 100.0 * gbs / CEIL_GBS);
-        CK(cudaGraphExecDestroy(ga.exec));
-        CK(cudaGraphDestroy(graph));
+        printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   fused, graph of %d (%s)%s\n", w->name, lay,
+               nnz, ms * 1e3, gbs, 100.0 * gbs / CEIL_GBS, n,
+               w->tokens == 1 ? "8 layers" : "2 source sets", pdl ? ", PDL" : "");
     }
     int32_t herr;
     CK(cudaMemcpy(&herr, d_err, 4, cudaMemcpyDeviceToHost));
@@ -240,7 +266,7 @@ int main(int argc, char **argv)
         return 77;
     }
     CK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
-    if (kvp_cuda_kernels_preload()) {
+    if (kvp_cuda_kernels_preload() || kvp_bench_kernels_preload()) {
         fprintf(stderr, "preload failed\n");
         return 1;
     }
@@ -271,7 +297,18 @@ int main(int argc, char **argv)
                 exit(1);
         CK(cudaStreamEndCapture(S, &graph));
         CK(cudaGraphInstantiate(&ga.exec, graph, 0));
-        printf("graph replay floor: %.2f us per launch of a one-thread kernel\n\n",
+        printf("graph replay floor: %.2f us per launch of a one-thread kernel\n",
+               time_ms(do_graph, &ga, REPS) / 100.0f * 1e3);
+        CK(cudaGraphExecDestroy(ga.exec));
+        CK(cudaGraphDestroy(graph));
+        CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < 100; i++)
+            if (kvp_bench_empty_pdl_cuda(S))
+                exit(1);
+        CK(cudaStreamEndCapture(S, &graph));
+        CK(cudaGraphInstantiate(&ga.exec, graph, 0));
+        printf("graph replay floor under PDL: %.2f us per launch of a one-thread kernel that "
+               "waits for its predecessor\n\n",
                time_ms(do_graph, &ga, REPS) / 100.0f * 1e3);
         CK(cudaGraphExecDestroy(ga.exec));
         CK(cudaGraphDestroy(graph));

@@ -3,8 +3,8 @@
  * foundation grid (page sizes x batch sizes x layouts x head_dim {64,128,256,512} x element
  * sizes x combined/split x contiguous/strided sources) with several prefill/decode rounds, the
  * pool poisoned beforehand and compared whole (so bytes outside the written slots are checked
- * unchanged). Each round runs one of the three forms (checked, unchecked with explicit
- * positions, fused with append_indptr). Also: fused positions equal get_batch_indices_positions,
+ * unchanged). Each round runs one of the four forms (checked, unchecked with explicit
+ * positions, fused with append_indptr, fused under programmatic dependent launch). Also: fused positions equal get_batch_indices_positions,
  * padding and nnz = 0, a bad position writes nothing, graph capture and replay give the same
  * bytes, page copies. Exits 77 where no GPU is usable (CI).
  */
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvp_bench_kernels.h"
 #include "kvp_error.h"
 #include "kvp_geom.h"
 #include "kvp_kernels.h"
@@ -153,8 +154,11 @@ static void round_once(world_t *w, kvp_rng_t *r, const uint32_t *toks, int strid
         rc = kvp_append_paged_kv_cache_cuda(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S);
     else if (form == 1)
         rc = kvp_append_paged_kv_cache_cuda_unchecked(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S);
-    else
+    else if (form == 2)
         rc = kvp_append_paged_kv_cache_fused_cuda(&dkv, &dsrc, d_aip, nnz, d_err, S);
+    else
+        rc = kvp_append_paged_kv_cache_fused_cuda_ex(&dkv, &dsrc, d_aip, nnz, d_err,
+                                                     KVP_CUDA_APPEND_PDL, S);
     ck_assert_int_eq(rc, 0);
     int32_t herr = -1;
     int32_t *hbi = malloc(4 * (nnz + 1)), *hpos = malloc(4 * (nnz + 1));
@@ -241,7 +245,7 @@ START_TEST(cuda_matches_cpu_over_the_grid)
                                     for (uint32_t b = 0; b < B; b++)
                                         toks[b] = (k % 2 == 0) ? kvp_rng_below(&r, 12)
                                                                : (kvp_rng_below(&r, 5) ? 1 : 0);
-                                    round_once(&w, &r, toks, strided, (int)((configs + k) % 3));
+                                    round_once(&w, &r, toks, strided, (int)((configs + k) % 4));
                                 }
                                 configs++;
                                 free(toks), free(w.freelist), free(w.len), free(w.npages);
@@ -393,6 +397,109 @@ START_TEST(graph_replay_gives_the_same_bytes)
 }
 END_TEST
 
+/* Under PDL the append waits for the kernel before it, which writes its sources: a slow
+ * producer (spins 20 us, then fills the sources with byte j) and a PDL append into layer j,
+ * 24 times back to back, also replayed from a graph. Every layer must hold its own byte: an
+ * append that read its sources early would copy the previous round's byte. Two sizes: 256
+ * tokens (the warp kernel) and 4096 (the block kernel). */
+static void pdl_round_trip(int B, uint32_t ps)
+{
+    enum { ROUNDS = 24 };
+    const uint32_t H = 8, D = 128, row = D * 2;
+    const size_t layer_bytes = (size_t)B * 2 * ps * H * row; /* B pages of K and V */
+    uint8_t *pool = dalloc(layer_bytes * ROUNDS), *src = dalloc((size_t)2 * B * H * row);
+    int32_t *hip = malloc(4 * (B + 1)), *hidx = malloc(4 * B), *hlast = malloc(4 * B);
+    for (int b = 0; b <= B; b++)
+        hip[b] = b;
+    for (int b = 0; b < B; b++)
+        hidx[b] = (b * 7) % B, hlast[b] = 1;
+    int32_t *d_ip = dalloc(4 * (B + 1)), *d_idx = dalloc(4 * B), *d_last = dalloc(4 * B),
+            *d_aip = dalloc(4 * (B + 1)), *d_err = dalloc(4);
+    up(d_ip, hip, 4 * (B + 1));
+    up(d_idx, hidx, 4 * B);
+    up(d_last, hlast, 4 * B);
+    up(d_aip, hip, 4 * (B + 1)); /* one token per request */
+    CK(cudaMemsetAsync(d_err, 0, 4, S));
+    ck_assert_int_eq(kvp_cuda_kernels_preload(), 0);
+    ck_assert_int_eq(kvp_bench_kernels_preload(), 0);
+    kvp_append_src_t as = {.key = src,
+                           .value = src + (size_t)B * H * row,
+                           .k_stride_n = H * D,
+                           .k_stride_h = D,
+                           .v_stride_n = H * D,
+                           .v_stride_h = D};
+    uint8_t *host = malloc(layer_bytes);
+    for (int pass = 0; pass < 2; pass++) { /* 0: stream, 1: graph replay */
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        CK(cudaMemsetAsync(pool, 0, layer_bytes * ROUNDS, S));
+        CK(cudaStreamSynchronize(S));
+        if (pass == 1)
+            CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+        for (int j = 0; j < ROUNDS; j++) {
+            kvp_paged_kv_t kv = {.k_data = pool + layer_bytes * j,
+                                 .v_data = pool + layer_bytes * j + (size_t)ps * H * row,
+                                 .elem_bytes = 2,
+                                 .num_pages = B,
+                                 .page_size = ps,
+                                 .num_heads = H,
+                                 .head_dim = D,
+                                 .stride_page = 2 * ps * H * D,
+                                 .stride_n = H * D,
+                                 .stride_h = D,
+                                 .batch_size = B,
+                                 .kv_indptr = d_ip,
+                                 .kv_indices = d_idx,
+                                 .kv_last_page_len = d_last};
+            ck_assert_int_eq(kvp_bench_spin_fill_cuda(src, (size_t)2 * B * H * row,
+                                                      (uint8_t)(j + 1), 20000, S),
+                             0);
+            ck_assert_int_eq(kvp_append_paged_kv_cache_fused_cuda_ex(&kv, &as, d_aip, B, d_err,
+                                                                     KVP_CUDA_APPEND_PDL, S),
+                             0);
+        }
+        if (pass == 1) {
+            CK(cudaStreamEndCapture(S, &graph));
+            CK(cudaGraphInstantiate(&exec, graph, 0));
+            CK(cudaGraphLaunch(exec, S));
+        }
+        CK(cudaStreamSynchronize(S));
+        for (int j = 0; j < ROUNDS; j++) {
+            CK(cudaMemcpy(host, pool + layer_bytes * j, layer_bytes, cudaMemcpyDeviceToHost));
+            size_t want = 0, bad = 0;
+            for (size_t i = 0; i < layer_bytes; i++) {
+                /* slot 0 of each page (K and V halves) holds the round's byte, the rest 0 */
+                size_t in_half = i % ((size_t)ps * H * row);
+                uint8_t expect = in_half < (size_t)H * row ? (uint8_t)(j + 1) : 0;
+                want += expect != 0;
+                bad += host[i] != expect;
+            }
+            ck_assert_uint_eq(want, (size_t)B * 2 * H * row);
+            ck_assert_msg(bad == 0, "pass %d layer %d: %zu bytes wrong", pass, j, bad);
+        }
+        if (exec) {
+            CK(cudaGraphExecDestroy(exec));
+            CK(cudaGraphDestroy(graph));
+        }
+    }
+    int32_t herr = -1;
+    CK(cudaMemcpy(&herr, d_err, 4, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(herr, 0);
+    free(host), free(hip), free(hidx), free(hlast);
+    void *fr[] = {pool, src, d_ip, d_idx, d_last, d_aip, d_err};
+    for (unsigned i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
+        CK(cudaFree(fr[i]));
+}
+
+START_TEST(pdl_append_waits_for_the_producer)
+{
+    pdl_round_trip(256, 16);
+    pdl_round_trip(4096, 1);
+    ck_assert_int_eq(kvp_append_paged_kv_cache_fused_cuda_ex(NULL, NULL, NULL, 0, NULL, 2, S),
+                     KVP_EINVAL);
+}
+END_TEST
+
 START_TEST(page_copy_matches_cpu)
 {
     for (int lay = 0; lay < 2; lay++)
@@ -458,6 +565,7 @@ int main(void)
     tcase_add_test(tc, bad_position_writes_nothing_and_reports);
     tcase_add_test(tc, padding_and_nnz_zero);
     tcase_add_test(tc, graph_replay_gives_the_same_bytes);
+    tcase_add_test(tc, pdl_append_waits_for_the_producer);
     tcase_add_test(tc, page_copy_matches_cpu);
     tcase_add_test(tc, cuda_matches_cpu_over_the_grid);
     suite_add_tcase(s, tc);
