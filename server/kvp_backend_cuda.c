@@ -434,6 +434,13 @@ static void plan_layout(const kvp_exec_t *e, plan_layout_t *p)
     p->total = p->err + 1;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Runs e's copies (and, when buf is not NULL and append is set, the append from buf) on device
  * dv. Holds the device lock throughout; with SYNC_EVENT on the buffer's device (its ready event
  * already complete), returns once queued. */
@@ -455,6 +462,7 @@ static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
     int rc = 0;
 
     pthread_mutex_lock(&dv->lock);
+    const uint64_t t_lock = now_ns();
     KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
     stage_t *st = &dv->stage[dv->next_stage];
     dv->next_stage = (dv->next_stage + 1) % STAGE_SLOTS;
@@ -525,7 +533,11 @@ static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
     st->check_err = 1;
     if (!async) {
         /* the reply must go out only once the data is in the pool */
+        const uint64_t t_queued = now_ns();
         KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+        if (kvp_log_enabled(KVP_LOG_DEBUG))
+            kvp_log(KVP_LOG_DEBUG, "cuda device timing enqueue_us=%.1f sync_us=%.1f",
+                    (double)(t_queued - t_lock) / 1e3, (double)(now_ns() - t_queued) / 1e3);
         if ((rc = stage_check(cb, st)))
             goto fail_poisoned;
     }
@@ -591,6 +603,7 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
     /* an append that cannot run is skipped, but the copies still run: the dispatch then rolls
      * the sequences back over pages whose old slots are right */
     int refused = 0;
+    const uint64_t t0 = now_ns();
     if (e->nnz && check_source_align(buf, e)) {
         kvp_log(KVP_LOG_WARNING, "append skipped reason=\"source offsets and strides must be "
                                  "multiples of 16 bytes for the cuda kernels\"");
@@ -607,7 +620,11 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
         if (rc)
             return rc;
     }
+    const uint64_t t1 = now_ns();
     int rc = run_on_device(cb, &cb->dev[buf->dev], e, buf, !refused);
+    if (kvp_log_enabled(KVP_LOG_DEBUG))
+        kvp_log(KVP_LOG_DEBUG, "cuda run timing nnz=%u ready_wait_us=%.1f device_us=%.1f", e->nnz,
+                (double)(t1 - t0) / 1e3, (double)(now_ns() - t1) / 1e3);
     return rc ? rc : refused;
 }
 

@@ -73,6 +73,7 @@ static const setting_t settings[] = {
     S(server, metrics_listen, T_LISTEN, 0, 0, false),
     S(server, drain_timeout_ms, T_U32, 0, 3600000, true),
     S(server, copy_threads, T_U32, 0, 256, false),
+    S(server, busy_poll_us, T_U32, 0, 1000000, false),
     S(pool, backend, T_BACKEND, 0, 0, false),
     S(pool, devices, T_IDLIST, 1, 1023, false),
     S(pool, num_layers, T_U32, 0, UINT32_MAX, false),
@@ -657,6 +658,7 @@ void kvp_config_defaults(kvp_config_t *cfg)
     cfg->watchdog = true;
     cfg->drain_timeout_ms = 10000;
     cfg->copy_threads = 0;
+    cfg->busy_poll_us = 0;
 
     cfg->backend = KVP_CONFIG_BACKEND_AUTO;
     cfg->devices.count = 1;

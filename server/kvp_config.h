@@ -33,8 +33,14 @@
  *                    "[::1]:9464"); empty: off. Default empty.
  *   drain_timeout_ms on SIGTERM, how long in-flight work may take before exit. 0..3600000.
  *                    Default 10000.
- *   copy_threads     CPU copy threads of the host backend; 0: the number of usable CPUs, at
- *                    most 8 (see kvp_config_copy_threads). 0..256. Default 0.
+ *   copy_threads     worker threads for the requests that leave the event loop (the
+ *                    backends' copies); 0: the number of usable CPUs, at most 8 (see
+ *                    kvp_config_copy_threads). 0..256. Default 0.
+ *   busy_poll_us     after each request, the event loop and the worker threads poll that many
+ *                    microseconds for the next one instead of sleeping (server/kvp_jobs.h: a
+ *                    wake-up costs tens of microseconds on a virtual machine). Trades up to
+ *                    one CPU per busy thread, while requests flow, for latency. 0 (off)..
+ *                    1000000. Default 0.
  *   [pool]           (the geometry: DESIGN.md §3, kvp_geom.h)
  *   backend          auto|host|cuda. auto: cuda when a GPU is usable, else host. Default auto.
  *   devices          comma list of distinct CUDA ordinals (0..1023), 1..64 of them. The
@@ -75,7 +81,8 @@
  * limits.default_lease_ms, limits.max_lease_ms, and the [access] keys. Every other key needs a
  * restart: the [limits] that size the daemon's tables (max_seqs, max_namespaces, max_batch,
  * max_seq_tokens, max_buffers_per_client, dedup_window), server.socket, socket_mode,
- * socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, and all of [pool].
+ * socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, busy_poll_us, and all of
+ * [pool].
  */
 #ifndef KVP_CONFIG_H
 #define KVP_CONFIG_H
@@ -137,6 +144,7 @@ typedef struct {
     char metrics_listen[KVP_CONFIG_NAME_MAX];
     uint32_t drain_timeout_ms;
     uint32_t copy_threads;
+    uint32_t busy_poll_us;
     /* [pool] */
     kvp_config_backend_t backend;
     kvp_config_idlist_t devices;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "kvp_error.h"
+#include "kvp_jobs.h"
 #include "kvp_log.h"
 #include "kvp_wire.h"
 
@@ -59,7 +60,7 @@ typedef struct conn {
     int busy;    /* an Append of this connection is on the thread pool */
     int closing; /* close once the job (if any) is back */
     int close_after_flush;
-    uv_work_t work;
+    kvp_job_item_t work; /* the off-loop part of the request in flight */
     kvp_rpc_job_t *job;
     uint64_t job_start_ns;
     pb_size_t job_which;
@@ -78,6 +79,7 @@ struct kvp_server {
     uv_timer_t accept_retry;
     uv_timer_t drain_timer;
     kvp_rpc_t *rpc;
+    kvp_jobs_t *jobs;
     conn_t *conns;
     uint32_t num_conns;
     int draining;
@@ -251,6 +253,12 @@ static void on_server_handle_closed(uv_handle_t *h)
     }
 }
 
+static void jobs_closed(void *arg)
+{
+    kvp_server_t *s = arg;
+    on_server_handle_closed((uv_handle_t *)&s->listen_poll); /* may free s */
+}
+
 static void on_conn_closed(uv_handle_t *h)
 {
     conn_t *c = h->data;
@@ -405,9 +413,9 @@ static void metrics_into(kvp_server_t *s, kvp_rpc_io_t *io)
     kvp_text_bind_encode(&io->resp.body.metrics.text, &s->metrics_text);
 }
 
-static void after_work(uv_work_t *w, int status);
+static void after_work(kvp_job_item_t *w);
 
-static void work_cb(uv_work_t *w)
+static void work_cb(kvp_job_item_t *w)
 {
     conn_t *c = w->data;
     kvp_rpc_job_run(c->job);
@@ -476,7 +484,9 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
         c->job_mutating = mutating;
         c->job_req_id = id;
         c->work.data = c;
-        uv_queue_work(s->loop, &c->work, work_cb, after_work);
+        c->work.run = work_cb;
+        c->work.done = after_work;
+        kvp_jobs_submit(s->jobs, &c->work);
         return;
     }
     if (io->resp.which_body == kvpool_Response_metrics_tag && io->resp.status.code == 0)
@@ -485,12 +495,15 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
     send_response(c, &io->resp, io->fds_out, io->nfds_out, mutating, id);
 }
 
-static void after_work(uv_work_t *w, int status)
+static void after_work(kvp_job_item_t *w)
 {
-    (void)status;
     conn_t *c = w->data;
     kvp_server_t *s = c->srv;
     kvp_rpc_io_t *io = &s->io;
+    if (kvp_log_enabled(KVP_LOG_DEBUG)) /* where an off-loop request's time goes */
+        kvp_log(KVP_LOG_DEBUG, "job timing queue_us=%.1f run_us=%.1f back_us=%.1f",
+                (double)(w->begin_ns - w->queued_ns) / 1e3,
+                (double)(w->end_ns - w->begin_ns) / 1e3, (double)(uv_hrtime() - w->end_ns) / 1e3);
     kvp_rpc_job_finish(s->rpc, c->job, io, kvp_server_now_ms());
     c->busy = 0;
     if (c->closing) {
@@ -557,6 +570,7 @@ static void on_conn_event(uv_poll_t *h, int status, int events)
         }
     }
     if (events & UV_READABLE) {
+        kvp_jobs_touch(c->srv->jobs);
         for (int i = 0; i < 16 && !c->closing; i++) {
             ssize_t n = read_some(c);
             if (n == 0) {
@@ -756,13 +770,16 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     } else if ((rc = make_listener(s))) {
         goto fail;
     }
+    if ((rc = kvp_jobs_create(loop, cfg->threads ? cfg->threads : 4, cfg->busy_poll_us,
+                              &s->jobs)))
+        goto fail;
     uv_poll_init(loop, &s->listen_poll, s->listen_fd);
     s->listen_poll.data = s;
     uv_timer_init(loop, &s->accept_retry);
     s->accept_retry.data = s;
     uv_timer_init(loop, &s->drain_timer);
     s->drain_timer.data = s;
-    s->open_handles = 3;
+    s->open_handles = 4; /* three handles and the jobs */
     s->listening = 1;
     uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
     kvp_log(KVP_LOG_NOTICE, "listening socket=%s mode=%04o inherited=%d",
@@ -847,4 +864,5 @@ void kvp_server_destroy(kvp_server_t *s)
     uv_close((uv_handle_t *)&s->listen_poll, on_server_handle_closed);
     uv_close((uv_handle_t *)&s->accept_retry, on_server_handle_closed);
     uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
+    kvp_jobs_close(s->jobs, jobs_closed, s);
 }

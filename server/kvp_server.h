@@ -27,6 +27,8 @@ typedef struct {
     uint32_t max_frame_bytes;
     uint64_t max_queued_bytes; /* per connection, unsent answers; above it the client is dropped */
     uint32_t drain_timeout_ms;
+    unsigned threads;      /* worker threads for off-loop requests (kvp_jobs); 0 -> 4 */
+    uint32_t busy_poll_us; /* kvp_jobs busy polling; 0: off */
 } kvp_server_config_t;
 
 /* Creates the server on loop with rpc (borrowed; must outlive the server). Binds and listens

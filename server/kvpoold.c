@@ -177,11 +177,6 @@ static int run(daemon_t *d)
     for (int i = 1; i < n; i++)
         close(fds[i]);
 
-    /* libuv's thread pool runs the host copies */
-    char threads[16];
-    snprintf(threads, sizeof(threads), "%u", kvp_config_copy_threads(&d->cfg));
-    setenv("UV_THREADPOOL_SIZE", threads, 1);
-
     kvp_backend_t *backend;
     if ((rc = kvp_backend_choose(&d->cfg, &backend, err, sizeof(err))))
         goto fail;
@@ -211,6 +206,8 @@ static int run(daemon_t *d)
         .max_frame_bytes = (uint32_t)d->cfg.max_frame_bytes,
         .max_queued_bytes = d->cfg.max_queued_bytes,
         .drain_timeout_ms = d->cfg.drain_timeout_ms,
+        .threads = kvp_config_copy_threads(&d->cfg),
+        .busy_poll_us = d->cfg.busy_poll_us,
     };
     if ((rc = kvp_server_create(d->loop, &sc, d->rpc, &d->server))) {
         snprintf(err, sizeof(err), "cannot listen on %s: %s", d->cfg.socket, kvp_strerror(rc));
