@@ -46,6 +46,7 @@ typedef struct {
 struct kvp_client {
     int fd; /* -1 once the connection is lost */
     uint32_t timeout_ms;
+    uint64_t busy_poll_ns; /* spin for the answer this long before sleeping */
     uint64_t next_id;
     uint64_t session_id;
     char server_version[sizeof(((kvpool_HelloResponse *)0)->server_version)];
@@ -413,6 +414,8 @@ static int call(kvp_client_t *c, kvpool_Request *req, kvpool_Response *resp, kvp
     if (rc)
         return lost(c, rc, "sending the request");
     uint32_t len = 0;
+    if (c->busy_poll_ns)
+        kvp_sock_spin_readable(c->fd, c->busy_poll_ns);
     rc = kvp_sock_recv_frame(c->fd, &c->rbuf, &c->rcap, &len, CLIENT_MAX_FRAME_BYTES, recv_fds,
                              recv_fds ? max_recv : 0, recv_fds ? &nfds : NULL, deadline);
     if (rc)
@@ -593,6 +596,11 @@ int kvp_client_connect(const kvp_client_opts_t *opts, kvp_client_t **out, char *
     for (unsigned i = 0; i < KVP_CLIENT_MAX_DEVICES; i++)
         c->pool_fd[i] = -1;
     c->timeout_ms = o->timeout_ms ? o->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
+    uint32_t spin_us = o->busy_poll_us;
+    const char *env_spin = getenv("KVPOOL_BUSY_POLL_US");
+    if (!spin_us && env_spin)
+        spin_us = (uint32_t)strtoul(env_spin, NULL, 10);
+    c->busy_poll_ns = (uint64_t)(spin_us > 1000000 ? 1000000 : spin_us) * 1000u;
     c->next_id = random_id(c);
     c->sbuf = malloc(CLIENT_INIT_BUF_BYTES);
     c->rbuf = malloc(CLIENT_INIT_BUF_BYTES);
@@ -891,6 +899,11 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
     a->source.layer_end = src->layer_end;
     a->sync = sync;
     return table_call(c, kvpool_Response_append_tag, table);
+}
+
+int kvp__client_append_completed(const kvp_client_t *c)
+{
+    return c->resp.which_body == kvpool_Response_append_tag && c->resp.body.append.completed;
 }
 
 int kvp_client_reserve(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,

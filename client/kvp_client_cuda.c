@@ -452,8 +452,11 @@ int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
     CLIENT_CUDA_TRY(c, cudaEventRecord(b->ready, cs), rc, fail);
     if ((rc = kvp__client_append(c, seq_ids, num_tokens, n, &s, kvpool_SyncMode_SYNC_EVENT, table)))
         return rc;
-    /* the daemon recorded done before it answered: this wait covers the copy */
-    CLIENT_CUDA_TRY(c, cudaStreamWaitEvent(cs, b->done, 0), rc, fail);
+    /* an answer sent once the copy completed needs no device-side wait (a cross-process
+     * handoff); otherwise the daemon recorded done before it answered and this wait covers
+     * the copy */
+    if (!kvp__client_append_completed(c))
+        CLIENT_CUDA_TRY(c, cudaStreamWaitEvent(cs, b->done, 0), rc, fail);
     return 0;
 fail:
     return rc;

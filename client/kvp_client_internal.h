@@ -46,6 +46,9 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
                        uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
                        kvp_page_table_t *table);
 
+/* 1 when the last answer was an AppendResponse whose copy had completed on the device. */
+int kvp__client_append_completed(const kvp_client_t *c);
+
 /* Zeroes the handle's scratch request, sets its body and returns it (valid until the next
  * call on the handle). */
 kvpool_Request *kvp__client_request(kvp_client_t *c, pb_size_t which_body);

@@ -71,6 +71,18 @@ static int wait_ready(int fd, short events, uint64_t deadline_ns)
     }
 }
 
+int kvp_sock_spin_readable(int fd, uint64_t spin_ns)
+{
+    const uint64_t until = kvp_sock_now_ns() + spin_ns;
+    struct timespec zero = {0, 0};
+    do {
+        struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
+        if (ppoll(&p, 1, &zero, NULL) > 0)
+            return 1;
+    } while (spin_ns && kvp_sock_now_ns() < until);
+    return 0;
+}
+
 int kvp_sock_connect(const char *path, uint32_t timeout_ms, int *fd)
 {
     if (!path || !fd)

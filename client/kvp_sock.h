@@ -66,6 +66,12 @@ int kvp_sock_send_frame(int fd, const void *frame, size_t len, const int *fds, u
 int kvp_sock_recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint32_t max_frame_bytes,
                         int *fds, unsigned max_fds, unsigned *num_fds, uint64_t deadline_ns);
 
+/* Polls fd without sleeping (zero-timeout ppoll in a loop) for up to spin_ns or until it is
+ * readable, whichever comes first; returns 1 when readable, else 0. A caller that expects an
+ * answer within microseconds calls it before kvp_sock_recv_frame, so that it never pays the
+ * wake-up of a sleeping thread (tens of microseconds on a virtual machine). */
+int kvp_sock_spin_readable(int fd, uint64_t spin_ns);
+
 #ifdef __cplusplus
 }
 #endif

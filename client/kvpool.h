@@ -43,6 +43,9 @@ typedef struct {
                                 0 releases them when it goes; KVP_LEASE_DEFAULT: the daemon's */
     uint32_t timeout_ms;     /* per call; 0 -> 10000 */
     int map_pool;            /* ask for the pool fds and map the pool (host backend: mmap) */
+    uint32_t busy_poll_us;   /* after a request, poll for the answer this long before sleeping
+                                (latency for CPU: a wake-up costs tens of us on a VM); 0: the
+                                value of $KVPOOL_BUSY_POLL_US, else off. At most 1000000. */
 } kvp_client_opts_t;
 
 /* The pool as the daemon describes it (PoolInfo). Strides in elements. */

@@ -67,8 +67,9 @@ typedef struct {
                          const uint8_t *event_handle, uint32_t event_len, uint8_t *done_event_out,
                          uint32_t *done_event_len, kvp_buffer_t *out);
     void (*release_buffer)(kvp_backend_t *b, kvp_buffer_t *buf);
-    /* Runs copies then the append. Worker thread. Returns 0 (with e->sync = 1 on the cuda
-     * backend the work may still be queued, ordered before the buffer's done event);
+    /* Runs copies then the append. Worker thread. Returns 0 once the copies and the append
+     * have completed on the device (the pages they write stay pinned only until run returns,
+     * so the data must be in place; the AppendResponse says so with completed = true);
      * KVP_ETIMEDOUT (the worker's ready event never completed: a dead or stuck worker) or
      * KVP_EINVAL (a source the backend cannot read): the copies ran, the append did not, the
      * backend is healthy - the caller rolls the sequences back and fails the request; any

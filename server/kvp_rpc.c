@@ -856,6 +856,7 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
     r->append_bytes_total += j->bytes;
     ok(&io->resp, j->req_id, kvpool_Response_append_tag);
     kvpool_AppendResponse *ar = &io->resp.body.append;
+    ar->completed = true; /* run() returns once the copy is done (kvp_backend.h) */
     ar->has_table = true;
     uint32_t B = j->batch_size;
     ar->table.batch_size = B;

@@ -29,6 +29,7 @@ class kvp_client_opts_t(ctypes.Structure):
         ("lease_ms", _u32),
         ("timeout_ms", _u32),
         ("map_pool", ctypes.c_int),
+        ("busy_poll_us", _u32),
     ]
 
 
