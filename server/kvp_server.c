@@ -62,6 +62,7 @@ typedef struct conn {
     uv_work_t work;
     kvp_rpc_job_t *job;
     uint64_t job_start_ns;
+    uint64_t job_run_ns; /* written by the copy worker, read after the work is back */
     pb_size_t job_which;
     int job_mutating;
     uint64_t job_req_id;
@@ -410,7 +411,9 @@ static void after_work(uv_work_t *w, int status);
 static void work_cb(uv_work_t *w)
 {
     conn_t *c = w->data;
+    uint64_t t0 = uv_hrtime();
     kvp_rpc_job_run(c->job);
+    c->job_run_ns = uv_hrtime() - t0;
 }
 
 /* Decodes and answers one frame's payload. */
@@ -492,6 +495,7 @@ static void after_work(uv_work_t *w, int status)
     kvp_server_t *s = c->srv;
     kvp_rpc_io_t *io = &s->io;
     kvp_rpc_job_finish(s->rpc, c->job, io, kvp_server_now_ms());
+    kvp_rpc_observe_run(s->rpc, c->job_run_ns);
     c->busy = 0;
     if (c->closing) {
         kvp_rpc_job_free(c->job);
