@@ -4,17 +4,25 @@ endpoint (server.metrics_listen) scraped over TCP, the exposition parsed strictl
 has HELP and TYPE, names follow the conventions, histograms are cumulative), counters that only
 grow across scrapes with real traffic in between (libkvpool through the Python package, host
 backend), values equal to `kvpoolctl stats --json`, evictions on lease expiry, and the HTTP
-server's answers to bad requests, its connection limit and its deadline.
+server's answers to bad requests, its connection limit and its deadline; and `kvpoolctl top`
+driven in a real pseudo-terminal (redraws, 'q' and Ctrl-C restore the terminal) and in its
+plain-line mode.
 
 usage: test_metrics.py BUILD_DIR
 """
+import fcntl
 import json
 import math
 import os
+import pty
 import re
+import select
+import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 import unittest
 
@@ -352,6 +360,104 @@ class ScrapeTest(unittest.TestCase):
             return http_get(self.d.port)[0] == 200
         except OSError:
             return False
+
+
+class TopTest(unittest.TestCase):
+    """kvpoolctl top against a daemon holding 9 of its 64 pages in namespace engine-a."""
+
+    def setUp(self):
+        self.d = MetricsDaemon()
+        self.c = kvpool.Client(self.d.sock, namespace="engine-a", lease_ms=60000)
+        self.c.reserve([1, 2, 3], [8, 8, 20])  # 2 + 2 + 5 pages
+
+    def tearDown(self):
+        self.c.close()
+        self.assertEqual(self.d.stop(), 0, self.d.logtext())
+
+    def run_in_pty(self, quit_with):
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        before = termios.tcgetattr(slave)
+        p = subprocess.Popen([lc.CTL, "-s", self.d.sock, "top", "--interval", "0.2"],
+                             stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        out = b""
+
+        def read_some(timeout):
+            nonlocal out
+            r, _, _ = select.select([master], [], [], timeout)
+            if r:
+                try:
+                    out += os.read(master, 1 << 16)
+                except OSError:  # EIO: the child closed the terminal
+                    return False
+            return True
+
+        end = time.time() + 30
+        while out.count(b"\033[H\033[2J") < 4 and time.time() < end:
+            read_some(0.5)
+        self.assertGreaterEqual(out.count(b"\033[H\033[2J"), 4, out[-2000:])
+        # while it runs: non-canonical, no echo
+        during = termios.tcgetattr(slave)
+        self.assertEqual(during[3] & (termios.ICANON | termios.ECHO), 0)
+        if quit_with == "q":
+            os.write(master, b"q")
+        else:
+            p.send_signal(signal.SIGINT)
+        self.assertEqual(p.wait(timeout=10), 0)
+        while read_some(0.2) and select.select([master], [], [], 0)[0]:
+            pass
+        after = termios.tcgetattr(slave)
+        os.close(master)
+        os.close(slave)
+        return out, before, after
+
+    def check_screen(self, out, before, after):
+        # alternate screen and hidden cursor on entry; shown and back on exit; termios as before
+        self.assertTrue(out.startswith(b"\033[?1049h\033[?25l"), out[:40])
+        self.assertTrue(out.endswith(b"\033[0m\033[?25h\033[?1049l"), out[-60:])
+        self.assertEqual(after, before)
+        last = out.split(b"\033[H\033[2J")[-2].decode(errors="replace").replace("\r\n", "\n")
+        self.assertIn("kvpool top", last)
+        # 120 columns: a 60-character bar, 9/64 used -> 8 '#'
+        self.assertRegex(last, r"\n0 +\[" + "#" * 8 + r"\.{52}\] +14\.1% +9/64 +288\.0 KiB / 2\.0 MiB")
+        self.assertRegex(last, r"requests \d+\.\d/s")
+        self.assertRegex(last, r"\nmetrics +\d+\.\d +[\d.]+ [um]s +[\d.]+ [um]s +[\d.]+ [um]s\n")
+        self.assertRegex(last, r"\nengine-a +3 +36\n")
+
+    def test_terminal_view_quits_on_q(self):
+        self.check_screen(*self.run_in_pty("q"))
+
+    def test_terminal_view_quits_on_ctrl_c(self):
+        self.check_screen(*self.run_in_pty("sigint"))
+
+    def test_plain_lines_when_not_a_terminal(self):
+        p = subprocess.run([lc.CTL, "-s", self.d.sock, "top", "--count", "3", "--interval",
+                            "0.2"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("\033", p.stdout)
+        lines = p.stdout.splitlines()
+        self.assertEqual(len(lines), 3)
+        rows = [dict(kv.split("=", 1) for kv in line.split(" ")) for line in lines]
+        for r in rows:
+            self.assertEqual((r["pages_used"], r["pages_capacity"], r["sequences"], r["tokens"]),
+                             ("9", "64", "3", "36"))
+            self.assertEqual(r["up"], "1")
+        self.assertEqual(rows[0]["requests_per_s"], "-")
+        self.assertRegex(rows[1]["requests_per_s"], r"^\d+\.\d$")
+        self.assertGreater(float(rows[2]["requests_per_s"]), 0)  # its own Metrics calls
+        self.assertRegex(rows[2]["p99_us"], r"^\d+\.\d$")
+
+    def test_daemon_going_away_exits_3(self):
+        p = subprocess.Popen([lc.CTL, "-s", self.d.sock, "top", "--interval", "0.2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertTrue(p.stdout.readline().startswith("time="))
+        self.c.close()
+        self.assertEqual(self.d.stop(), 0, self.d.logtext())
+        self.assertEqual(p.wait(timeout=30), 3)
+        p.stdout.close()
+        p.stderr.close()
+        self.d = MetricsDaemon()  # for tearDown
+        self.c = kvpool.Client(self.d.sock, namespace="x")
 
 
 class StartupTest(unittest.TestCase):
