@@ -214,7 +214,7 @@ static int run(daemon_t *d)
         uv_signal_start(sigs[i], on_signal, nums[i]);
     }
     kvp_server_config_t sc = {
-        .socket_path = d->cfg.socket,
+        .socket_path = listen_fd >= 0 ? NULL : d->cfg.socket, /* inherited: not ours */
         .socket_mode = d->cfg.socket_mode,
         .socket_gid = gid,
         .listen_fd = listen_fd,
