@@ -1,9 +1,9 @@
 /*
  * kvpoolctl.c - the operator CLI of kvpoold: status, stats, pool, seqs, clients, audit,
- * metrics, health. It is a plain libkvpool client (namespace "kvpoolctl", lease 0, pool not
- * mapped) that reads through kvp_client_call_raw and prints aligned tables for people or one
- * JSON object (--json) for scripts. It changes nothing in the daemon. Exit codes: 0 ok,
- * 1 the daemon answered with an error, 2 usage error, 3 daemon unreachable or timed out;
+ * metrics, health, top (kvpoolctl_top.c). It is a plain libkvpool client (namespace "kvpoolctl",
+ * lease 0, pool not mapped) that reads through kvp_client_call_raw and prints aligned tables for
+ * people or one JSON object (--json) for scripts. It changes nothing in the daemon. Exit codes: 0
+ * ok, 1 the daemon answered with an error, 2 usage error, 3 daemon unreachable or timed out;
  * `health` answers only 0 or 1, as container and service health checks expect.
  */
 #include <errno.h>
@@ -17,6 +17,7 @@
 
 #include "kvp_wire.h"
 #include "kvpool.h"
+#include "kvpoolctl_top.h"
 
 #ifndef KVP_VERSION
 #define KVP_VERSION "unknown"
@@ -39,8 +40,10 @@ typedef struct {
     const char *ns;
     uint32_t timeout_ms;
     int json;
-    const char *list_ns; /* seqs: one namespace, NULL = every namespace */
-    uint32_t limit;      /* seqs: most rows, 0 = all */
+    const char *list_ns;  /* seqs: one namespace, NULL = every namespace */
+    uint32_t limit;       /* seqs: most rows, 0 = all */
+    uint32_t interval_ms; /* top: between refreshes */
+    uint32_t count;       /* top: refreshes, 0 = until quit */
 } opts_t;
 
 typedef struct {
@@ -70,6 +73,10 @@ static void usage(FILE *f)
           "  audit                  run the daemon's invariant audit\n"
           "  metrics                Prometheus metrics text\n"
           "  health                 exit 0 when the daemon answers and its audit is clean\n"
+          "  top [--interval SEC] [--count N]\n"
+          "                         live view: usage per device, rates, latency percentiles,\n"
+          "                         top namespaces ('q' or Ctrl-C quits); one key=value line\n"
+          "                         per refresh when stdout is not a terminal\n"
           "\n"
           "options:\n"
           "  -s, --socket PATH      daemon socket (default: $KVPOOL_SOCKET, else the\n"
@@ -920,6 +927,19 @@ static int cmd_metrics(ctl_t *x)
     return EXIT_OK;
 }
 
+static int cmd_top(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    kvp_top_opts_t t = {
+        .socket_path = x->o->socket_path,
+        .interval_ms = x->o->interval_ms,
+        .count = x->o->count,
+    };
+    return kvp_ctl_top(x->c, &t);
+}
+
 static int cmd_health(ctl_t *x)
 {
     char why[512] = "";
@@ -961,10 +981,10 @@ static const struct {
 } commands[] = {
     {"status", cmd_status},   {"stats", cmd_stats},     {"pool", cmd_pool},
     {"seqs", cmd_seqs},       {"clients", cmd_clients}, {"audit", cmd_audit},
-    {"metrics", cmd_metrics}, {"health", cmd_health},
+    {"metrics", cmd_metrics}, {"health", cmd_health},   {"top", cmd_top},
 };
 
-enum { OPT_JSON = 256, OPT_VERSION, OPT_LIMIT };
+enum { OPT_JSON = 256, OPT_VERSION, OPT_LIMIT, OPT_INTERVAL, OPT_COUNT };
 
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -974,13 +994,26 @@ static const struct option long_opts[] = {
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {"limit", required_argument, NULL, OPT_LIMIT},
+    {"interval", required_argument, NULL, OPT_INTERVAL},
+    {"count", required_argument, NULL, OPT_COUNT},
     {NULL, 0, NULL, 0},
 };
 
 /* Parses options from argv[optind]; stops at the first operand when stop_at_operand. In a
  * command's own options (is_seqs), -n/--namespace names the namespace to list. */
+/* --interval SEC: seconds with an optional fraction, 0.1 .. 86400; returns milliseconds. */
+static uint32_t parse_interval(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = s && *s && *s != '-' && *s != '+' && *s != ' ' ? strtod(s, &end) : -1;
+    if (v == -1 || errno || *end || !(v >= 0.1 && v <= 86400))
+        die_usage("--interval: '%s' is not a number of seconds in 0.1..86400", s ? s : "");
+    return (uint32_t)(v * 1000 + 0.5);
+}
+
 static void parse_opts(int argc, char **argv, opts_t *o, int stop_at_operand, int is_seqs,
-                       int allow_limit)
+                       int allow_limit, int is_top)
 {
     int c;
     const char *shortopts = stop_at_operand ? "+:s:n:t:h" : ":s:n:t:h";
@@ -1006,6 +1039,16 @@ static void parse_opts(int argc, char **argv, opts_t *o, int stop_at_operand, in
                 die_usage("--limit applies to the seqs command only");
             o->limit = parse_u32("--limit", optarg, 1, UINT32_MAX);
             break;
+        case OPT_INTERVAL:
+            if (!is_top)
+                die_usage("--interval applies to the top command only");
+            o->interval_ms = parse_interval(optarg);
+            break;
+        case OPT_COUNT:
+            if (!is_top)
+                die_usage("--count applies to the top command only");
+            o->count = parse_u32("--count", optarg, 0, UINT32_MAX);
+            break;
         case 'h':
             usage(stdout);
             exit(EXIT_OK);
@@ -1028,7 +1071,8 @@ int main(int argc, char **argv)
     memset(&o, 0, sizeof(o));
     o.ns = DEFAULT_NAMESPACE;
     opterr = 0;
-    parse_opts(argc, argv, &o, 1, 0, 0);
+    o.interval_ms = 2000;
+    parse_opts(argc, argv, &o, 1, 0, 0, 0);
     if (optind >= argc)
         die_usage("no command given");
     const char *cmd = argv[optind];
@@ -1044,7 +1088,7 @@ int main(int argc, char **argv)
     char **sub_argv = argv + optind;
     optind = 0; /* glibc: restart scanning */
     int is_seqs = strcmp(cmd, "seqs") == 0;
-    parse_opts(sub_argc, sub_argv, &o, 0, is_seqs, is_seqs);
+    parse_opts(sub_argc, sub_argv, &o, 0, is_seqs, is_seqs, strcmp(cmd, "top") == 0);
     if (optind < sub_argc)
         die_usage("unexpected argument '%s'", sub_argv[optind]);
 

@@ -5,13 +5,14 @@
 #   deploy/install-deps.sh            build + test dependencies
 #   KVP_DEPS_EXTRA="pkg ..." ...      more packages (e.g. for a developer machine)
 #
-# The CUDA toolkit is not installed here: CMake finds it under /usr/local/cuda when present
+# systemd provides systemd-analyze, systemd-sysusers and systemd-tmpfiles for the deploy
+# tests (nothing runs it as PID 1). The CUDA toolkit is not installed here: CMake finds it under /usr/local/cuda when present
 # and builds everything else without it.
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev nanopb libnanopb-dev python3-protobuf
 check libsubunit-dev libinih-dev clang valgrind procps redis-server
-python3-numpy python3-pytest python3-venv ${KVP_DEPS_EXTRA:-}"
+python3-numpy python3-pytest python3-venv systemd ${KVP_DEPS_EXTRA:-}"
 
 missing=""
 for p in $PKGS; do

@@ -519,19 +519,22 @@ static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
                                                                       d + pl.err, dv->stream),
                              rc, fail);
         }
-        KVP_CUDA_CHECK(cudaEventRecord(buf->last_use, dv->stream), rc, fail);
-        buf->used = 1;
+        if (async) { /* synchronous runs leave nothing queued to wait for at release */
+            KVP_CUDA_CHECK(cudaEventRecord(buf->last_use, dv->stream), rc, fail);
+            buf->used = 1;
+        }
     }
     if (buf && buf->done)
         KVP_CUDA_CHECK(cudaEventRecord(buf->done, dv->stream), rc, fail);
     KVP_CUDA_CHECK(cudaMemcpyAsync(h + pl.err, d + pl.err, sizeof(int32_t), cudaMemcpyDeviceToHost,
                                    dv->stream),
                    rc, fail);
-    KVP_CUDA_CHECK(cudaEventRecord(st->done, dv->stream), rc, fail);
-    st->used = 1;
     st->err_word = pl.err;
     st->check_err = 1;
-    if (!async) {
+    if (async) { /* the slot is reused only after this */
+        KVP_CUDA_CHECK(cudaEventRecord(st->done, dv->stream), rc, fail);
+        st->used = 1;
+    } else {
         /* the reply must go out only once the data is in the pool */
         const uint64_t t_queued = now_ns();
         KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);

@@ -19,9 +19,13 @@
 #define KVP_VERSION "0.1.0"
 #endif
 
-#define NUM_CALLS   18 /* Request body tags 2..17 */
-#define NUM_CODES   15
-#define NUM_BUCKETS 16 /* latency histogram: 1us * 2^k, k = 0..14, +Inf */
+#define NUM_CALLS 18 /* Request body tags 2..17 */
+#define NUM_CODES 15
+/* Latency histograms: upper bounds 1 us * 2^k for k = 0..20 (1 us .. about 1.05 s), then +Inf.
+ * Powers of two keep the bucket search a shift loop, and 21 finite bounds cover a Ping on a
+ * quiet machine as well as a large host-backend Append, so percentiles read from the histogram
+ * (kvpoolctl top) stay within a factor of two everywhere. */
+#define NUM_BUCKETS 22
 
 struct kvp_rpc_job {
     kvp_rpc_t *rpc;
@@ -65,6 +69,10 @@ struct kvp_rpc {
     uint64_t pages_allocated_total;
     uint64_t lease_expiries_total;
     uint64_t cow_copies_total;
+    uint64_t evicted_seqs_total;       /* sequences released because their lease ran out */
+    uint64_t evicted_pages_total;      /* pages those releases returned to the free list */
+    uint64_t run_buckets[NUM_BUCKETS]; /* time a copy worker spent on one Append plan */
+    uint64_t run_sum_ns;
 };
 
 /* Bytes of the Response body member for a tag: clearing only that member (not the whole
@@ -272,8 +280,13 @@ uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms)
     uint32_t n = 0;
     int id;
     while ((id = kvp_ns_next_expired(&r->ns, now_ms)) >= 0) {
+        kvp_stats_t before, after;
+        kvp_seqtab_stats(r->seqs, &before);
         release_namespace(r, (uint32_t)id, "lease expired");
+        kvp_seqtab_stats(r->seqs, &after);
         r->lease_expiries_total++;
+        r->evicted_seqs_total += before.num_seqs - after.num_seqs;
+        r->evicted_pages_total += after.free_pages - before.free_pages;
         n++;
     }
     return n;
@@ -1123,160 +1136,296 @@ int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rp
 
 /* ---- metrics -------------------------------------------------------------------------- */
 
-static const char *const call_names[NUM_CALLS] = {NULL,
-                                                  NULL,
-                                                  "hello",
-                                                  "ping",
-                                                  "pool_info",
-                                                  "register_buffer",
-                                                  "unregister_buffer",
-                                                  "append",
-                                                  "reserve",
-                                                  "fork",
-                                                  "truncate",
-                                                  "release",
-                                                  "get_page_table",
-                                                  "stats",
-                                                  "list_sequences",
-                                                  "list_clients",
-                                                  "audit",
-                                                  "metrics"};
+/* Index = Request body tag. 0 stands for a frame that did not decode or named no call. */
+static const char *const call_names[NUM_CALLS] = {
+    "invalid",           NULL,     "hello",          "ping",         "pool_info", "register_buffer",
+    "unregister_buffer", "append", "reserve",        "fork",         "truncate",  "release",
+    "get_page_table",    "stats",  "list_sequences", "list_clients", "audit",     "metrics"};
+
+static unsigned bucket_of(uint64_t ns)
+{
+    unsigned k = 0;
+    uint64_t bound = 1000;
+    while (k < NUM_BUCKETS - 1 && ns > bound) {
+        k++;
+        bound <<= 1;
+    }
+    return k;
+}
 
 void kvp_rpc_observe(kvp_rpc_t *r, pb_size_t which, kvpool_Code code, uint64_t latency_ns)
 {
     if (which >= NUM_CALLS || !call_names[which] || (unsigned)code >= NUM_CODES)
         return;
     r->calls[which][code]++;
-    unsigned k = 0;
-    uint64_t bound = 1000;
-    while (k < NUM_BUCKETS - 1 && latency_ns > bound) {
-        k++;
-        bound <<= 1;
-    }
-    r->lat_buckets[which][k]++;
+    r->lat_buckets[which][bucket_of(latency_ns)]++;
     r->lat_sum_ns[which] += latency_ns;
 }
 
+void kvp_rpc_observe_run(kvp_rpc_t *r, uint64_t run_ns)
+{
+    r->run_buckets[bucket_of(run_ns)]++;
+    r->run_sum_ns += run_ns;
+}
+
+/* Room kept at the end of the metrics buffer for the truncation notice. */
+#define TRUNC_NOTE_BYTES 96
+
 typedef struct {
     char *buf;
-    size_t cap, len;
+    size_t cap, len; /* cap: usable bytes for samples, the note's room excluded */
+    int truncated;
 } sbuf_t;
 
+/* Appends whole text or nothing: a scraper must never see half a sample line. */
 static void put(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(sbuf_t *b, const char *fmt, ...)
 {
-    if (b->len + 1 >= b->cap)
+    if (b->truncated)
         return;
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
     va_end(ap);
-    if (n > 0)
-        b->len = b->len + (size_t)n < b->cap ? b->len + (size_t)n : b->cap - 1;
+    if (n < 0 || (size_t)n >= b->cap - b->len) {
+        b->buf[b->len] = '\0';
+        b->truncated = 1;
+        return;
+    }
+    b->len += (size_t)n;
+}
+
+static void put_header(sbuf_t *b, const char *name, const char *type, const char *help)
+{
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Length of the valid UTF-8 sequence at s, or 0 (the exposition format is UTF-8). */
+static size_t utf8_len(const unsigned char *s)
+{
+    unsigned char c = s[0];
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 3, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 4, cp = c & 0x07;
+    else
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return n;
+}
+
+/* A namespace name is chosen by a client: escape it as a label value (backslash, quote and
+ * newline as the format says; other control bytes and invalid UTF-8 become '?') so that no
+ * name can break or forge a line. out holds at least 2 * KVP_NS_NAME_MAX + 1 bytes. */
+void kvp__rpc_label_escape(const char *in, char *out, size_t cap)
+{
+    size_t o = 0;
+    const unsigned char *s = (const unsigned char *)in;
+    while (*s && o + 3 < cap) {
+        size_t n = utf8_len(s);
+        if (*s == '\\' || *s == '"') {
+            out[o++] = '\\';
+            out[o++] = (char)*s++;
+        } else if (*s == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+            s++;
+        } else if (n == 0 || *s < 0x20 || *s == 0x7f) {
+            out[o++] = '?';
+            s++;
+        } else if (o + n < cap) {
+            memcpy(out + o, s, n);
+            o += n;
+            s += n;
+        } else {
+            break;
+        }
+    }
+    out[o] = '\0';
+}
+
+static void put_histogram(sbuf_t *b, const char *name, const char *label, const char *value,
+                          const uint64_t *buckets, uint64_t sum_ns)
+{
+    uint64_t cum = 0, total = 0;
+    for (unsigned k = 0; k < NUM_BUCKETS; k++)
+        total += buckets[k];
+    char lbl[96] = "";
+    if (label)
+        snprintf(lbl, sizeof(lbl), "%s=\"%s\",", label, value);
+    double bound = 1e-6;
+    for (unsigned k = 0; k < NUM_BUCKETS - 1; k++, bound *= 2) {
+        cum += buckets[k];
+        put(b, "%s_bucket{%sle=\"%.9g\"} %llu\n", name, lbl, bound, (unsigned long long)cum);
+    }
+    put(b, "%s_bucket{%sle=\"+Inf\"} %llu\n", name, lbl, (unsigned long long)total);
+    if (label) {
+        put(b, "%s_sum{%s=\"%s\"} %.9f\n", name, label, value, (double)sum_ns / 1e9);
+        put(b, "%s_count{%s=\"%s\"} %llu\n", name, label, value, (unsigned long long)total);
+    } else {
+        put(b, "%s_sum %.9f\n%s_count %llu\n", name, (double)sum_ns / 1e9, name,
+            (unsigned long long)total);
+    }
 }
 
 size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms)
 {
-    sbuf_t b = {buf, cap, 0};
-    if (cap)
-        buf[0] = '\0';
+    if (!buf || cap == 0)
+        return 0;
+    buf[0] = '\0';
+    if (cap <= TRUNC_NOTE_BYTES)
+        return 0;
+    sbuf_t b = {buf, cap - TRUNC_NOTE_BYTES, 0, 0};
     kvp_stats_t s;
     kvp_seqtab_stats(r->seqs, &s);
     const kvp_backend_t *be = r->backend;
     uint64_t page_bytes = be->derived.layer_bytes / be->geom.num_pages * be->geom.num_layers;
-    put(&b, "# HELP kvpool_build_info Build information.\n# TYPE kvpool_build_info gauge\n");
+
+    put_header(&b, "kvpool_build_info", "gauge",
+               "Build information: version and pool backend (always 1).");
     put(&b, "kvpool_build_info{version=\"%s\",backend=\"%s\"} 1\n", KVP_VERSION, be->ops->name);
-    put(&b,
-        "# HELP kvpool_up Whether the daemon can serve (1) or is unhealthy (0).\n"
-        "# TYPE kvpool_up gauge\nkvpool_up %d\n",
-        kvp_rpc_healthy(r));
-    put(&b,
-        "# HELP kvpool_uptime_seconds Seconds since the daemon started.\n"
-        "# TYPE kvpool_uptime_seconds gauge\nkvpool_uptime_seconds %.3f\n",
-        (double)(now_ms - r->start_ms) / 1000.0);
-    const char *names[] = {"capacity", "used", "free", "shared"};
+    put_header(&b, "kvpool_up", "gauge", "Whether the daemon can serve (1) or is unhealthy (0).");
+    put(&b, "kvpool_up %d\n", kvp_rpc_healthy(r));
+    put_header(&b, "kvpool_uptime_seconds", "gauge", "Seconds since the daemon started.");
+    put(&b, "kvpool_uptime_seconds %.3f\n", (double)(now_ms - r->start_ms) / 1000.0);
+
+    /* Every device of the tensor-parallel group holds the same pages (DESIGN.md §6): one page
+     * table, H/G heads each. The device label is the CUDA ordinal on the cuda backend and the
+     * group index on the host backend. */
+    const char *states[] = {"capacity", "used", "free", "shared"};
     uint32_t vals[] = {s.num_pages, s.used_pages, s.free_pages, s.shared_pages};
-    put(&b, "# HELP kvpool_pages Pages of the pool by state.\n# TYPE kvpool_pages gauge\n");
-    for (int i = 0; i < 4; i++)
-        put(&b, "kvpool_pages{device=\"0\",state=\"%s\"} %u\n", names[i], vals[i]);
-    put(&b,
-        "# HELP kvpool_pool_bytes Bytes of the pool by state.\n# TYPE kvpool_pool_bytes gauge\n");
-    for (int i = 0; i < 4; i++)
-        put(&b, "kvpool_pool_bytes{device=\"0\",state=\"%s\"} %llu\n", names[i],
-            (unsigned long long)vals[i] * page_bytes);
-    put(&b, "# HELP kvpool_sequences Live sequences per namespace.\n"
-            "# TYPE kvpool_sequences gauge\n");
+    uint32_t ndev = be->geom.num_devices ? be->geom.num_devices : 1;
+    put_header(&b, "kvpool_pages", "gauge",
+               "Pages of the pool on each device by state (capacity = used + free; shared: "
+               "held by more than one sequence).");
+    for (uint32_t d = 0; d < ndev; d++)
+        for (int i = 0; i < 4; i++)
+            put(&b, "kvpool_pages{device=\"%d\",state=\"%s\"} %u\n",
+                d < be->num_device_ids ? be->device_ids[d] : (int)d, states[i], vals[i]);
+    put_header(&b, "kvpool_pool_bytes", "gauge",
+               "Bytes of the pool on each device by state (pages times the bytes of one page, "
+               "all layers, K and V).");
+    for (uint32_t d = 0; d < ndev; d++)
+        for (int i = 0; i < 4; i++)
+            put(&b, "kvpool_pool_bytes{device=\"%d\",state=\"%s\"} %llu\n",
+                d < be->num_device_ids ? be->device_ids[d] : (int)d, states[i],
+                (unsigned long long)vals[i] * page_bytes);
+    put_header(&b, "kvpool_page_size_bytes", "gauge",
+               "Bytes of one page on one device (all layers, K and V).");
+    put(&b, "kvpool_page_size_bytes %llu\n", (unsigned long long)page_bytes);
+
+    uint32_t num_ns = 0;
+    for (uint32_t i = 0; i < r->ns.max; i++)
+        num_ns += r->ns.ns[i].in_use != 0;
+    put_header(&b, "kvpool_namespaces", "gauge", "Namespaces (engines) known to the daemon.");
+    put(&b, "kvpool_namespaces %u\n", num_ns);
+    put_header(&b, "kvpool_live_sequences", "gauge", "Live sequences over all namespaces.");
+    put(&b, "kvpool_live_sequences %u\n", s.num_seqs);
+    put_header(&b, "kvpool_live_tokens", "gauge", "Tokens held over all namespaces.");
+    put(&b, "kvpool_live_tokens %llu\n", (unsigned long long)s.num_tokens);
+    char esc[2 * KVP_NS_NAME_MAX + 2];
+    put_header(&b, "kvpool_sequences", "gauge", "Live sequences per namespace.");
     for (uint32_t i = 0; i < r->ns.max; i++) {
         if (!r->ns.ns[i].in_use)
             continue;
         kvp_ns_stats_t ns;
         kvp_seqtab_ns_stats(r->seqs, i, &ns);
-        put(&b, "kvpool_sequences{namespace=\"%s\"} %u\n", r->ns.ns[i].name, ns.num_seqs);
+        kvp__rpc_label_escape(r->ns.ns[i].name, esc, sizeof(esc));
+        put(&b, "kvpool_sequences{namespace=\"%s\"} %u\n", esc, ns.num_seqs);
     }
-    put(&b, "# HELP kvpool_tokens Tokens held per namespace.\n# TYPE kvpool_tokens gauge\n");
+    put_header(&b, "kvpool_tokens", "gauge", "Tokens held per namespace.");
     for (uint32_t i = 0; i < r->ns.max; i++) {
         if (!r->ns.ns[i].in_use)
             continue;
         kvp_ns_stats_t ns;
         kvp_seqtab_ns_stats(r->seqs, i, &ns);
-        put(&b, "kvpool_tokens{namespace=\"%s\"} %llu\n", r->ns.ns[i].name,
-            (unsigned long long)ns.num_tokens);
+        kvp__rpc_label_escape(r->ns.ns[i].name, esc, sizeof(esc));
+        put(&b, "kvpool_tokens{namespace=\"%s\"} %llu\n", esc, (unsigned long long)ns.num_tokens);
     }
-    put(&b,
-        "# HELP kvpool_connected_clients Open client connections.\n"
-        "# TYPE kvpool_connected_clients gauge\nkvpool_connected_clients %u\n",
-        r->num_clients);
-    put(&b,
-        "# HELP kvpool_page_allocations_total Pages allocated.\n"
-        "# TYPE kvpool_page_allocations_total counter\nkvpool_page_allocations_total %llu\n",
-        (unsigned long long)r->pages_allocated_total);
-    put(&b, "# HELP kvpool_allocation_failures_total Failed batch allocations by reason.\n"
-            "# TYPE kvpool_allocation_failures_total counter\n");
+    put_header(&b, "kvpool_page_refs", "gauge",
+               "Page references held per namespace (a shared page counts once per holder).");
+    for (uint32_t i = 0; i < r->ns.max; i++) {
+        if (!r->ns.ns[i].in_use)
+            continue;
+        kvp_ns_stats_t ns;
+        kvp_seqtab_ns_stats(r->seqs, i, &ns);
+        kvp__rpc_label_escape(r->ns.ns[i].name, esc, sizeof(esc));
+        put(&b, "kvpool_page_refs{namespace=\"%s\"} %llu\n", esc, (unsigned long long)ns.page_refs);
+    }
+    put_header(&b, "kvpool_connected_clients", "gauge", "Open client connections (sessions).");
+    put(&b, "kvpool_connected_clients %u\n", r->num_clients);
+
+    put_header(&b, "kvpool_page_allocations_total", "counter",
+               "Pages taken from the free list by Append and Reserve (copy-on-write included).");
+    put(&b, "kvpool_page_allocations_total %llu\n", (unsigned long long)r->pages_allocated_total);
+    put_header(&b, "kvpool_allocation_failures_total", "counter",
+               "Append or Reserve batches refused by the planner, by reason (exhausted: not "
+               "enough free pages; limit: a configured limit; invalid: a bad request).");
     const char *reasons[] = {"exhausted", "limit", "invalid", "other"};
     for (int i = 0; i < 4; i++)
         put(&b, "kvpool_allocation_failures_total{reason=\"%s\"} %llu\n", reasons[i],
             (unsigned long long)r->alloc_failures[i]);
-    put(&b,
-        "# HELP kvpool_cow_copies_total Pages copied on write.\n"
-        "# TYPE kvpool_cow_copies_total counter\nkvpool_cow_copies_total %llu\n",
-        (unsigned long long)r->cow_copies_total);
-    put(&b,
-        "# HELP kvpool_lease_expiries_total Namespaces released when their lease ran out.\n"
-        "# TYPE kvpool_lease_expiries_total counter\nkvpool_lease_expiries_total %llu\n",
-        (unsigned long long)r->lease_expiries_total);
-    put(&b,
-        "# HELP kvpool_append_bytes_total K and V bytes appended by the daemon.\n"
-        "# TYPE kvpool_append_bytes_total counter\nkvpool_append_bytes_total %llu\n",
-        (unsigned long long)r->append_bytes_total);
-    put(&b, "# HELP kvpool_rpc_requests_total Requests answered by call and status.\n"
-            "# TYPE kvpool_rpc_requests_total counter\n");
+    put_header(&b, "kvpool_cow_copies_total", "counter", "Pages copied on write.");
+    put(&b, "kvpool_cow_copies_total %llu\n", (unsigned long long)r->cow_copies_total);
+    put_header(&b, "kvpool_lease_expiries_total", "counter",
+               "Namespaces released because their lease ran out with no session attached.");
+    put(&b, "kvpool_lease_expiries_total %llu\n", (unsigned long long)r->lease_expiries_total);
+    put_header(&b, "kvpool_evicted_sequences_total", "counter",
+               "Sequences released by the daemon rather than by their client (lease expiry; "
+               "the daemon never evicts for space: a full pool answers RESOURCE_EXHAUSTED).");
+    put(&b, "kvpool_evicted_sequences_total{reason=\"lease_expired\"} %llu\n",
+        (unsigned long long)r->evicted_seqs_total);
+    put_header(&b, "kvpool_evicted_pages_total", "counter",
+               "Pages returned to the free list by those evictions.");
+    put(&b, "kvpool_evicted_pages_total{reason=\"lease_expired\"} %llu\n",
+        (unsigned long long)r->evicted_pages_total);
+    put_header(&b, "kvpool_append_bytes_total", "counter",
+               "K and V bytes copied into the pool by daemon-run Appends (all layers).");
+    put(&b, "kvpool_append_bytes_total %llu\n", (unsigned long long)r->append_bytes_total);
+    put_header(&b, "kvpool_append_run_seconds", "histogram",
+               "Time a copy worker spent running one Append plan: copy-on-write copies and "
+               "the append (host: the CPU copy; cuda: waiting for the worker's ready event and "
+               "the launches, the GPU may still be running when event sync is used).");
+    put_histogram(&b, "kvpool_append_run_seconds", NULL, NULL, r->run_buckets, r->run_sum_ns);
+
+    put_header(&b, "kvpool_rpc_requests_total", "counter",
+               "Requests answered, by call and status code (call=\"invalid\": a frame that did "
+               "not decode or named no call).");
     for (unsigned c = 0; c < NUM_CALLS; c++)
         for (unsigned k = 0; k < NUM_CODES; k++)
             if (call_names[c] && r->calls[c][k])
                 put(&b, "kvpool_rpc_requests_total{call=\"%s\",code=\"%s\"} %llu\n", call_names[c],
                     kvp_wire_code_name((kvpool_Code)k), (unsigned long long)r->calls[c][k]);
-    put(&b, "# HELP kvpool_rpc_duration_seconds Time from a request's frame to its answer.\n"
-            "# TYPE kvpool_rpc_duration_seconds histogram\n");
+    put_header(&b, "kvpool_rpc_duration_seconds", "histogram",
+               "Time from a request's frame to its answer, by call.");
     for (unsigned c = 0; c < NUM_CALLS; c++) {
-        if (!call_names[c])
-            continue;
-        uint64_t cum = 0, total = 0;
-        for (unsigned k = 0; k < NUM_BUCKETS; k++)
+        uint64_t total = 0;
+        for (unsigned k = 0; call_names[c] && k < NUM_BUCKETS; k++)
             total += r->lat_buckets[c][k];
-        if (!total)
-            continue;
-        double bound = 1e-6;
-        for (unsigned k = 0; k < NUM_BUCKETS - 1; k++, bound *= 2) {
-            cum += r->lat_buckets[c][k];
-            put(&b, "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"%g\"} %llu\n",
-                call_names[c], bound, (unsigned long long)cum);
-        }
-        put(&b, "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"+Inf\"} %llu\n", call_names[c],
-            (unsigned long long)total);
-        put(&b, "kvpool_rpc_duration_seconds_sum{call=\"%s\"} %.9f\n", call_names[c],
-            (double)r->lat_sum_ns[c] / 1e9);
-        put(&b, "kvpool_rpc_duration_seconds_count{call=\"%s\"} %llu\n", call_names[c],
-            (unsigned long long)total);
+        if (total)
+            put_histogram(&b, "kvpool_rpc_duration_seconds", "call", call_names[c],
+                          r->lat_buckets[c], r->lat_sum_ns[c]);
+    }
+    if (b.truncated) {
+        /* the note's room was kept out of b.cap */
+        int n =
+            snprintf(buf + b.len, TRUNC_NOTE_BYTES, "# kvpool: truncated at %zu bytes\n", b.len);
+        if (n > 0 && n < TRUNC_NOTE_BYTES)
+            b.len += (size_t)n;
+        kvp_log(KVP_LOG_WARNING, "metrics truncated bytes=%zu", b.len);
     }
     return b.len;
 }

@@ -122,10 +122,20 @@ int kvp_rpc_is_mutating(pb_size_t which_body);
 void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Metrics: one observation per answered request. */
+/* Metrics: one observation per answered request (which_body 0: a frame that did not decode). */
 void kvp_rpc_observe(kvp_rpc_t *r, pb_size_t which_body, kvpool_Code code, uint64_t latency_ns);
-/* Prometheus text exposition 0.0.4 into buf; returns its length (truncated at cap - 1). */
+/* Metrics: how long one kvp_rpc_job_run took on its copy worker, measured by the server (this
+ * module reads no clock). Loop thread. */
+void kvp_rpc_observe_run(kvp_rpc_t *r, uint64_t run_ns);
+/* Prometheus text exposition 0.0.4 into buf (NUL-terminated); returns its length. Every metric
+ * has HELP and TYPE; names follow Prometheus conventions (kvpool_ prefix, base units,
+ * _total counters). When cap is too small the text stops after the last whole line that fits
+ * and ends with a "# kvpool: truncated" comment (logged as a warning): never half a sample.
+ * Reads only daemon state, no per-client labels (namespaces are bounded by max_namespaces). */
 size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms);
+/* Internal, exposed for the unit test: escapes a namespace name as a Prometheus label value
+ * into out (cap bytes, NUL-terminated; 2 * KVP_NS_NAME_MAX + 2 always holds a whole name). */
+void kvp__rpc_label_escape(const char *in, char *out, size_t cap);
 
 /* SIGHUP: applies the limits that can change at run time (max_batch_tokens,
  * max_buffer_bytes, default_lease_ms, max_lease_ms); the others size tables and need a

@@ -18,6 +18,7 @@
 
 #include "kvp_config.h"
 #include "kvp_error.h"
+#include "kvp_http.h"
 #include "kvp_log.h"
 #include "kvp_notify.h"
 #include "kvp_rpc.h"
@@ -34,6 +35,7 @@ typedef struct {
     kvp_config_t cfg;
     kvp_rpc_t *rpc;
     kvp_server_t *server;
+    kvp_http_t *http; /* the Prometheus endpoint, NULL when metrics_listen is empty */
     kvp_notify_t notify;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick;     /* leases, health, status */
@@ -51,6 +53,8 @@ static void close_handles(daemon_t *d)
     for (unsigned i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
         if (!uv_is_closing(hs[i]))
             uv_close(hs[i], NULL);
+    kvp_http_destroy(d->http);
+    d->http = NULL;
     kvp_server_destroy(d->server);
 }
 
@@ -138,6 +142,13 @@ static void on_watchdog(uv_timer_t *t)
         kvp_notify_send(&d->notify, "WATCHDOG=1");
 }
 
+/* The HTTP endpoint's text is the Metrics RPC's text: one source for both. */
+static size_t render_metrics(void *arg, char *buf, size_t cap)
+{
+    daemon_t *d = arg;
+    return kvp_rpc_metrics_text(d->rpc, buf, cap, kvp_server_now_ms());
+}
+
 static int resolve_group(const char *name, int64_t *gid, char *err, size_t err_len)
 {
     *gid = -1;
@@ -198,7 +209,7 @@ static int run(daemon_t *d)
         uv_signal_start(sigs[i], on_signal, nums[i]);
     }
     kvp_server_config_t sc = {
-        .socket_path = d->cfg.socket,
+        .socket_path = listen_fd >= 0 ? NULL : d->cfg.socket, /* inherited: not ours */
         .socket_mode = d->cfg.socket_mode,
         .socket_gid = gid,
         .listen_fd = listen_fd,
@@ -218,6 +229,22 @@ static int run(daemon_t *d)
     uv_timer_start(&d->tick, on_tick, 100, 100);
     uv_timer_init(d->loop, &d->watchdog);
     d->watchdog.data = d;
+    if (d->cfg.metrics_listen[0]) {
+        /* asked for explicitly, so a port in use or a typo stops the start-up loudly */
+        kvp_http_config_t hc = {
+            .listen = d->cfg.metrics_listen,
+            .max_connections = 16,
+            .timeout_ms = 5000,
+            .max_body_bytes = 4u << 20,
+            .render = render_metrics,
+            .render_arg = d,
+        };
+        if ((rc = kvp_http_create(d->loop, &hc, &d->http))) {
+            snprintf(err, sizeof(err), "cannot serve metrics on %s: %s", d->cfg.metrics_listen,
+                     kvp_strerror(rc));
+            goto fail_server;
+        }
+    }
     kvp_notify_open(&d->notify);
     if (d->cfg.watchdog && kvp_notify_watchdog_usec(&d->watchdog_usec) == 0 && d->watchdog_usec) {
         uint64_t every_ms = d->watchdog_usec / 2000 ? d->watchdog_usec / 2000 : 1;
@@ -247,6 +274,11 @@ static int run(daemon_t *d)
     kvp_rpc_destroy(d->rpc);
     return d->exit_code;
 
+fail_server:
+    /* the server's and the signals' handles must close through the loop before the state
+     * they point at goes away */
+    close_handles(d);
+    uv_run(d->loop, UV_RUN_DEFAULT);
 fail_rpc:
     kvp_rpc_destroy(d->rpc);
 fail:

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Lifecycle of a real kvpoold process, driven from outside as an operator or systemd would:
 kvpoolctl (every command, --json, exit codes), --check-config, socket activation through
-LISTEN_FDS, the notify protocol (READY, WATCHDOG at the configured rate, STOPPING), SIGHUP
-reload, SIGTERM exit 0. Standard library only.
+LISTEN_FDS (our own harness and systemd's systemd-socket-activate), the notify protocol (READY,
+WATCHDOG at the configured rate, RELOADING, STOPPING), SIGHUP reload, SIGTERM exit 0, and the
+journal's log format when JOURNAL_STREAM names stderr. Standard library only.
 
 usage: test_lifecycle.py BUILD_DIR
 """
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -234,6 +237,119 @@ class SystemdTest(unittest.TestCase):
         self.assertTrue(wait_for(lambda: "reload failed" in d.logtext()), d.logtext())
         self.assertEqual(ctl(d.sock, "health")[0], 0)
         self.assertEqual(d.stop(), 0, d.logtext())
+
+    def test_systemd_socket_activate_notify_watchdog_reload_stop(self):
+        """systemd's own activation tool: it listens, execs kvpoold on the first connection
+        with LISTEN_FDS/LISTEN_PID set; notify READY (with MAINPID), WATCHDOG every
+        WATCHDOG_USEC / 2, RELOADING then READY on SIGHUP, STOPPING on SIGTERM, exit 0."""
+        tool = shutil.which("systemd-socket-activate")
+        if not tool:
+            self.skipTest("systemd-socket-activate missing (Debian package systemd)")
+        tmp = tempfile.mkdtemp(prefix="kvpool-ssa-")
+        act = os.path.join(tmp, "act.sock")
+        ns, npath = self.notify_socket(tmp)
+        conf = os.path.join(tmp, "kvpoold.conf")
+        with open(conf, "w") as f:
+            f.write("[server]\nlog_level = info\n")
+        d = Daemon(args=["--config", conf],
+                   shell_prefix='exec %s -l %s -E NOTIFY_SOCKET=%s -E WATCHDOG_USEC=300000 "$@"; #'
+                   % (tool, act, npath))
+        self.assertTrue(wait_for(lambda: os.path.exists(act)), d.logtext())
+        self.assertEqual(ctl(act, "health")[0], 0, d.logtext())  # the first connection starts it
+        msgs = []
+        while not any("READY=1" in m for m in msgs):
+            msgs.append(ns.recv(4096).decode())
+        # the activation tool exec()s the daemon: the pid systemd would watch is the same
+        self.assertIn("MAINPID=%d" % d.proc.pid, "\n".join(msgs))
+        self.assertIn("inherited=1", d.logtext())
+        self.assertIn("listening socket=(inherited)", d.logtext())
+        self.assertFalse(os.path.exists(d.sock))
+        pings = []
+        while len(pings) < 6:
+            if "WATCHDOG=1" in ns.recv(4096).decode():
+                pings.append(time.time())
+        gaps = sorted(b - a for a, b in zip(pings, pings[1:]))
+        # every 150 ms: the median gap, with room for a loaded CI machine, never a burst
+        self.assertTrue(0.1 < gaps[len(gaps) // 2] < 1.0, gaps)
+        d.proc.send_signal(signal.SIGHUP)
+        got = []
+        while "READY=1" not in "".join(got[1:]):
+            m = ns.recv(4096).decode()
+            if "WATCHDOG=1" not in m:
+                got.append(m)
+        self.assertEqual(got[0], "RELOADING=1")
+        d.proc.send_signal(signal.SIGTERM)
+        while "STOPPING=1" not in ns.recv(4096).decode():
+            pass
+        self.assertEqual(d.proc.wait(timeout=20), 0, d.logtext())
+        d.log.close()
+        ns.close()
+
+    def test_watchdog_off_sends_no_pings(self):
+        tmp = tempfile.mkdtemp(prefix="kvpool-wd-")
+        ns, npath = self.notify_socket(tmp)
+        d = Daemon(args=["--set", "server.watchdog=false"],
+                   env={"NOTIFY_SOCKET": npath, "WATCHDOG_USEC": "100000"})
+        d.wait_ready()
+        msgs = [ns.recv(4096).decode()]
+        self.assertIn("READY=1", msgs[0])
+        ns.settimeout(0.6)  # six intervals
+        with self.assertRaises(socket.timeout):
+            msgs.append(ns.recv(4096).decode())
+        self.assertEqual(d.stop(), 0, d.logtext())
+        ns.close()
+
+
+class JournalLogTest(unittest.TestCase):
+    """kvp_log's two styles on a real daemon: syslog priority prefixes and no timestamps when
+    JOURNAL_STREAM names its stderr (as systemd sets it), RFC 3339 UTC timestamps otherwise."""
+
+    def test_priority_prefix_when_stderr_is_the_journal(self):
+        d = Daemon()
+        d.wait_ready()
+        self.assertEqual(d.stop(), 0)
+        plain = d.logtext().splitlines()
+        self.assertTrue(plain)
+        ts = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (emerg|alert|crit|err|warning|"
+                        r"notice|info|debug) \S")
+        for line in plain:
+            self.assertRegex(line, ts)
+
+        # a second daemon whose stderr file is named by JOURNAL_STREAM
+        tmp = tempfile.mkdtemp(prefix="kvpool-js-")
+        path = os.path.join(tmp, "journal.log")
+        f = open(path, "w+")
+        st = os.fstat(f.fileno())
+        e = dict(os.environ, JOURNAL_STREAM="%d:%d" % (st.st_dev, st.st_ino))
+        sock = os.path.join(tmp, "k.sock")
+        p = subprocess.Popen([KVPOOLD, "--socket", sock] + SMALL, stdout=subprocess.DEVNULL,
+                             stderr=f, env=e)
+        LIVE.append(p)
+        self.assertTrue(wait_for(lambda: can_connect(sock)))
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=20), 0)
+        f.close()
+        with open(path) as g:
+            lines = g.read().splitlines()
+        self.assertIn("<5>listening socket=%s mode=0660 inherited=0" % sock, lines)
+        self.assertTrue(any(x.startswith("<5>ready version=") for x in lines), lines)
+        self.assertTrue(any(x.startswith("<6>pool created backend=host") for x in lines), lines)
+        for line in lines:
+            self.assertRegex(line, r"^<[0-7]>[a-z]")  # priority, then the event; no timestamp
+        # a JOURNAL_STREAM naming another file leaves the plain style on
+        other = os.stat(tmp)
+        f = open(path, "w+")
+        e["JOURNAL_STREAM"] = "%d:%d" % (other.st_dev, other.st_ino)
+        p = subprocess.Popen([KVPOOLD, "--socket", sock] + SMALL, stdout=subprocess.DEVNULL,
+                             stderr=f, env=e)
+        LIVE.append(p)
+        self.assertTrue(wait_for(lambda: can_connect(sock)))
+        p.send_signal(signal.SIGTERM)
+        self.assertEqual(p.wait(timeout=20), 0)
+        f.close()
+        with open(path) as g:
+            for line in g.read().splitlines():
+                self.assertRegex(line, ts)
 
 
 if __name__ == "__main__":

@@ -549,8 +549,49 @@ START_TEST(metrics_text_follows_the_exposition_format)
 }
 END_TEST
 
+START_TEST(metrics_label_values_are_escaped)
+{
+    char out[2 * KVP_NS_NAME_MAX + 2];
+    kvp__rpc_label_escape("a\"b\\c\nd", out, sizeof(out));
+    ck_assert_str_eq(out, "a\\\"b\\\\c\\nd");
+    kvp__rpc_label_escape("t\x01\x7f\xff\xc3\xa9", out, sizeof(out)); /* é stays */
+    ck_assert_str_eq(out, "t???\xc3\xa9");
+    char tiny[5];
+    kvp__rpc_label_escape("\"\"\"", tiny, sizeof(tiny)); /* never half an escape */
+    ck_assert_str_eq(tiny, "\\\"");
+}
+END_TEST
+
+START_TEST(metrics_text_truncates_at_a_line_boundary_and_says_so)
+{
+    setup();
+    hello_on(S, "eng", 0);
+    kvp_rpc_observe_run(R, 1500); /* 1.5 us: the 2 us bucket */
+    static char full[1 << 16], part[2000];
+    size_t n = kvp_rpc_metrics_text(R, full, sizeof(full), 5000);
+    ck_assert_ptr_nonnull(strstr(full, "kvpool_append_run_seconds_bucket{le=\"1e-06\"} 0\n"));
+    ck_assert_ptr_nonnull(strstr(full, "kvpool_append_run_seconds_bucket{le=\"2e-06\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr(full, "kvpool_append_run_seconds_count 1\n"));
+    ck_assert_ptr_nonnull(strstr(full, "kvpool_append_run_seconds_sum 0.000001500\n"));
+    ck_assert_ptr_null(strstr(full, "truncated"));
+    size_t m = kvp_rpc_metrics_text(R, part, sizeof(part), 5000);
+    ck_assert_uint_lt(m, n);
+    ck_assert_uint_eq(m, strlen(part));
+    char *note = strstr(part, "# kvpool: truncated at ");
+    ck_assert_ptr_nonnull(note);
+    ck_assert_int_eq(note[strlen(note) - 1], '\n');
+    /* everything before the note is a prefix of the full text ending at a newline */
+    size_t body = (size_t)(note - part);
+    ck_assert_uint_gt(body, 0);
+    ck_assert_int_eq(part[body - 1], '\n');
+    ck_assert_int_eq(memcmp(part, full, body), 0);
+    teardown();
+}
+END_TEST
+
 int main(void)
 {
+
     Suite *s = suite_create("rpc");
     TCase *tc = tcase_create("rpc");
     tcase_add_test(tc, first_request_must_be_hello);
@@ -560,6 +601,8 @@ int main(void)
     tcase_add_test(tc, namespaces_are_owned_and_leases_keep_sequences);
     tcase_add_test(tc, replay_returns_the_first_answer_and_applies_nothing_twice);
     tcase_add_test(tc, metrics_text_follows_the_exposition_format);
+    tcase_add_test(tc, metrics_label_values_are_escaped);
+    tcase_add_test(tc, metrics_text_truncates_at_a_line_boundary_and_says_so);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
