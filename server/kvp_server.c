@@ -63,7 +63,6 @@ typedef struct conn {
     kvp_job_item_t work; /* the off-loop part of the request in flight */
     kvp_rpc_job_t *job;
     uint64_t job_start_ns;
-    uint64_t job_run_ns; /* written by the copy worker, read after the work is back */
     pb_size_t job_which;
     int job_mutating;
     uint64_t job_req_id;
@@ -419,9 +418,7 @@ static void after_work(kvp_job_item_t *w);
 static void work_cb(kvp_job_item_t *w)
 {
     conn_t *c = w->data;
-    uint64_t t0 = uv_hrtime();
     kvp_rpc_job_run(c->job);
-    c->job_run_ns = uv_hrtime() - t0;
 }
 
 /* Decodes and answers one frame's payload. */
@@ -508,7 +505,7 @@ static void after_work(kvp_job_item_t *w)
                 (double)(w->begin_ns - w->queued_ns) / 1e3,
                 (double)(w->end_ns - w->begin_ns) / 1e3, (double)(uv_hrtime() - w->end_ns) / 1e3);
     kvp_rpc_job_finish(s->rpc, c->job, io, kvp_server_now_ms());
-    kvp_rpc_observe_run(s->rpc, c->job_run_ns);
+    kvp_rpc_observe_run(s->rpc, w->end_ns - w->begin_ns); /* stamped by kvp_jobs */
     c->busy = 0;
     if (c->closing) {
         kvp_rpc_job_free(c->job);
