@@ -1,7 +1,7 @@
 #!/bin/sh
 # run_device.sh - what one call on the GPU machine runs (build here with KVP_STATIC_DEPS=ON into
 # .devbuild/, carry it): the gpu-labelled tests and the CUDA benchmarks, logs under $OUT.
-#   tests/gpu/run_device.sh [kernels|backend|all]
+#   tests/gpu/run_device.sh [kernels|e2e|backend|python|all]
 set -u
 B=${KVP_DEVBUILD:-.devbuild}
 export KVPOOLD="$PWD/$B/server/kvpoold"
@@ -38,5 +38,14 @@ if [ "$what" = backend ] || [ "$what" = all ]; then
         "$t" > "$OUT/$(basename "$t").log" 2>&1; r=$?
         tail -8 "$OUT/$(basename "$t").log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
     done
+fi
+if [ "$what" = python ] || [ "$what" = all ]; then
+    # the PyTorch side of the Python package (tests/python/test_torch.py) with the machine's
+    # python3 (PyTorch, NumPy and pytest there); libkvpool and kvpoold from the carried build
+    echo "== pytest tests/python/test_torch.py"
+    PYTHONPATH="$PWD/client/python" KVPOOL_LIB="$PWD/$B/client/libkvpool.so" \
+        PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider \
+        tests/python/test_torch.py > "$OUT/test_torch.log" 2>&1; r=$?
+    tail -15 "$OUT/test_torch.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
 fi
 exit $rc

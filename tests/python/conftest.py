@@ -29,9 +29,9 @@ class Daemon:
         self.log = open(os.path.join(self.dir, "kvpoold.log"), "w+")
         env = {k: v for k, v in os.environ.items()
                if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "WATCHDOG_USEC")}
-        self.proc = subprocess.Popen([KVPOOLD, "--socket", self.sock, "--backend", "host"]
-                                     + list(args), stdout=subprocess.DEVNULL, stderr=self.log,
-                                     env=env)
+        backend = [] if "--backend" in args else ["--backend", "host"]  # host unless named
+        self.proc = subprocess.Popen([KVPOOLD, "--socket", self.sock] + backend + list(args),
+                                     stdout=subprocess.DEVNULL, stderr=self.log, env=env)
         end = time.time() + 10
         while time.time() < end and self.proc.poll() is None:
             s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)

@@ -1,9 +1,10 @@
 """kvpool: Python client of the kvpoold KV-cache daemon, over libkvpool (ctypes).
 
-NumPy only (no PyTorch). The host backend's pool is exposed as per-layer NumPy views that alias
-the daemon's memory; the cuda backend's views are not in this package yet (NotImplementedError).
-libkvpool.so is loaded on first use ($KVPOOL_LIB, next to the package, the source tree's
-build/client/, or the system's), so the NumPy helpers work without it.
+The host backend's pool is exposed as per-layer NumPy views that alias the daemon's memory; the
+cuda backend's as PyTorch CUDA tensors over the pool mapped in this process (kvpool._torch,
+imported only then: `import kvpool` needs NumPy, never PyTorch). libkvpool.so is loaded on
+first use ($KVPOOL_LIB, next to the package, the source tree's build/client/, or the
+system's), so the NumPy helpers work without it.
 """
 from ._lib import KVP_LEASE_DEFAULT, library_path
 from .client import Client, PageTable, PoolInfo, Stats, default_socket

@@ -91,6 +91,37 @@ class kvp_source_t(ctypes.Structure):
     ]
 
 
+class kvp_paged_kv_t(ctypes.Structure):
+    """kernels/kvp_kernels.h (strides in elements; device pointers for the CUDA kernels)."""
+    _fields_ = [
+        ("k_data", ctypes.c_void_p),
+        ("v_data", ctypes.c_void_p),
+        ("elem_bytes", _u32),
+        ("num_pages", _u32),
+        ("page_size", _u32),
+        ("num_heads", _u32),
+        ("head_dim", _u32),
+        ("stride_page", _i64),
+        ("stride_n", _i64),
+        ("stride_h", _i64),
+        ("batch_size", _u32),
+        ("kv_indptr", ctypes.c_void_p),
+        ("kv_indices", ctypes.c_void_p),
+        ("kv_last_page_len", ctypes.c_void_p),
+    ]
+
+
+class kvp_append_src_t(ctypes.Structure):
+    _fields_ = [
+        ("key", ctypes.c_void_p),
+        ("value", ctypes.c_void_p),
+        ("k_stride_n", _i64),
+        ("k_stride_h", _i64),
+        ("v_stride_n", _i64),
+        ("v_stride_h", _i64),
+    ]
+
+
 class kvp_stats_summary_t(ctypes.Structure):
     _fields_ = [
         ("num_pages", _u32),
@@ -111,8 +142,7 @@ class kvp_stats_summary_t(ctypes.Structure):
 _c = ctypes.c_void_p  # kvp_client_t *
 _int = ctypes.c_int
 
-# name: (restype, argtypes), exactly the prototypes of kvpool.h (the CUDA section is left to the
-# change that adds the cuda backend's Python side).
+# name: (restype, argtypes), exactly the prototypes of kvpool.h.
 _PROTOTYPES = {
     "kvp_client_default_socket": (ctypes.c_char_p, [ctypes.c_char_p, ctypes.c_size_t]),
     "kvp_client_connect": (
@@ -146,6 +176,35 @@ _PROTOTYPES = {
     "kvp_client_audit": (_int, [_c]),
     "kvp_strerror": (ctypes.c_char_p, [_int]),
     "kvp_errname": (ctypes.c_char_p, [_int]),
+    # the CUDA section (stubs answering KVP_EUNAVAIL in a build without CUDA)
+    "kvp_client_cuda_map_pool": (_int, [_c]),
+    "kvp_client_cuda_alloc_buffer": (
+        _int, [_c, _u64, _int, ctypes.POINTER(ctypes.c_void_p), _p_u32, _int]),
+    "kvp_client_cuda_register_ipc": (_int, [_c, ctypes.c_void_p, _u64, _p_u32]),
+    "kvp_client_cuda_append_async": (
+        _int,
+        [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_source_t),
+         ctypes.POINTER(kvp_page_table_t), ctypes.c_void_p],
+    ),
+    "kvp_client_cuda_copy_pages": (
+        _int, [_c, ctypes.POINTER(kvp_page_table_t), ctypes.c_void_p]),
+    "kvp_client_cuda_free_buffer": (_int, [_c, _u32]),
+}
+
+_v = ctypes.c_void_p
+# The CUDA kernels (kernels/kvp_kernels_cuda.h), exported only by a libkvpool built with CUDA:
+# declared when present.
+_OPTIONAL_PROTOTYPES = {
+    "kvp_cuda_available": (_int, []),
+    "kvp_cuda_kernels_preload": (_int, []),
+    "kvp_append_paged_kv_cache_cuda": (
+        _int, [ctypes.POINTER(kvp_paged_kv_t), ctypes.POINTER(kvp_append_src_t), _v, _v, _u32,
+               _v, _v]),
+    "kvp_append_paged_kv_cache_fused_cuda_ex": (
+        _int, [ctypes.POINTER(kvp_paged_kv_t), ctypes.POINTER(kvp_append_src_t), _v, _u32, _v,
+               ctypes.c_uint, _v]),
+    "kvp_get_seq_lens_cuda": (_int, [_v, _v, _u32, _u32, _v, _v]),
+    "kvp_get_batch_indices_positions_cuda": (_int, [_v, _v, _u32, _u32, _v, _v, _v]),
 }
 
 _lock = threading.Lock()
@@ -199,6 +258,11 @@ def load():
                 fn = getattr(lib, name)
                 fn.restype = res
                 fn.argtypes = args
+            for name, (res, args) in _OPTIONAL_PROTOTYPES.items():
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    fn.restype = res
+                    fn.argtypes = args
             _lib, _lib_path = lib, path
             return lib
         raise OSError(

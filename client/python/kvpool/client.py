@@ -191,6 +191,7 @@ class Client:
         self.namespace = namespace or "default"
         self._info = PoolInfo._from_c(self._lib.kvp_client_pool_info(h).contents)
         self._pool_arrays = {}
+        self._cuda_buffers = {}  # buffer id -> group device, for CUDA staging buffers
 
     # ---- handle --------------------------------------------------------------------------
 
@@ -262,14 +263,19 @@ class Client:
 
     # ---- pool views ----------------------------------------------------------------------
 
+    def _cuda(self):
+        """The PyTorch side (kvpool._torch), for a cuda pool."""
+        try:
+            from . import _torch
+        except ImportError as e:
+            raise ImportError("a cuda-backend pool is shown as PyTorch tensors: install torch "
+                              "(%s)" % e) from e
+        return _torch
+
     def _pool(self, device=0):
         info = self._info
-        if info.backend != 0:
-            raise NotImplementedError(
-                "views of a %s-backend pool are not implemented in the Python package yet (a "
-                "later change adds them, as torch/DLPack device tensors after "
-                "kvp_client_cuda_map_pool); this change covers the host backend only"
-                % info.backend_name)
+        if info.backend == 1:
+            return self._cuda().pool_tensor(self, int(device))
         if device in self._pool_arrays:
             return self._pool_arrays[device]
         with self._lock:
@@ -281,14 +287,22 @@ class Client:
         self._pool_arrays[device] = arr
         return arr
 
-    def pool_bytes_view(self, device=0) -> np.ndarray:
-        """The whole mapped pool of a device as a writable uint8 array (no copy)."""
-        return self._pool(device)
+    def pool_bytes_view(self, device=0):
+        """The whole mapped pool of a device as a writable uint8 array (no copy); on the cuda
+        backend a uint8 CUDA tensor."""
+        p = self._pool(device)
+        if self._info.backend == 1:
+            import torch
+
+            return p.view(torch.uint8)
+        return p
 
     def _kv_view(self, layer, kv, device):
         info = self._info
         if not 0 <= layer < info.num_layers:
             raise IndexError("layer %d out of range (the pool has %d)" % (layer, info.num_layers))
+        if info.backend == 1:
+            return self._cuda().kv_view(self, layer, kv, int(device))
         pool = self._pool(device)
         dt = info.numpy_dtype
         e = dt.itemsize
@@ -306,7 +320,9 @@ class Client:
         """Layer `layer`'s K cache as a writable NumPy array over the mapped pool (no copy):
         [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D] (HND), dtype
         float16/float32, or uint16 (bf16) / uint8 (fp8) raw. With combined storage the page
-        stride is 2 * page elements (K and V of a page side by side)."""
+        stride is 2 * page elements (K and V of a page side by side). On the cuda backend: a
+        CUDA tensor of the pool's dtype (bf16 and fp8 too) on device_ids[device], aliasing the
+        daemon's pool (kvp_client_cuda_map_pool on first use)."""
         return self._kv_view(layer, 0, device)
 
     def v_view(self, layer, device=0) -> np.ndarray:
@@ -316,6 +332,11 @@ class Client:
     def paged_kv_cache(self, layer, device=0):
         """Layer `layer` as FlashInfer's paged_kv_cache argument: combined storage -> one array
         [num_pages, 2, ...] ([:, 0] K, [:, 1] V); split storage -> the tuple (k, v)."""
+        if self._info.backend == 1:
+            if not 0 <= layer < self._info.num_layers:
+                raise IndexError("layer %d out of range (the pool has %d)"
+                                 % (layer, self._info.num_layers))
+            return self._cuda().paged_kv_cache(self, layer, int(device))
         k = self.k_view(layer, device)
         if self._info.storage == 1:
             return k, self.v_view(layer, device)
@@ -324,9 +345,12 @@ class Client:
             k, shape=(k.shape[0], 2) + k.shape[1:],
             strides=(k.strides[0], vstride) + k.strides[1:], writeable=True)
 
-    def apply_copies(self, table: PageTable, device=0):
+    def apply_copies(self, table: PageTable, device=0, stream=None):
         """Runs a Reserve answer's copy-on-write copies on the mapped pool (K and V, every
-        layer), as the Reserve caller must before its own appends."""
+        layer), as the Reserve caller must before its own appends. cuda backend: queued on
+        `stream` (default: the current torch stream of the device)."""
+        if self._info.backend == 1:
+            return self._cuda().copy_pages(self, table, int(device), stream)
         c = np.asarray(table.copies)
         if c.size == 0:
             return
@@ -338,9 +362,17 @@ class Client:
 
     # ---- staging buffers -----------------------------------------------------------------
 
-    def alloc_staging(self, nbytes) -> Tuple[np.ndarray, int]:
-        """Creates, maps and registers a sealed memfd staging buffer of nbytes; returns (a
-        writable uint8 array over it, its buffer id). Unmapped by unregister_buffer / close."""
+    def alloc_staging(self, nbytes, device=0):
+        """Creates and registers a staging buffer of nbytes; returns (a writable uint8 array
+        over it, its buffer id). Host backend: a sealed memfd, as a NumPy array. cuda backend:
+        GPU memory of device_ids[device] (CUDA VMM, shared with the daemon by fd, with
+        interprocess events), as a uint8 CUDA tensor; append() then orders the daemon's copy
+        after the work queued on the current stream. Freed by unregister_buffer / close."""
+        if self._info.backend == 1:
+            t, bid = self._cuda().alloc_staging(self, nbytes, int(device))
+            self._staging[bid] = t
+            self._cuda_buffers[bid] = int(device)
+            return t, bid
         ptr = ctypes.c_void_p()
         bid = ctypes.c_uint32()
         self._call(self._lib.kvp_client_alloc_host_buffer, int(nbytes), ctypes.byref(ptr),
@@ -348,6 +380,18 @@ class Client:
         arr = np.asarray(_Memory(ptr.value, nbytes, self))
         self._staging[bid.value] = arr
         return arr, int(bid.value)
+
+    def register_tensor(self, tensor, device=0) -> int:
+        """cuda backend: registers a contiguous CUDA tensor (PyTorch's cudaMalloc'd memory;
+        not expandable segments) as a staging buffer through a legacy IPC handle, with
+        events; source offsets are then relative to tensor.data_ptr(). The tensor must
+        outlive the registration (unregister_buffer). Returns the buffer id."""
+        if self._info.backend != 1:
+            raise error(KVP_EPRECOND, "register_tensor needs the cuda backend")
+        bid = self._cuda().register_tensor(self, tensor)
+        self._staging[bid] = tensor
+        self._cuda_buffers[bid] = int(device)
+        return bid
 
     def register_fd(self, fd, size_bytes, kind=0) -> int:
         """Registers a buffer given as an fd (kind 0: memfd sealed against shrinking); the fd
@@ -360,8 +404,13 @@ class Client:
     def unregister_buffer(self, buffer_id):
         """Unregisters a buffer (and unmaps it if alloc_staging made it: its array must not be
         used afterwards)."""
-        self._call(self._lib.kvp_client_unregister_buffer, int(buffer_id))
-        self._staging.pop(int(buffer_id), None)
+        bid = int(buffer_id)
+        if bid in self._cuda_buffers:
+            self._call(self._lib.kvp_client_cuda_free_buffer, bid)
+            del self._cuda_buffers[bid]
+        else:
+            self._call(self._lib.kvp_client_unregister_buffer, bid)
+        self._staging.pop(bid, None)
 
     # ---- sequences -----------------------------------------------------------------------
 
@@ -398,17 +447,32 @@ class Client:
             out = out._replace(kv_indptr=np.zeros(1, np.int32), append_indptr=np.zeros(1, np.int32))
         return out
 
-    def append(self, seq_ids, num_tokens, source) -> PageTable:
+    def append(self, seq_ids, num_tokens, source, stream=None) -> PageTable:
         """Daemon-run append: grows each sequence by num_tokens[i] tokens (an int applies to
         all), the daemon copies K/V from a registered buffer and answers once the data is in
         the pool. source: dict with buffer_id, k_offset, v_offset (bytes) and optionally
         k_stride_n, k_stride_h, v_stride_n, v_stride_h (default: contiguous [nnz, H, D] rows of
         this pool's dtype), layer_stride (default 0), layer_begin, layer_end (0 = all layers).
         Token t (batch order), head h, layer l reads K at k_offset + (l - layer_begin) *
-        layer_stride + t * k_stride_n + h * k_stride_h. Returns the batch's PageTable."""
+        layer_stride + t * k_stride_n + h * k_stride_h. Returns the batch's PageTable.
+        A buffer of alloc_staging / register_tensor on the cuda backend goes through
+        kvp_client_cuda_append_async: the daemon waits (on an interprocess event) for the work
+        queued on `stream` (default: the device's current torch stream) before it copies."""
         seq = _u64_array(seq_ids, "seq_ids")
         tok = _num_tokens(num_tokens, seq.size)
         src = self._source(source)
+        g = self._cuda_buffers.get(int(src.buffer_id))
+        if g is not None:
+            cuda = self._cuda()
+            ordinal = self._info.device_ids[g]
+            s = ctypes.c_void_p(cuda.stream_of(ordinal, stream))
+
+            def fn(h, seq_p, tok_p, n, src_p, table_p):
+                with cuda.torch.cuda.device(ordinal):
+                    return self._lib.kvp_client_cuda_append_async(h, seq_p, tok_p, n, src_p,
+                                                                  table_p, s)
+            return self._table_call(fn, seq,
+                                    (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src)))
         return self._table_call(self._lib.kvp_client_append, seq,
                                 (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src)))
 

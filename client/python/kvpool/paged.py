@@ -1,11 +1,16 @@
-"""FlashInfer's paged-KV helpers in NumPy (DESIGN.md §1), for the Reserve path on the host
-backend: append_paged_kv_cache, get_batch_indices_positions, get_seq_lens.
+"""FlashInfer's paged-KV helpers (DESIGN.md §1), for the Reserve path: append_paged_kv_cache,
+get_batch_indices_positions, get_seq_lens.
 
-libkvpool.so exports only the kvp_client_* API (client/CMakeLists.txt), not the CPU kernel
-kvp_append_paged_kv_cache_cpu, so these are vectorised NumPy with the same meaning and the
-same guards as the C kernel: nnz = 0 is a no-op, batch_indices[i] < 0 is padding, and every
-position must lie inside its request's sequence (pos < seq_len); every check runs before the
-first element is written. The copy is a pure copy: the cache's dtype, no conversion.
+NumPy arrays (the host backend's views) are handled here in vectorised NumPy with the same
+meaning and the same guards as the C kernel (libkvpool.so does not export the CPU kernel): nnz
+= 0 is a no-op, batch_indices[i] < 0 is padding, and every position must lie inside its
+request's sequence (pos < seq_len); every check runs before the first element is written. The
+copy is a pure copy: the cache's dtype, no conversion.
+
+PyTorch tensors are accepted too: CUDA tensors (the cuda backend's views) go to the CUDA
+kernels libkvpool exports (kvpool._torch: the checked append, which writes nothing when an
+entry is out of range, queued on the current stream; pass check=True to wait and raise); CPU
+tensors are handled by the NumPy code on their memory (bf16/fp8 as raw integers).
 """
 import numpy as np
 
@@ -21,9 +26,45 @@ def _i32(a, name):
     return a.astype(np.int64, copy=False)
 
 
+def _is_torch(x):
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _torch_cuda(x):
+    return _is_torch(x) and x.is_cuda
+
+
+def _np(x):
+    """A NumPy view of a CPU torch tensor (same memory; bf16/fp8 as unsigned integers)."""
+    if not _is_torch(x):
+        return x
+    import torch
+
+    if x.dtype == torch.bfloat16:
+        x = x.view(torch.int16)
+    elif x.element_size() == 1 and x.is_floating_point():
+        x = x.view(torch.uint8)
+    return x.numpy()
+
+
+def _from_np(a, like):
+    if not _is_torch(like):
+        return a
+    import torch
+
+    return torch.from_numpy(a)
+
+
 def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
     """seq_len[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b],
     0 for a request without pages. int32."""
+    if _torch_cuda(kv_indptr):
+        from . import _torch
+
+        return _torch.get_seq_lens(kv_indptr, kv_last_page_len, page_size)
+    if _is_torch(kv_indptr):
+        return _from_np(get_seq_lens(_np(kv_indptr), _np(kv_last_page_len), page_size),
+                        kv_indptr)
     indptr = _i32(kv_indptr, "kv_indptr")
     last = _i32(kv_last_page_len, "kv_last_page_len")
     if indptr.size != last.size + 1:
@@ -39,6 +80,13 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz):
     request b gets batch index b and position seq_lens[b] - append_len[b] + j (seq_lens already
     count the appended tokens). Entries past append_indptr[-1] are padding: batch index -1,
     position 0."""
+    if _torch_cuda(append_indptr):
+        from . import _torch
+
+        return _torch.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    if _is_torch(append_indptr):
+        bi, pos = get_batch_indices_positions(_np(append_indptr), _np(seq_lens), nnz)
+        return _from_np(bi, append_indptr), _from_np(pos, append_indptr)
     indptr = _i32(append_indptr, "append_indptr")
     lens = _i32(seq_lens, "seq_lens")
     nnz = int(nnz)
@@ -74,23 +122,24 @@ def _split_cache(paged_kv_cache, kv_layout):
         if len(paged_kv_cache) != 2:
             raise ValueError("paged_kv_cache as a tuple must be (k_cache, v_cache)")
         k, v = paged_kv_cache
-        if k.shape != v.shape or k.dtype != v.dtype:
+        if tuple(k.shape) != tuple(v.shape) or k.dtype != v.dtype:
             raise ValueError("k_cache and v_cache differ: %s %s / %s %s"
                              % (k.shape, k.dtype, v.shape, v.dtype))
     else:
         c = paged_kv_cache
-        if c.ndim != 5 or c.shape[1] != 2:
+        if len(c.shape) != 5 or c.shape[1] != 2:
             raise ValueError("combined paged_kv_cache must be [num_pages, 2, ...], got %s"
                              % (c.shape,))
         k, v = c[:, 0], c[:, 1]
-    if k.ndim != 4:
-        raise ValueError("a K/V cache must be 4-D, got shape %s" % (k.shape,))
+    if len(k.shape) != 4:
+        raise ValueError("a K/V cache must be 4-D, got shape %s" % (tuple(k.shape),))
     page_size = k.shape[1] if layout == "NHD" else k.shape[2]
     return k, v, page_size, layout
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD"):
+                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", *,
+                          check=False):
     """FlashInfer's append_paged_kv_cache on NumPy arrays, in place.
 
     append_key, append_value: [nnz, H, D] (any row strides). batch_indices, positions: [nnz]
@@ -100,8 +149,24 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     pool. kv_indices, kv_indptr, kv_last_page_len: the page table (already grown to include the
     appended tokens). Token i, head h goes to page kv_indices[kv_indptr[b] + pos // page_size],
     slot pos % page_size, with b = batch_indices[i], pos = positions[i].
+
+    CUDA tensors: the same on the device, queued on the current stream; an out-of-range entry
+    makes the whole call write nothing, and check=True waits and raises (the NumPy path always
+    raises before writing).
     """
     k_cache, v_cache, page_size, layout = _split_cache(paged_kv_cache, kv_layout)
+    if _torch_cuda(k_cache):
+        from . import _torch
+
+        return _torch.append_paged_kv_cache(append_key, append_value, batch_indices, positions,
+                                            k_cache, v_cache, page_size, layout, kv_indices,
+                                            kv_indptr, kv_last_page_len, check)
+    if _is_torch(k_cache):
+        k_cache, v_cache = _np(k_cache), _np(v_cache)
+        append_key, append_value = _np(append_key), _np(append_value)
+        batch_indices, positions = _np(batch_indices), _np(positions)
+        kv_indices, kv_indptr, kv_last_page_len = _np(kv_indices), _np(kv_indptr), _np(
+            kv_last_page_len)
     if not (k_cache.flags.writeable and v_cache.flags.writeable):
         raise ValueError("paged_kv_cache is read-only")
     key = np.asarray(append_key)

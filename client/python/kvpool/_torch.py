@@ -1,0 +1,300 @@
+"""The cuda backend's Python side, on PyTorch: the mapped pool as device tensors (no copy),
+staging tensors the daemon reads, and FlashInfer's paged-KV helpers on CUDA tensors through the
+kernels libkvpool exports (kernels/kvp_kernels_cuda.h).
+
+Imported only when a cuda pool or a torch tensor is used: `import kvpool` never needs PyTorch.
+Pool tensors come from `__cuda_array_interface__` over the pointer libkvpool mapped
+(kvp_client_cuda_map_pool); the interface object keeps the Client alive, so a view never
+outlives the mapping while the Client is open (close() unmaps: views must not be used after).
+bf16 and fp8 pools are built as integer tensors of the element size and reinterpreted with
+Tensor.view(dtype): the array interface has no type strings for them.
+"""
+import ctypes
+
+import torch
+
+from . import _lib
+from .errors import KVP_EINVAL, KVP_EPRECOND, error
+
+TORCH_DTYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2, 3: torch.float16,
+                4: torch.bfloat16, 5: torch.float32}
+
+
+class _CudaMemory:
+    """A device range as __cuda_array_interface__ (uint8), keeping `owner` alive."""
+
+    def __init__(self, ptr, nbytes, owner):
+        self.__cuda_array_interface__ = {
+            "shape": (int(nbytes),), "typestr": "|u1", "data": (int(ptr), False),
+            "strides": None, "version": 3}
+        self._owner = owner
+
+
+def device_bytes(ptr, nbytes, ordinal, owner):
+    """A uint8 CUDA tensor over [ptr, ptr + nbytes) on device `ordinal`, without a copy."""
+    return torch.as_tensor(_CudaMemory(ptr, nbytes, owner), device=torch.device("cuda", ordinal))
+
+
+def stream_of(ordinal, stream=None):
+    """A cudaStream_t (int) for libkvpool: `stream` (a torch.cuda.Stream or a raw handle) or
+    the current stream of the device."""
+    if stream is None:
+        stream = torch.cuda.current_stream(torch.device("cuda", ordinal))
+    return int(getattr(stream, "cuda_stream", stream))
+
+
+# ---- pool views --------------------------------------------------------------------------
+
+def pool_tensor(client, g):
+    """The whole pool of group device g as a 1-D tensor of the pool's dtype (cached)."""
+    info = client.pool_info
+    if not 0 <= g < info.num_devices:
+        raise IndexError("device %d out of range (the pool spans %d)" % (g, info.num_devices))
+    if g in client._pool_arrays:
+        return client._pool_arrays[g]
+    lib = _lib.load()
+    with client._lock:
+        h = client._handle()
+        rc = lib.kvp_client_cuda_map_pool(h)
+        if rc:
+            raise error(rc, (lib.kvp_client_last_error(h) or b"").decode(errors="replace"))
+        base = lib.kvp_client_pool_base(h, int(g))
+    if not base:
+        raise error(KVP_EPRECOND, "the pool of device %d is not mapped (connect with "
+                    "map_pool=True)" % g)
+    raw = device_bytes(base, info.pool_bytes, info.device_ids[g], client)
+    t = raw.view(TORCH_DTYPES[info.dtype])
+    client._pool_arrays[g] = t
+    return t
+
+
+def kv_view(client, layer, kv, g):
+    """Layer `layer`'s K (kv 0) or V (kv 1) share of device g: [P, page_size, H, D] (NHD) or
+    [P, H, page_size, D] (HND), strides of the pool (page stride covers K and V when
+    combined)."""
+    info = client.pool_info
+    pool = pool_tensor(client, g)
+    e = info.elem_bytes
+    H = info.heads_per_device
+    off = (layer * info.layer_bytes + (info.v_offset_bytes if kv else 0)) // e
+    if info.layout == 0:
+        shape = (info.num_pages, info.page_size, H, info.head_dim)
+        strides = (info.stride_page, info.stride_n, info.stride_h, 1)
+    else:
+        shape = (info.num_pages, H, info.page_size, info.head_dim)
+        strides = (info.stride_page, info.stride_h, info.stride_n, 1)
+    return pool.as_strided(shape, strides, off)
+
+
+def paged_kv_cache(client, layer, g):
+    """FlashInfer's paged_kv_cache argument of a layer: combined -> [P, 2, ...] (K at [:, 0],
+    V at [:, 1]); split -> the tuple (k, v)."""
+    info = client.pool_info
+    k = kv_view(client, layer, 0, g)
+    if info.storage == 1:
+        return k, kv_view(client, layer, 1, g)
+    v_elems = info.v_offset_bytes // info.elem_bytes
+    return k.as_strided((k.shape[0], 2) + tuple(k.shape[1:]),
+                        (k.stride(0), v_elems) + tuple(k.stride()[1:]), k.storage_offset())
+
+
+# ---- staging -----------------------------------------------------------------------------
+
+def alloc_staging(client, nbytes, g=0):
+    """A VMM staging buffer on device g registered with events: (uint8 tensor, buffer id)."""
+    info = client.pool_info
+    lib = _lib.load()
+    ptr = ctypes.c_void_p()
+    bid = ctypes.c_uint32()
+    client._call(lib.kvp_client_cuda_alloc_buffer, int(nbytes), int(info.device_ids[g]),
+                 ctypes.byref(ptr), ctypes.byref(bid), 1)
+    return device_bytes(ptr.value, nbytes, info.device_ids[g], client), int(bid.value)
+
+
+def register_tensor(client, tensor):
+    """Registers a CUDA tensor's bytes (cudaMalloc'd: PyTorch's caching allocator without
+    expandable segments) as a legacy-IPC staging buffer with events; returns the buffer id."""
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_cuda and tensor.is_contiguous()):
+        raise error(KVP_EINVAL, "register_tensor needs a contiguous CUDA tensor")
+    lib = _lib.load()
+    bid = ctypes.c_uint32()
+    nbytes = tensor.numel() * tensor.element_size()
+    with torch.cuda.device(tensor.device):
+        client._call(lib.kvp_client_cuda_register_ipc, ctypes.c_void_p(tensor.data_ptr()),
+                     int(nbytes), ctypes.byref(bid))
+    return int(bid.value)
+
+
+def _table_struct(table):
+    """A kvp_page_table_t over a PageTable's NumPy arrays (host memory, read by libkvpool)."""
+    import numpy as np
+
+    t = _lib.kvp_page_table_t()
+    keep = {}
+    for name in ("kv_indptr", "kv_indices", "kv_last_page_len", "append_indptr", "seq_lens"):
+        a = np.ascontiguousarray(getattr(table, name), dtype=np.int32)
+        keep[name] = a
+        setattr(t, name, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+    c = np.ascontiguousarray(table.copies, dtype=np.uint32).reshape(-1, 2)
+    keep["copies"] = c
+    t.copies = c.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+    t.batch_size = t.cap_batch = keep["kv_last_page_len"].size
+    t.num_indices = t.cap_indices = keep["kv_indices"].size
+    t.num_copies = t.cap_copies = c.shape[0]
+    t.nnz = int(keep["append_indptr"][-1]) if keep["append_indptr"].size else 0
+    return t, keep
+
+
+def copy_pages(client, table, g=0, stream=None):
+    """Queues a Reserve answer's copy-on-write copies on `stream` of device g (every layer)."""
+    if len(table.copies) == 0:
+        return
+    info = client.pool_info
+    pool_tensor(client, g)  # mapped
+    t, keep = _table_struct(table)
+    lib = _lib.load()
+    with torch.cuda.device(info.device_ids[g]):
+        client._call(lib.kvp_client_cuda_copy_pages, ctypes.byref(t),
+                     ctypes.c_void_p(stream_of(info.device_ids[g], stream)))
+    del keep
+
+
+# ---- FlashInfer's helpers on CUDA tensors -------------------------------------------------
+
+_preloaded = set()
+_err_words = {}
+
+
+def _kernels(device):
+    lib = _lib.load()
+    if not _lib.has_symbol("kvp_append_paged_kv_cache_cuda"):
+        raise error(KVP_EPRECOND, "this libkvpool was built without CUDA kernels")
+    if device.index not in _preloaded:
+        with torch.cuda.device(device):
+            rc = lib.kvp_cuda_kernels_preload()
+        if rc:
+            raise error(rc, "loading the kvpool kernels on %s failed" % device)
+        _preloaded.add(device.index)
+    return lib
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _i32(t, name, device):
+    if not isinstance(t, torch.Tensor):
+        t = torch.as_tensor(t)
+    if t.dim() != 1:
+        raise ValueError("%s must be 1-D, got shape %s" % (name, tuple(t.shape)))
+    return t.to(device=device, dtype=torch.int32).contiguous()
+
+
+def _check(rc, what):
+    if rc:
+        raise error(rc, what)
+
+
+def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
+    dev = kv_indptr.device
+    lib = _kernels(dev)
+    ip = _i32(kv_indptr, "kv_indptr", dev)
+    last = _i32(kv_last_page_len, "kv_last_page_len", dev)
+    if ip.numel() != last.numel() + 1:
+        raise ValueError("kv_indptr has %d entries, kv_last_page_len %d (want B+1 and B)"
+                         % (ip.numel(), last.numel()))
+    out = torch.empty(last.numel(), dtype=torch.int32, device=dev)
+    with torch.cuda.device(dev):
+        _check(lib.kvp_get_seq_lens_cuda(_ptr(ip), _ptr(last), last.numel(), int(page_size),
+                                         _ptr(out), ctypes.c_void_p(stream_of(dev.index))),
+               "get_seq_lens")
+    return out
+
+
+def get_batch_indices_positions(append_indptr, seq_lens, nnz):
+    dev = append_indptr.device
+    lib = _kernels(dev)
+    ip = _i32(append_indptr, "append_indptr", dev)
+    lens = _i32(seq_lens, "seq_lens", dev)
+    if ip.numel() != lens.numel() + 1:
+        raise ValueError("append_indptr has %d entries, seq_lens %d (want B+1 and B)"
+                         % (ip.numel(), lens.numel()))
+    nnz = int(nnz)
+    bi = torch.full((nnz,), -1, dtype=torch.int32, device=dev)  # padding: -1, position 0
+    pos = torch.zeros(nnz, dtype=torch.int32, device=dev)
+    with torch.cuda.device(dev):
+        _check(lib.kvp_get_batch_indices_positions_cuda(
+            _ptr(ip), _ptr(lens), lens.numel(), nnz, _ptr(bi), _ptr(pos),
+            ctypes.c_void_p(stream_of(dev.index))), "get_batch_indices_positions")
+    return bi, pos
+
+
+def append_paged_kv_cache(append_key, append_value, batch_indices, positions, k_cache, v_cache,
+                          page_size, layout, kv_indices, kv_indptr, kv_last_page_len, check):
+    """The CUDA append on torch tensors (see paged.append_paged_kv_cache): the checked kernel
+    pair, so an out-of-range position, batch index or page id writes nothing. Queued on the
+    current stream; check=True waits for it and raises OutOfRange/InvalidArgument then."""
+    dev = k_cache.device
+    lib = _kernels(dev)
+    key, value = append_key, append_value
+    if key.dim() != 3 or tuple(value.shape) != tuple(key.shape):
+        raise ValueError("append_key and append_value must both be [nnz, H, D], got %s and %s"
+                         % (tuple(key.shape), tuple(value.shape)))
+    for name, t in (("append_key", key), ("append_value", value), ("v_cache", v_cache)):
+        if t.device != dev:
+            raise ValueError("%s is on %s, the cache on %s" % (name, t.device, dev))
+        if t.dtype != k_cache.dtype:
+            raise TypeError("%s is %s, the cache is %s (a pure copy: no conversion)"
+                            % (name, t.dtype, k_cache.dtype))
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1 or key.stride(2) != 1 \
+            or value.stride(2) != 1:
+        raise ValueError("rows must be contiguous and K/V caches share their strides")
+    if layout == "NHD":
+        heads, dim = k_cache.shape[2], k_cache.shape[3]
+        s_n, s_h = k_cache.stride(1), k_cache.stride(2)
+    else:
+        heads, dim = k_cache.shape[1], k_cache.shape[3]
+        s_n, s_h = k_cache.stride(2), k_cache.stride(1)
+    if tuple(key.shape[1:]) != (heads, dim):
+        raise ValueError("append rows are [H, D] = %s, the cache holds %s"
+                         % (tuple(key.shape[1:]), (heads, dim)))
+    nnz = key.shape[0]
+    bi = _i32(batch_indices, "batch_indices", dev)
+    pos = _i32(positions, "positions", dev)
+    if bi.numel() != nnz or pos.numel() != nnz:
+        raise ValueError("batch_indices and positions need nnz = %d entries, got %d and %d"
+                         % (nnz, bi.numel(), pos.numel()))
+    indices = _i32(kv_indices, "kv_indices", dev)
+    indptr = _i32(kv_indptr, "kv_indptr", dev)
+    last = _i32(kv_last_page_len, "kv_last_page_len", dev)
+    if indptr.numel() < 1 or last.numel() != indptr.numel() - 1:
+        raise ValueError("kv_indptr must have B+1 entries and kv_last_page_len B")
+    if nnz == 0:
+        return
+    kv = _lib.kvp_paged_kv_t(
+        k_data=k_cache.data_ptr(), v_data=v_cache.data_ptr(), elem_bytes=k_cache.element_size(),
+        num_pages=k_cache.shape[0], page_size=int(page_size), num_heads=heads, head_dim=dim,
+        stride_page=k_cache.stride(0), stride_n=s_n, stride_h=s_h, batch_size=last.numel(),
+        kv_indptr=indptr.data_ptr(), kv_indices=indices.data_ptr(),
+        kv_last_page_len=last.data_ptr())
+    src = _lib.kvp_append_src_t(key=key.data_ptr(), value=value.data_ptr(),
+                                k_stride_n=key.stride(0), k_stride_h=key.stride(1),
+                                v_stride_n=value.stride(0), v_stride_h=value.stride(1))
+    err = _err_words.get(dev.index)
+    if err is None:
+        err = _err_words[dev.index] = torch.zeros(1, dtype=torch.int32, device=dev)
+    with torch.cuda.device(dev):
+        s = stream_of(dev.index)
+        _check(lib.kvp_append_paged_kv_cache_cuda(ctypes.byref(kv), ctypes.byref(src), _ptr(bi),
+                                                  _ptr(pos), nnz, _ptr(err), ctypes.c_void_p(s)),
+               "append_paged_kv_cache")
+        # temporaries made here are freed to the caching allocator, which hands their memory
+        # only to later work of this same stream: ordered after these kernels
+        if check:
+            torch.cuda.current_stream(dev).synchronize()
+    if check:
+        code = int(err.item())
+        if code:
+            raise error(code, "append_paged_kv_cache: a position, batch index or page id is out "
+                        "of range; nothing was written")
+
