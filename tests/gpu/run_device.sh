@@ -44,7 +44,7 @@ if [ "$what" = python ] || [ "$what" = all ]; then
     # python3 (PyTorch, NumPy and pytest there); libkvpool and kvpoold from the carried build
     echo "== pytest tests/python/test_torch.py"
     PYTHONPATH="$PWD/client/python" KVPOOL_LIB="$PWD/$B/client/libkvpool.so" \
-        PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider \
+        PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -s -p no:cacheprovider \
         tests/python/test_torch.py > "$OUT/test_torch.log" 2>&1; r=$?
     tail -15 "$OUT/test_torch.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
 fi
