@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/un.h>
 
+#include "kvp_utf8.h"
 #include "kvp_wire.h"
 #include "kvpool.h"
 #include "kvpoolctl_top.h"
@@ -190,33 +191,6 @@ typedef struct {
     unsigned count[16];
 } json_t;
 
-/* Length of the valid UTF-8 sequence at s, or 0. */
-static size_t utf8_len(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2, cp = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 3, cp = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 4, cp = c & 0x07;
-    else
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3f);
-    }
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-        return 0;
-    return n;
-}
-
 static void json_string(FILE *f, const char *str)
 {
     const unsigned char *s = (const unsigned char *)str;
@@ -234,7 +208,7 @@ static void json_string(FILE *f, const char *str)
         } else if (*s < 0x20 || *s == 0x7f) {
             fprintf(f, "\\u%04x", *s++);
         } else {
-            size_t n = utf8_len(s);
+            size_t n = kvp_utf8_len(s);
             if (n == 0) {
                 fputs("\\ufffd", f); /* not UTF-8: JSON cannot carry the byte */
                 s++;

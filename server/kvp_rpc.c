@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kvp_error.h"
+#include "kvp_utf8.h"
 #include "kvp_log.h"
 
 #ifndef KVP_VERSION
@@ -1200,33 +1201,6 @@ static void put_header(sbuf_t *b, const char *name, const char *type, const char
     put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* Length of the valid UTF-8 sequence at s, or 0 (the exposition format is UTF-8). */
-static size_t utf8_len(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2, cp = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 3, cp = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 4, cp = c & 0x07;
-    else
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3f);
-    }
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-        (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-        return 0;
-    return n;
-}
-
 /* A namespace name is chosen by a client: escape it as a label value (backslash, quote and
  * newline as the format says; other control bytes and invalid UTF-8 become '?') so that no
  * name can break or forge a line. out holds at least 2 * KVP_NS_NAME_MAX + 1 bytes. */
@@ -1235,7 +1209,7 @@ void kvp__rpc_label_escape(const char *in, char *out, size_t cap)
     size_t o = 0;
     const unsigned char *s = (const unsigned char *)in;
     while (*s && o + 3 < cap) {
-        size_t n = utf8_len(s);
+        size_t n = kvp_utf8_len(s);
         if (*s == '\\' || *s == '"') {
             out[o++] = '\\';
             out[o++] = (char)*s++;

@@ -318,13 +318,23 @@ def run(client, steps=24, seed=0, seq_base=1000, prompt_lens=PROMPT_LENS, daemon
     info = client.pool_info
     L = info.num_layers
     check_geometry(info, L)
-    model = Model(L, seed=seed)
+    return drive(client, Model(L, seed=seed), ContiguousKV(L), PagedKV(client),
+                 lambda a, r: float(np.max(np.abs(a - r))), TOL, steps=steps, seed=seed,
+                 seq_base=seq_base, prompt_lens=prompt_lens, daemon_every=daemon_every, log=log)
+
+
+def drive(client, model, ref, paged, max_abs_diff, tol, steps, seed, seq_base, prompt_lens,
+          daemon_every, log, stats=None):
+    """The step logic, whatever the arrays (worker_loop_torch.py drives PyTorch pieces with
+    it): model.forward over the reference `ref` and over `paged` each step, compared with
+    max_abs_diff(out, ref_out) <= tol; one fork mid-way (where the parent's last page is
+    partial, so copy-on-write must happen) and one truncation. Returns `stats` filled."""
+    info = client.pool_info
     rng = np.random.default_rng(seed + 1)
-    ref = ContiguousKV(L)
-    paged = PagedKV(client)
     seqs = [seq_base + i for i in range(len(prompt_lens))]
     client.release(seqs + [seq_base + len(prompt_lens)])  # leftovers of an earlier run
-    stats = dict(max_err=0.0, steps=0, forks=0, truncates=0, daemon_appends=0, reserve_steps=0)
+    stats = dict(stats or {}, max_err=0.0, steps=0, forks=0, truncates=0, daemon_appends=0,
+                 reserve_steps=0)
     fork_parent, child = seqs[0], seq_base + len(prompt_lens)
     trunc_seq, trunc_by = seqs[-1], 3
     fork_at = max(1, steps // 3)
@@ -338,12 +348,12 @@ def run(client, steps=24, seed=0, seq_base=1000, prompt_lens=PROMPT_LENS, daemon
         paged.begin_step(seqs, ntoks, lens, mode)
         outs, nxt = model.forward(paged, tokens, lens)
         paged.end_step()
-        err = max(float(np.max(np.abs(a - r))) for a, r in zip(outs, ref_outs))
+        err = max(max_abs_diff(a, r) for a, r in zip(outs, ref_outs))
         stats["max_err"] = max(stats["max_err"], err)
         stats["daemon_appends" if mode == "append" else "reserve_steps"] += 1
-        if err > TOL:
+        if not err <= tol:
             raise AssertionError("step %d (%s): max abs error %g > %g"
-                                 % (stats["steps"], mode, err, TOL))
+                                 % (stats["steps"], mode, err, tol))
         return err, ref_next
 
     prompts = [rng.integers(0, VOCAB, n) for n in prompt_lens]

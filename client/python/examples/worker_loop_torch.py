@@ -35,12 +35,12 @@ except ImportError:  # run from the source tree without an install
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import kvpool
 
-HIDDEN = 64
-NUM_Q_HEADS = 4
-NUM_KV_HEADS = 2
-HEAD_DIM = 16
-VOCAB = 97
-PROMPT_LENS = (5, 9, 13)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import worker_loop  # noqa: E402  (the step logic, shared: worker_loop.drive)
+
+HIDDEN, NUM_Q_HEADS = worker_loop.HIDDEN, worker_loop.NUM_Q_HEADS
+NUM_KV_HEADS, HEAD_DIM = worker_loop.NUM_KV_HEADS, worker_loop.HEAD_DIM
+VOCAB, PROMPT_LENS = worker_loop.VOCAB, worker_loop.PROMPT_LENS
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # largest |paged - contiguous| allowed per dtype (the two runs do the same arithmetic on the
 # same values, so any difference is a bug; the bounds are the usual half-precision ones)
@@ -274,75 +274,22 @@ def check_geometry(info, dtype_name):
 
 def run(client, steps=24, seed=0, seq_base=1000, prompt_lens=PROMPT_LENS, daemon_every=4,
         log=None):
-    """As worker_loop.run, on PyTorch; the model's dtype is the pool's. Returns the stats."""
+    """As worker_loop.run (the same step logic: worker_loop.drive), on PyTorch in the pool's
+    dtype. Returns the stats, with dtype and backend."""
     info = client.pool_info
     dtype_name = info.dtype_name
     check_geometry(info, dtype_name)
     dtype = DTYPES[dtype_name]
     device = torch.device("cuda", info.device_ids[0]) if info.backend_name == "cuda" else \
         torch.device("cpu")
-    tol = TOLERANCES[dtype]
     L = info.num_layers
-    model = Model(L, dtype, device, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    ref = ContiguousKV(L, dtype, device)
-    paged = PagedKV(client, dtype, device)
-    seqs = [seq_base + i for i in range(len(prompt_lens))]
-    client.release(seqs + [seq_base + len(prompt_lens)])
-    stats = dict(max_err=0.0, steps=0, forks=0, truncates=0, daemon_appends=0, reserve_steps=0,
-                 dtype=dtype_name, backend=info.backend_name)
-    fork_parent, child = seqs[0], seq_base + len(prompt_lens)
-    trunc_seq, trunc_by = seqs[-1], 3
-    fork_at, trunc_at = max(1, steps // 3), max(2, (2 * steps) // 3)
-
-    def step(tokens, mode):
-        lens = [ref.length(s) if s in ref.k else 0 for s in seqs]
-        ntoks = [len(t) for t in tokens]
-        ref.begin_step(seqs, ntoks)
-        ref_outs, ref_next = model.forward(ref, tokens, lens)
-        paged.begin_step(seqs, ntoks, lens, mode)
-        outs, _ = model.forward(paged, tokens, lens)
-        paged.end_step()
-        err = max(float((a.float() - r.float()).abs().max()) for a, r in zip(outs, ref_outs))
-        stats["max_err"] = max(stats["max_err"], err)
-        stats["daemon_appends" if mode == "append" else "reserve_steps"] += 1
-        if not err <= tol:
-            raise AssertionError("step %d (%s, %s): max abs error %g > %g"
-                                 % (stats["steps"], mode, dtype_name, err, tol))
-        return err, ref_next
-
-    prompts = [rng.integers(0, VOCAB, n) for n in prompt_lens]
-    err, nxt = step(prompts, "reserve")
-    if log:
-        log("prefill %s: max err %.3g" % (list(prompt_lens), err))
-    for i in range(steps):
-        if (not stats["forks"] and i >= fork_at
-                and ref.length(fork_parent) % info.page_size != 0):
-            client.fork(fork_parent, child)  # the parent's last page is partial: COW follows
-            ref.fork(fork_parent, child)
-            seqs.append(child)
-            nxt.append((nxt[seqs.index(fork_parent)] + 1) % VOCAB)
-            stats["forks"] += 1
-        if i == trunc_at:
-            b = seqs.index(trunc_seq)
-            n = ref.length(trunc_seq) - trunc_by
-            client.truncate(trunc_seq, n)
-            ref.truncate(trunc_seq, n)
-            nxt[b] = (nxt[b] + 7) % VOCAB
-            stats["truncates"] += 1
-        mode = "append" if (i + 1) % daemon_every == 0 else "reserve"
-        err, nxt = step([[t] for t in nxt], mode)
-        stats["steps"] += 1
-        if log:
-            log("step %2d %-7s batch %d: max err %.3g" % (i, mode, len(seqs), err))
-    t = client.page_table(seqs)
-    lens = {s: ref.length(s) for s in seqs}
-    if t.seq_lens.tolist() != [lens[s] for s in seqs]:
-        raise AssertionError("page table lengths %s, reference %s" % (t.seq_lens.tolist(), lens))
-    stats.update(cow_copies=paged.cow_copies, seqs=list(seqs), tokens=sum(lens.values()),
-                 lens=lens)
-    client.unregister_buffer(paged.bid)
-    return stats
+    return worker_loop.drive(
+        client, Model(L, dtype, device, seed=seed), ContiguousKV(L, dtype, device),
+        PagedKV(client, dtype, device),
+        lambda a, r: float((a.float() - r.float()).abs().max()), TOLERANCES[dtype],
+        steps=steps, seed=seed, seq_base=seq_base, prompt_lens=prompt_lens,
+        daemon_every=daemon_every, log=log, stats=dict(dtype=dtype_name,
+                                                       backend=info.backend_name))
 
 
 def main(argv=None):
