@@ -875,8 +875,34 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
                        uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
                        kvp_page_table_t *table)
 {
+    return kvp__client_append_ranks(c, seq_ids, num_tokens, n, src, NULL, 0, sync, table);
+}
+
+int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                            uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
+                            uint32_t num_ranks, int sync_events, kvp_page_table_t *table)
+{
     if (!c)
         return KVP_EINVAL;
+    if (!ranks || num_ranks == 0)
+        return fail(c, KVP_EINVAL, "append_ranks: no ranks given");
+    return kvp__client_append_ranks(c, seq_ids, num_tokens, n, src, ranks, num_ranks,
+                                    sync_events ? kvpool_SyncMode_SYNC_EVENT
+                                                : kvpool_SyncMode_SYNC_NONE,
+                                    table);
+}
+
+int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                             uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
+                             uint32_t num_ranks, kvpool_SyncMode sync, kvp_page_table_t *table)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (num_ranks > sizeof(c->req.body.append.rank_sources) /
+                        sizeof(c->req.body.append.rank_sources[0]))
+        return fail(c, KVP_EINVAL, "append: %u ranks, at most %u", num_ranks,
+                    (unsigned)(sizeof(c->req.body.append.rank_sources) /
+                               sizeof(c->req.body.append.rank_sources[0])));
     int rc = check_batch(c, seq_ids, num_tokens, n, 1);
     if (rc)
         return rc;
@@ -897,6 +923,14 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
     a->source.layer_stride = src->layer_stride;
     a->source.layer_begin = src->layer_begin;
     a->source.layer_end = src->layer_end;
+    if (num_ranks) {
+        a->source.buffer_id = 0; /* each rank's buffer is named below */
+        for (uint32_t g = 0; g < num_ranks; g++) {
+            a->rank_sources[g].session_id = ranks[g].session_id;
+            a->rank_sources[g].buffer_id = ranks[g].buffer_id;
+        }
+        a->rank_sources_count = (pb_size_t)num_ranks;
+    }
     a->sync = sync;
     return table_call(c, kvpool_Response_append_tag, table);
 }

@@ -90,6 +90,14 @@ typedef struct {
     uint32_t layer_begin, layer_end;
 } kvp_source_t;
 
+/* One rank of a tensor-parallel Append (kvpool.proto, RankSource): buffer `buffer_id` that
+ * the connection with session `session_id` registered (kvp_client_session_id of the rank's
+ * handle; 0: the calling handle), for the rank's own device. */
+typedef struct {
+    uint64_t session_id;
+    uint32_t buffer_id;
+} kvp_rank_source_t;
+
 typedef struct {
     uint32_t num_pages, free_pages, used_pages, shared_pages, num_seqs, num_clients;
     uint64_t num_tokens, page_refs, page_bytes, uptime_ms, requests_total, append_bytes_total;
@@ -150,6 +158,18 @@ int kvp_client_unregister_buffer(kvp_client_t *c, uint32_t buffer_id);
  * batch's page table. */
 int kvp_client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                       uint32_t n, const kvp_source_t *src, kvp_page_table_t *table);
+
+/* Tensor-parallel daemon-run append (DESIGN.md §6), sent by the group's leader: the daemon
+ * grows the sequences once and copies, on every device g of the pool's group, device g's
+ * heads from ranks[g]'s buffer (num_ranks = the pool's num_devices, in device order). src
+ * gives the offsets, strides and layer range that apply to every rank's buffer (its
+ * buffer_id is not used). sync_events: every rank recorded its buffer's ready event
+ * (kvp_client_cuda_record_ready) before this call, and the daemon waits for each of them on
+ * its CPU; 0: the ranks' data is already in their buffers. Appends on all devices or on none.
+ * table as in kvp_client_append. */
+int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                            uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
+                            uint32_t num_ranks, int sync_events, kvp_page_table_t *table);
 
 /* Reserve: the same allocation and page table without the copy; the caller runs the returned
  * copies (copy-on-write) and then its own appends on the mapped pool. */
@@ -225,6 +245,18 @@ int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_
 int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
                                  const uint32_t *num_tokens, uint32_t n, const kvp_source_t *src,
                                  kvp_page_table_t *table, void *stream);
+
+/* For a rank of a tensor-parallel group: records the ready event of buffer_id (a buffer with
+ * events of this handle) on `stream`, after the rank's K/V were queued there; the rank then
+ * tells its leader, whose kvp_client_append_ranks (sync_events = 1) makes the daemon wait for
+ * it. */
+int kvp_client_cuda_record_ready(kvp_client_t *c, uint32_t buffer_id, void *stream);
+
+/* For a rank after its leader's kvp_client_append_ranks: makes `stream` wait for the daemon's
+ * done event of buffer_id, so work queued there afterwards sees the appended pages. (The
+ * daemon answers an Append once the copy has completed, so this wait is only needed when the
+ * leader saw completed = 0; it is always correct.) */
+int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream);
 
 /* Queues the copy-on-write copies of t (a kvp_client_reserve answer; nothing when it has none)
  * on `stream`, every layer, on the mapped pool of the current CUDA device (one of the pool's

@@ -41,7 +41,23 @@ struct kvp_rpc_job {
     uint64_t bytes;
     uint32_t ns;       /* for a rollback when the backend refuses the source */
     uint64_t *seq_ids; /* [batch_size] */
+    /* tensor-parallel form: each rank's buffer, copied by value (another session may move or
+     * drop its entry while the job runs; the hold keeps the backend state alive) */
+    kvp_buffer_t rank_buf[KVP_GEOM_MAX_DEVICES];
+    const kvp_buffer_t *rank_ptr[KVP_GEOM_MAX_DEVICES];
+    uint32_t num_ranks;
 };
+
+/* A buffer a job in flight reads. Only the job's own connection waits for its job, so a buffer
+ * of another session (a tensor-parallel rank's) may be unregistered, or its session closed,
+ * while the copy still reads it: its release is then deferred to the last job's finish. */
+typedef struct held_buf {
+    struct held_buf *next;
+    const void *key; /* the buffer's priv (cuda) or host_ptr (host) */
+    uint32_t refs;
+    int released;     /* its owner let go: release when refs reaches 0 */
+    kvp_buffer_t buf; /* the value to release */
+} held_buf_t;
 
 struct kvp_rpc {
     kvp_backend_t *backend;
@@ -73,6 +89,7 @@ struct kvp_rpc {
     uint64_t evicted_pages_total;      /* pages those releases returned to the free list */
     uint64_t run_buckets[NUM_BUCKETS]; /* time a copy worker spent on one Append plan */
     uint64_t run_sum_ns;
+    held_buf_t *held; /* buffers that jobs in flight read */
 };
 
 /* Bytes of the Response body member for a tag: clearing only that member (not the whole
@@ -178,6 +195,13 @@ void kvp_rpc_destroy(kvp_rpc_t *r)
         return;
     while (r->sessions)
         kvp_rpc_session_close(r, r->sessions, 0);
+    while (r->held) { /* no job runs any more */
+        held_buf_t *h = r->held;
+        r->held = h->next;
+        if (h->released)
+            r->backend->ops->release_buffer(r->backend, &h->buf);
+        free(h);
+    }
     free(r->items);
     kvp_ns_table_free(&r->ns);
     kvp_plan_free(&r->plan);
@@ -222,6 +246,66 @@ int kvp_rpc_healthy(kvp_rpc_t *r)
     return !r->unhealthy && r->backend->ops->health(r->backend) == 0;
 }
 
+/* ---- buffers held by jobs ------------------------------------------------------------- */
+
+static const void *buf_key(const kvp_buffer_t *b)
+{
+    return b->priv ? b->priv : b->host_ptr;
+}
+
+static held_buf_t *held_find(kvp_rpc_t *r, const void *key)
+{
+    for (held_buf_t *h = r->held; h; h = h->next)
+        if (h->key == key)
+            return h;
+    return NULL;
+}
+
+/* A job will read b. 0 or KVP_ENOMEM. Loop thread. */
+static int buf_hold(kvp_rpc_t *r, const kvp_buffer_t *b)
+{
+    held_buf_t *h = held_find(r, buf_key(b));
+    if (!h) {
+        if (!(h = calloc(1, sizeof(*h))))
+            return KVP_ENOMEM;
+        h->key = buf_key(b);
+        h->next = r->held;
+        r->held = h;
+    }
+    h->refs++;
+    return 0;
+}
+
+/* The job that held b finished: a buffer whose owner let go meanwhile is released now. */
+static void buf_unhold(kvp_rpc_t *r, const kvp_buffer_t *b)
+{
+    const void *key = buf_key(b);
+    for (held_buf_t **pp = &r->held; *pp; pp = &(*pp)->next) {
+        held_buf_t *h = *pp;
+        if (h->key != key)
+            continue;
+        if (--h->refs == 0) {
+            if (h->released)
+                r->backend->ops->release_buffer(r->backend, &h->buf);
+            *pp = h->next;
+            free(h);
+        }
+        return;
+    }
+}
+
+/* Its owner unregisters b (or closes): released now, or by the last job that reads it. */
+static void buf_release(kvp_rpc_t *r, kvp_buffer_t *b)
+{
+    held_buf_t *h = held_find(r, buf_key(b));
+    if (h && !h->released) {
+        h->buf = *b;
+        h->released = 1;
+        return;
+    }
+    r->backend->ops->release_buffer(r->backend, b);
+}
+
 /* ---- sessions ------------------------------------------------------------------------- */
 
 kvp_session_t *kvp_rpc_session_open(kvp_rpc_t *r, int32_t pid, uint32_t uid, uint32_t gid,
@@ -261,7 +345,7 @@ static void release_namespace(kvp_rpc_t *r, uint32_t ns, const char *why)
 void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < s->num_buffers; i++)
-        r->backend->ops->release_buffer(r->backend, &s->buffers[i].buf);
+        buf_release(r, &s->buffers[i].buf);
     if (s->hello_done && kvp_ns_detach(&r->ns, s->ns, now_ms))
         release_namespace(r, s->ns, "lease 0");
     if (s->prev)
@@ -597,7 +681,7 @@ static int do_unregister(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Unregister
         kvp_rpc_error(&io->resp, id, KVP_ENOENT, "no buffer %u", q->buffer_id);
         return 0;
     }
-    r->backend->ops->release_buffer(r->backend, &sb->buf);
+    buf_release(r, &sb->buf);
     *sb = s->buffers[--s->num_buffers];
     ok(&io->resp, id, kvpool_Response_unregister_buffer_tag);
     return 0;
@@ -679,8 +763,10 @@ void kvp_rpc_job_free(kvp_rpc_job_t *job)
 
 /* Copies the plan into a job (the planner's arrays are reused by the next call) and pins
  * every page the job reads or writes. */
-static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpool_Source *src,
-                               uint32_t lb, uint32_t le, uint64_t id, uint32_t sync)
+static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf,
+                               const kvp_buffer_t *const *ranks, uint32_t num_ranks,
+                               const kvpool_Source *src, uint32_t lb, uint32_t le, uint64_t id,
+                               uint32_t sync)
 {
     const kvp_plan_t *p = &r->plan;
     uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies, N = p->nnz;
@@ -698,6 +784,20 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
         free(j);
         return NULL;
     }
+    for (uint32_t g = 0; g < num_ranks; g++) {
+        if (buf_hold(r, ranks[g])) {
+            while (g-- > 0)
+                buf_unhold(r, &j->rank_buf[g]);
+            free(w);
+            free(j->pinned);
+            free(j->seq_ids);
+            free(j);
+            return NULL;
+        }
+        j->rank_buf[g] = *ranks[g];
+        j->rank_ptr[g] = &j->rank_buf[g];
+    }
+    j->num_ranks = num_ranks;
     for (uint32_t b = 0; b < B; b++)
         j->seq_ids[b] = r->items[b].seq_id;
     j->ns = B ? r->items[0].ns : 0;
@@ -751,7 +851,9 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
     e->positions = j->positions;
     e->copies = j->copies;
     e->num_copies = C;
-    e->src = buf;
+    e->src = num_ranks ? NULL : buf;
+    e->rank_src = num_ranks ? j->rank_ptr : NULL;
+    e->num_rank_src = num_ranks;
     e->k_offset = src->k_offset;
     e->v_offset = src->v_offset;
     e->k_stride_n = src->k_stride_n;
@@ -762,9 +864,59 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
     e->layer_begin = lb;
     e->layer_end = le;
     e->sync = sync;
-    j->bytes =
-        (uint64_t)N * 2 * r->backend->derived.heads * r->backend->derived.row_bytes * (le - lb);
+    j->bytes = (uint64_t)N * 2 * r->backend->derived.heads * r->backend->derived.row_bytes *
+               (le - lb) * (num_ranks ? num_ranks : 1);
     return j;
+}
+
+/* Resolves a tensor-parallel Append's rank_sources (kvpool.proto, AppendRequest): one buffer
+ * per device of the group, in device order, each registered for its device by a session of
+ * the caller's namespace. Returns 0 with ranks[0..G) set, or a code with the reason in why. */
+static int take_rank_sources(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest *q,
+                             const kvp_buffer_t **ranks, uint32_t *num_out, char *why,
+                             size_t why_len)
+{
+    const uint32_t G = r->backend->geom.num_devices ? r->backend->geom.num_devices : 1;
+    if (q->rank_sources_count != G) {
+        snprintf(why, why_len, "rank_sources has %u entries; the pool's group has %u devices",
+                 (unsigned)q->rank_sources_count, G);
+        return KVP_EINVAL;
+    }
+    if (q->source.buffer_id != 0) {
+        snprintf(why, why_len, "with rank_sources, source.buffer_id must be 0 (got %u)",
+                 q->source.buffer_id);
+        return KVP_EINVAL;
+    }
+    for (uint32_t g = 0; g < G; g++) {
+        const kvpool_RankSource *rs = &q->rank_sources[g];
+        kvp_session_t *owner = NULL;
+        if (rs->session_id == 0 || rs->session_id == s->id)
+            owner = s;
+        for (kvp_session_t *o = r->sessions; o && !owner; o = o->next)
+            if (o->id == rs->session_id && o->hello_done && o->ns == s->ns)
+                owner = o;
+        if (!owner) {
+            snprintf(why, why_len, "rank %u: no session %llu in this namespace", g,
+                     (unsigned long long)rs->session_id);
+            return KVP_ENOENT;
+        }
+        kvp_session_buffer_t *b = find_buffer(owner, rs->buffer_id);
+        if (!b) {
+            snprintf(why, why_len, "rank %u: session %llu has no buffer %u", g,
+                     (unsigned long long)owner->id, rs->buffer_id);
+            return KVP_ENOENT;
+        }
+        if (b->buf.device_index != g) {
+            snprintf(why, why_len,
+                     "rank %u: buffer %u of session %llu was registered for device index %u, "
+                     "not %u",
+                     g, rs->buffer_id, (unsigned long long)owner->id, b->buf.device_index, g);
+            return KVP_EINVAL;
+        }
+        ranks[g] = &b->buf;
+    }
+    *num_out = G;
+    return 0;
 }
 
 static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest *q,
@@ -776,8 +928,8 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
         return KVP_RPC_DONE;
     }
     const kvpool_Source *src = &q->source;
-    kvp_session_buffer_t *sb = find_buffer(s, src->buffer_id);
-    if (!sb) {
+    kvp_session_buffer_t *sb = NULL;
+    if (!q->rank_sources_count && !(sb = find_buffer(s, src->buffer_id))) {
         kvp_rpc_error(resp, id, KVP_ENOENT, "no buffer %u registered on this connection",
                       src->buffer_id);
         return KVP_RPC_DONE;
@@ -804,9 +956,15 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
         return KVP_RPC_DONE;
     }
     char why[160];
-    int rc = nnz > 0x7fffffffu
-                 ? KVP_ELIMIT
-                 : check_source(r, src, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
+    const kvp_buffer_t *ranks[KVP_GEOM_MAX_DEVICES];
+    uint32_t num_ranks = 0;
+    int rc = nnz > 0x7fffffffu ? KVP_ELIMIT : 0;
+    if (!rc && q->rank_sources_count)
+        rc = take_rank_sources(r, s, q, ranks, &num_ranks, why, sizeof(why));
+    for (uint32_t g = 0; g < num_ranks && !rc; g++)
+        rc = check_source(r, src, ranks[g], (uint32_t)nnz, lb, le, why, sizeof(why));
+    if (!rc && !num_ranks)
+        rc = check_source(r, src, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
     if (rc) {
         kvp_rpc_error(resp, id, rc, "%s", rc == KVP_ELIMIT ? "too many tokens" : why);
         return KVP_RPC_DONE;
@@ -819,7 +977,8 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
     }
     r->pages_allocated_total += r->plan.num_new_pages;
     r->cow_copies_total += r->plan.num_copies;
-    kvp_rpc_job_t *j = make_job(r, &sb->buf, src, lb, le, id, (uint32_t)q->sync);
+    kvp_rpc_job_t *j =
+        make_job(r, sb ? &sb->buf : NULL, ranks, num_ranks, src, lb, le, id, (uint32_t)q->sync);
     if (!j) {
         /* the plan is committed but cannot be executed: give the pages back by rolling the
          * sequences back to their previous lengths */
@@ -844,6 +1003,9 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
     for (uint32_t i = 0; i < j->num_pinned; i++)
         kvp_alloc_unpin(r->alloc, j->pinned[i]);
     j->num_pinned = 0;
+    for (uint32_t g = 0; g < j->num_ranks; g++)
+        buf_unhold(r, &j->rank_buf[g]);
+    j->num_ranks = 0;
     if (j->rc == KVP_ETIMEDOUT || j->rc == KVP_EINVAL) {
         /* the backend refused or could not wait for the source (a dead worker's event, an
          * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
