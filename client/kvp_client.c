@@ -1050,6 +1050,94 @@ int kvp_client_audit(kvp_client_t *c)
     return 0;
 }
 
+int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer,
+                            uint32_t timeout_ms, kvp_transfer_ticket_t *ticket)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (!peer || !ticket || strlen(peer) >= sizeof(c->req.body.export_begin.peer))
+        return fail(c, KVP_EINVAL, "export_begin: NULL ticket, or peer NULL or over %zu bytes",
+                    sizeof(c->req.body.export_begin.peer) - 1);
+    new_request(c, kvpool_Request_export_begin_tag);
+    kvpool_ExportBeginRequest *q = &c->req.body.export_begin;
+    q->seq_id = seq_id;
+    snprintf(q->peer, sizeof(q->peer), "%s", peer);
+    q->timeout_ms = timeout_ms;
+    int rc = simple_call(c, kvpool_Response_export_begin_tag);
+    if (rc)
+        return rc;
+    const kvpool_ExportBeginResponse *r = &c->resp.body.export_begin;
+    if (r->nccl_id.size != KVP_TRANSFER_ID_BYTES)
+        return fail(c, KVP_EPROTO, "export_begin: nccl_id of %u bytes", (unsigned)r->nccl_id.size);
+    memcpy(ticket->nccl_id, r->nccl_id.bytes, KVP_TRANSFER_ID_BYTES);
+    ticket->transfer_id = r->transfer_id;
+    ticket->num_tokens = r->num_tokens;
+    ticket->num_layers = r->num_layers;
+    ticket->bytes = r->bytes;
+    return 0;
+}
+
+int kvp_client_import(kvp_client_t *c, const kvp_transfer_ticket_t *ticket, uint64_t seq_id,
+                      uint32_t timeout_ms, uint32_t *num_pages)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (!ticket)
+        return fail(c, KVP_EINVAL, "import: NULL ticket");
+    new_request(c, kvpool_Request_import_tag);
+    kvpool_ImportRequest *q = &c->req.body.import;
+    memcpy(q->nccl_id.bytes, ticket->nccl_id, KVP_TRANSFER_ID_BYTES);
+    q->nccl_id.size = KVP_TRANSFER_ID_BYTES;
+    q->transfer_id = ticket->transfer_id;
+    q->seq_id = seq_id;
+    q->num_tokens = ticket->num_tokens;
+    q->num_layers = ticket->num_layers;
+    q->timeout_ms = timeout_ms;
+    /* the daemon answers when the transfer ends: wait for its deadline, then ours */
+    const uint32_t saved = c->timeout_ms;
+    uint64_t wait = (uint64_t)saved + (timeout_ms ? timeout_ms : 3600000u);
+    c->timeout_ms = wait > UINT32_MAX ? UINT32_MAX : (uint32_t)wait;
+    int rc = simple_call(c, kvpool_Response_import_tag);
+    c->timeout_ms = saved;
+    if (rc)
+        return rc;
+    if (num_pages)
+        *num_pages = c->resp.body.import.num_pages;
+    return 0;
+}
+
+int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max,
+                              uint32_t *n)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if ((!out && max) || !n)
+        return fail(c, KVP_EINVAL, "list_transfers: NULL out or n");
+    new_request(c, kvpool_Request_list_transfers_tag);
+    int rc = simple_call(c, kvpool_Response_list_transfers_tag);
+    if (rc)
+        return rc;
+    const kvpool_ListTransfersResponse *r = &c->resp.body.list_transfers;
+    uint32_t k = 0;
+    for (; k < r->transfers_count && k < max; k++) {
+        const kvpool_TransferInfo *t = &r->transfers[k];
+        kvp_transfer_info_t *o = &out[k];
+        memset(o, 0, sizeof(*o));
+        o->transfer_id = t->transfer_id;
+        o->seq_id = t->seq_id;
+        o->bytes = t->bytes;
+        o->elapsed_ms = t->elapsed_ms;
+        o->num_tokens = t->num_tokens;
+        snprintf(o->direction, sizeof(o->direction), "%s", t->direction);
+        snprintf(o->state, sizeof(o->state), "%s", t->state);
+        snprintf(o->peer, sizeof(o->peer), "%s", t->peer);
+        snprintf(o->ns, sizeof(o->ns), "%s", t->namespace);
+        snprintf(o->message, sizeof(o->message), "%s", t->message);
+    }
+    *n = k;
+    return 0;
+}
+
 int kvp_client_call_raw(kvp_client_t *c, void *request, void *response, void *arrays)
 {
     if (!c)

@@ -186,6 +186,49 @@ int kvp_client_stats(kvp_client_t *c, kvp_stats_summary_t *out);
 /* Runs the daemon's audit: 0 when clean, KVP_EAUDIT with the violation in last_error. */
 int kvp_client_audit(kvp_client_t *c);
 
+/* ---- transfers between daemons (DESIGN.md §6, kvpool.proto ExportBegin / Import) ----------
+ * The sending engine calls kvp_client_export_begin on its daemon and hands the ticket to the
+ * receiving engine (over its own channel), which calls kvp_client_import on its daemon; the
+ * two daemons then move the sequence over NCCL. Both answer KVP_EUNAVAIL when a daemon cannot
+ * transfer (host backend, no NCCL). */
+
+#define KVP_TRANSFER_ID_BYTES 128
+
+typedef struct {
+    uint8_t nccl_id[KVP_TRANSFER_ID_BYTES]; /* the communicator's ncclUniqueId */
+    uint64_t transfer_id;
+    uint32_t num_tokens, num_layers;
+    uint64_t bytes; /* of the packed stream */
+} kvp_transfer_ticket_t;
+
+/* Starts sending sequence seq_id (its tokens now) to the daemon named peer (the communicator
+ * cache key: one name per receiving daemon); answers at once with the ticket. timeout_ms: the
+ * whole transfer, the receiver's join included (0: the daemon's transfer.timeout_ms). The
+ * outcome is in kvp_client_list_transfers. */
+int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer,
+                            uint32_t timeout_ms, kvp_transfer_ticket_t *ticket);
+
+/* Receives the ticket's sequence as the new sequence seq_id of this namespace; returns once
+ * the data is in the pool (this call waits up to timeout_ms, or the daemon's default, plus the
+ * handle's own timeout). On failure (KVP_EUNAVAIL: the sender went away; KVP_ETIMEDOUT: the
+ * deadline; KVP_EINVAL: the streams do not match; KVP_EEXIST; KVP_ENOSPC) the pool is as it
+ * was. *num_pages (may be NULL) receives the new sequence's pages. */
+int kvp_client_import(kvp_client_t *c, const kvp_transfer_ticket_t *ticket, uint64_t seq_id,
+                      uint32_t timeout_ms, uint32_t *num_pages);
+
+typedef struct {
+    uint64_t transfer_id, seq_id, bytes, elapsed_ms;
+    uint32_t num_tokens;
+    char direction[8]; /* "export" | "import" */
+    char state[8];     /* "running" | "ok" | "failed" */
+    char peer[65], ns[65], message[128];
+} kvp_transfer_info_t;
+
+/* Transfers in flight, then the newest finished ones (at most 32), into out[max]; *n receives
+ * how many. */
+int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max,
+                              uint32_t *n);
+
 /* Low-level access for tools (kvpoolctl): sends an already-filled Request (zero-initialised,
  * then the body set; its id is set here) and decodes the Response into *resp, binding bulk
  * arrays to `arrays` (may be NULL: bulk fields are skipped; an array whose data is NULL is

@@ -122,6 +122,11 @@ void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t la
 int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
                             kvp_backend_t **out);
 
+/* For transfers (kvp_xfer.c): the CUDA ordinal of device index g of a cuda backend and the
+ * daemon's device pointer to its pool. Returns 0, or KVP_EUNAVAIL (not a cuda backend, or g
+ * out of range). */
+int kvp_backend_cuda_device(const kvp_backend_t *b, uint32_t g, int *ordinal, void **pool_base);
+
 /* 1 when this build has CUDA and at least one GPU is usable (driver present,
  * cudaGetDeviceCount > 0), else 0. */
 int kvp_backend_cuda_probe(void);

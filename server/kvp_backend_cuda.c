@@ -899,6 +899,18 @@ fail_early:
     return rc;
 }
 
+int kvp_backend_cuda_device(const kvp_backend_t *b, uint32_t g, int *ordinal, void **pool_base)
+{
+    if (!b || b->ops != &cuda_ops)
+        return KVP_EUNAVAIL;
+    const cuda_backend_t *cb = (const cuda_backend_t *)b;
+    if (g >= cb->num_devices)
+        return KVP_EUNAVAIL;
+    *ordinal = cb->dev[g].ordinal;
+    *pool_base = (void *)(uintptr_t)cb->dev[g].pool.ptr;
+    return 0;
+}
+
 int kvp_backend_cuda_probe(void)
 {
     const kvp_cuda_drv_t *drv;
@@ -928,6 +940,12 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
 int kvp_backend_cuda_probe(void)
 {
     return 0;
+}
+
+int kvp_backend_cuda_device(const kvp_backend_t *b, uint32_t g, int *ordinal, void **pool_base)
+{
+    (void)b, (void)g, (void)ordinal, (void)pool_base;
+    return KVP_EUNAVAIL;
 }
 
 #endif
