@@ -58,6 +58,8 @@ struct kvp_xfer_job {
     uint64_t bytes;
     uint32_t timeout_ms;
     uint32_t stall_ms; /* test hook, exporter only */
+    int clean;         /* the failure was a refusal both sides agreed on: the communicator is
+                          still in step and stays cached */
     int rc;
     char msg[128];
     kvp_xfer_info_t info;
@@ -587,9 +589,11 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
             (rc = copy_wait(n, j, &answer, dev + 128, sizeof(answer), cudaMemcpyDeviceToHost,
                             deadline)))
             return rc;
-        if (answer != 0)
+        if (answer != 0) {
+            j->clean = 1;
             return job_fail(j, KVP_EINVAL, "the importer refused the transfer: %s",
                             kvp_strerror((int)answer));
+        }
         if (j->stall_ms) {
             struct timespec ts = {j->stall_ms / 1000, (long)(j->stall_ms % 1000) * 1000000};
             nanosleep(&ts, NULL);
@@ -628,9 +632,11 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
                         deadline)) ||
         (rc = send_recv(n, j, 1, dev + 128, sizeof(answer), deadline, "answering the exporter")))
         return rc;
-    if (bad)
+    if (bad) {
+        j->clean = 1;
         return job_fail(j, KVP_EINVAL, "the exporter's stream does not match the Import: %s",
                         bad);
+    }
     if ((rc = send_recv(n, j, 0, dev + stream_off, j->bytes, deadline, "receiving the KV")))
         return rc;
     /* only now, with every byte here, are the new pages written */
@@ -656,7 +662,8 @@ fail_kernel:
 }
 
 /* After a failure: abort the communicator (its NCCL kernels then exit) and wait, bounded, for
- * the stream to drain. 1 when it drained (the buffer can be freed), else 0. */
+ * the stream to drain. 1 when it drained (the buffer can be freed), else 0: the stream and the
+ * buffer are then leaked rather than freed under a kernel that may still run. */
 static int abort_and_drain(const kvp_nccl_t *n, kvp_xfer_job_t *j)
 {
     comm_t *c = j->comm;
@@ -673,11 +680,8 @@ static int abort_and_drain(const kvp_nccl_t *n, kvp_xfer_job_t *j)
         struct timespec ts = {0, 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    if (e == cudaSuccess) {
-        (void)cudaStreamDestroy(c->stream);
-        c->stream = NULL;
+    if (e == cudaSuccess)
         return 1;
-    }
     kvp_log(KVP_LOG_ERR, "transfer stream did not drain after the abort; its buffer is leaked");
     c->stream = NULL; /* leaked with it */
     return 0;
@@ -692,16 +696,21 @@ void kvp_xfer_run(kvp_xfer_job_t *j)
         return;
     }
     uint8_t *dev = NULL;
-    j->msg[0] = '\0';
     j->rc = run_transfer(n, j, &dev);
     int can_free = 1;
-    if (j->rc)
+    if (j->rc && !j->clean)
         can_free = abort_and_drain(n, j);
-    if (dev && can_free) {
-        /* the stream (when it still exists) ran everything: a plain free is safe */
-        if (j->comm->stream)
-            (void)cudaStreamSynchronize(j->comm->stream);
-        (void)cudaFree(dev);
+    comm_t *c = j->comm;
+    if (dev && can_free && c->stream) {
+        /* stream-ordered, so no device-wide synchronisation (a cudaFree would wait for every
+         * stream of the device, other transfers' waits for their peers included) */
+        if (cudaFreeAsync(dev, c->stream) != cudaSuccess ||
+            cudaStreamSynchronize(c->stream) != cudaSuccess)
+            kvp_log(KVP_LOG_ERR, "transfer buffer free failed");
+    }
+    if (c->broken && c->stream) {
+        (void)cudaStreamDestroy(c->stream);
+        c->stream = NULL;
     }
 }
 
