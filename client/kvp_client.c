@@ -886,10 +886,9 @@ int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint
         return KVP_EINVAL;
     if (!ranks || num_ranks == 0)
         return fail(c, KVP_EINVAL, "append_ranks: no ranks given");
-    return kvp__client_append_ranks(c, seq_ids, num_tokens, n, src, ranks, num_ranks,
-                                    sync_events ? kvpool_SyncMode_SYNC_EVENT
-                                                : kvpool_SyncMode_SYNC_NONE,
-                                    table);
+    return kvp__client_append_ranks(
+        c, seq_ids, num_tokens, n, src, ranks, num_ranks,
+        sync_events ? kvpool_SyncMode_SYNC_EVENT : kvpool_SyncMode_SYNC_NONE, table);
 }
 
 int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
@@ -898,8 +897,8 @@ int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uin
 {
     if (!c)
         return KVP_EINVAL;
-    if (num_ranks > sizeof(c->req.body.append.rank_sources) /
-                        sizeof(c->req.body.append.rank_sources[0]))
+    if (num_ranks >
+        sizeof(c->req.body.append.rank_sources) / sizeof(c->req.body.append.rank_sources[0]))
         return fail(c, KVP_EINVAL, "append: %u ranks, at most %u", num_ranks,
                     (unsigned)(sizeof(c->req.body.append.rank_sources) /
                                sizeof(c->req.body.append.rank_sources[0])));
@@ -1050,8 +1049,8 @@ int kvp_client_audit(kvp_client_t *c)
     return 0;
 }
 
-int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer,
-                            uint32_t timeout_ms, kvp_transfer_ticket_t *ticket)
+int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer, uint32_t timeout_ms,
+                            kvp_transfer_ticket_t *ticket)
 {
     if (!c)
         return KVP_EINVAL;
@@ -1106,8 +1105,7 @@ int kvp_client_import(kvp_client_t *c, const kvp_transfer_ticket_t *ticket, uint
     return 0;
 }
 
-int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max,
-                              uint32_t *n)
+int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max, uint32_t *n)
 {
     if (!c)
         return KVP_EINVAL;

@@ -471,8 +471,10 @@ static int event_buf(kvp_client_t *c, uint32_t buffer_id, cbuf_t **out, const ch
         return rc;
     cbuf_t *b = find_buf(st, buffer_id);
     if (!b || !b->ready || !b->done)
-        return kvp__client_fail(c, KVP_EINVAL, "%s: buffer %u is not a CUDA buffer with events of "
-                                               "this handle", who, buffer_id);
+        return kvp__client_fail(c, KVP_EINVAL,
+                                "%s: buffer %u is not a CUDA buffer with events of "
+                                "this handle",
+                                who, buffer_id);
     *out = b;
     return 0;
 }

@@ -205,8 +205,8 @@ typedef struct {
  * cache key: one name per receiving daemon); answers at once with the ticket. timeout_ms: the
  * whole transfer, the receiver's join included (0: the daemon's transfer.timeout_ms). The
  * outcome is in kvp_client_list_transfers. */
-int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer,
-                            uint32_t timeout_ms, kvp_transfer_ticket_t *ticket);
+int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer, uint32_t timeout_ms,
+                            kvp_transfer_ticket_t *ticket);
 
 /* Receives the ticket's sequence as the new sequence seq_id of this namespace; returns once
  * the data is in the pool (this call waits up to timeout_ms, or the daemon's default, plus the
@@ -226,8 +226,7 @@ typedef struct {
 
 /* Transfers in flight, then the newest finished ones (at most 32), into out[max]; *n receives
  * how many. */
-int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max,
-                              uint32_t *n);
+int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max, uint32_t *n);
 
 /* Low-level access for tools (kvpoolctl): sends an already-filled Request (zero-initialised,
  * then the body set; its id is set here) and decodes the Response into *resp, binding bulk

@@ -560,8 +560,7 @@ static int cmd_status(ctl_t *x)
         printf("usage        %u/%u pages used (%.1f%%), %u free, %u shared\n", s->used_pages,
                s->num_pages, s->num_pages ? 100.0 * s->used_pages / s->num_pages : 0.0,
                s->free_pages, s->shared_pages);
-        for (uint32_t g = 0; p->num_devices > 1 && g < p->num_devices &&
-                             g < KVP_CLIENT_MAX_DEVICES;
+        for (uint32_t g = 0; p->num_devices > 1 && g < p->num_devices && g < KVP_CLIENT_MAX_DEVICES;
              g++) {
             char c[16] = "";
             if (p->backend == 1)
@@ -928,19 +927,18 @@ static int cmd_transfers(ctl_t *x)
         j_close(&j, '}');
         return EXIT_OK;
     }
-    static const char *hdr[] = {"TRANSFER", "DIR",   "STATE", "PEER",   "NAMESPACE",
+    static const char *hdr[] = {"TRANSFER", "DIR",    "STATE", "PEER",    "NAMESPACE",
                                 "SEQ",      "TOKENS", "BYTES", "ELAPSED", "MESSAGE"};
     table_t t = {.ncols = 10, .header = hdr, .align = "rlllllrrrl"};
     for (pb_size_t i = 0; i < l->transfers_count; i++) {
         const kvpool_TransferInfo *ti = &l->transfers[i];
         char b1[128], b2[128], b3[64], b4[32], b5[260];
-        table_addf(&t, "%llu\t%s\t%s\t%s\t%s\t%llu\t%u\t%s\t%s\t%s",
-                   (unsigned long long)ti->transfer_id, ti->direction, ti->state,
-                   ti->peer[0] ? safe(ti->peer, b1, sizeof(b1)) : "-",
-                   safe(ti->namespace, b2, sizeof(b2)), (unsigned long long)ti->seq_id,
-                   ti->num_tokens, fmt_bytes(ti->bytes, b3, sizeof(b3)),
-                   fmt_duration(ti->elapsed_ms, b4, sizeof(b4)),
-                   ti->message[0] ? safe(ti->message, b5, sizeof(b5)) : "-");
+        table_addf(
+            &t, "%llu\t%s\t%s\t%s\t%s\t%llu\t%u\t%s\t%s\t%s", (unsigned long long)ti->transfer_id,
+            ti->direction, ti->state, ti->peer[0] ? safe(ti->peer, b1, sizeof(b1)) : "-",
+            safe(ti->namespace, b2, sizeof(b2)), (unsigned long long)ti->seq_id, ti->num_tokens,
+            fmt_bytes(ti->bytes, b3, sizeof(b3)), fmt_duration(ti->elapsed_ms, b4, sizeof(b4)),
+            ti->message[0] ? safe(ti->message, b5, sizeof(b5)) : "-");
     }
     table_print(&t, stdout);
     table_free(&t);
@@ -1056,9 +1054,9 @@ static const struct {
     const char *name;
     int (*run)(ctl_t *x);
 } commands[] = {
-    {"status", cmd_status},   {"stats", cmd_stats},     {"pool", cmd_pool},
-    {"seqs", cmd_seqs},       {"clients", cmd_clients}, {"audit", cmd_audit},
-    {"metrics", cmd_metrics}, {"health", cmd_health},   {"top", cmd_top},
+    {"status", cmd_status},       {"stats", cmd_stats},     {"pool", cmd_pool},
+    {"seqs", cmd_seqs},           {"clients", cmd_clients}, {"audit", cmd_audit},
+    {"metrics", cmd_metrics},     {"health", cmd_health},   {"top", cmd_top},
     {"transfers", cmd_transfers},
 };
 

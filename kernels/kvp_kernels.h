@@ -145,8 +145,7 @@ static inline uint64_t kvp_kv_packed_offset(uint32_t num_tokens, uint32_t num_he
  * Returns 0, KVP_EINVAL (NULL pointer, bad sizes) or KVP_ERANGE (page id). Unpack is the
  * inverse: it writes those slots of the pool from in. Any thread.
  */
-int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
-                    void *out);
+int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens, void *out);
 int kvp_kv_unpack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
                       const void *in);
 

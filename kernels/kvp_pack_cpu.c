@@ -39,8 +39,7 @@ static uint8_t *row_at(const kvp_paged_kv_t *kv, const int32_t *pages, int which
     return (uint8_t *)(which ? kv->v_data : kv->k_data) + elems * kv->elem_bytes;
 }
 
-int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
-                    void *out)
+int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens, void *out)
 {
     int rc = check(kv, pages, num_tokens, out);
     if (rc)
@@ -49,8 +48,8 @@ int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num
     for (int which = 0; which < 2; which++)
         for (uint32_t t = 0; t < num_tokens; t++)
             for (uint32_t h = 0; h < kv->num_heads; h++)
-                memcpy((uint8_t *)out + kvp_kv_packed_offset(num_tokens, kv->num_heads, row,
-                                                             which, t, h),
+                memcpy((uint8_t *)out +
+                           kvp_kv_packed_offset(num_tokens, kv->num_heads, row, which, t, h),
                        row_at(kv, pages, which, t, h), row);
     return 0;
 }
@@ -66,8 +65,8 @@ int kvp_kv_unpack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t n
         for (uint32_t t = 0; t < num_tokens; t++)
             for (uint32_t h = 0; h < kv->num_heads; h++)
                 memcpy(row_at(kv, pages, which, t, h),
-                       (const uint8_t *)in + kvp_kv_packed_offset(num_tokens, kv->num_heads, row,
-                                                                  which, t, h),
+                       (const uint8_t *)in +
+                           kvp_kv_packed_offset(num_tokens, kv->num_heads, row, which, t, h),
                        row);
     return 0;
 }

@@ -10,20 +10,20 @@
 
 #include "kvp_kernels_cuda.h"
 
-namespace {
+namespace
+{
 
 struct pack_args {
-    uint8_t *k, *v;             /* the layer's K and V tensors */
-    const int32_t *pages;       /* [ceil(tokens / page_size)] */
-    uint8_t *stream;            /* the layer's packed part */
-    uint64_t total_vecs;        /* 2 * tokens * heads * vecs_per_row */
-    uint64_t sp, sn, sh;        /* page, slot and head strides in bytes */
+    uint8_t *k, *v;       /* the layer's K and V tensors */
+    const int32_t *pages; /* [ceil(tokens / page_size)] */
+    uint8_t *stream;      /* the layer's packed part */
+    uint64_t total_vecs;  /* 2 * tokens * heads * vecs_per_row */
+    uint64_t sp, sn, sh;  /* page, slot and head strides in bytes */
     uint32_t tokens, heads, vecs_per_row, page_size, num_pages;
 };
 
 /* unpack = false: pool -> stream; true: stream -> pool. */
-template <bool unpack>
-__global__ void pack_kernel(pack_args a)
+template <bool unpack> __global__ void pack_kernel(pack_args a)
 {
     const uint64_t step = (uint64_t)gridDim.x * blockDim.x;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.total_vecs;
@@ -80,8 +80,7 @@ int fill_args(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_t
     return 0;
 }
 
-template <bool unpack>
-int launch(const pack_args &a, cudaStream_t s)
+template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
 {
     if (a.total_vecs == 0)
         return 0;

@@ -25,8 +25,8 @@ typedef struct kvp_backend kvp_backend_t;
 typedef struct {
     uint32_t kind; /* kvpool_BufferKind */
     uint64_t size_bytes;
-    void *host_ptr;       /* host backend: the daemon's mapping of the worker's memfd */
-    void *priv;           /* backend state */
+    void *host_ptr;        /* host backend: the daemon's mapping of the worker's memfd */
+    void *priv;            /* backend state */
     uint32_t device_index; /* index in the pool's device group of the device that reads it
                               (set by import_buffer; host backend: 0) */
 } kvp_buffer_t;

@@ -60,7 +60,7 @@ typedef struct {
 /* A key whose field has another name (the [transfer] keys: transfer_<key>). */
 #define S_FIELD(sec, key, f, type, min, max, reload)                                               \
     {                                                                                              \
-#sec, #key, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload                \
+#sec, #key, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload               \
     }
 
 #define KIB (1ull << 10)

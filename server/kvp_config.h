@@ -82,8 +82,10 @@
  *                    stops reusing it after half). 1000..2^32-1. Default 300000.
  *   max_in_flight    transfers running at once (exports and imports; each holds a worker
  *                    thread of server.copy_threads while it runs). 1..64. Default 2.
+ *                    transfer.timeout_ms and transfer.comm_idle_ms are reloadable,
+ *                    transfer.max_in_flight needs a restart.
  *
- * Reloadable at run time: transfer.timeout_ms, transfer.comm_idle_ms, server.log_level, server.max_connections, server.max_queued_bytes,
+ * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
  * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
  * limits.default_lease_ms, limits.max_lease_ms, and the [access] keys. Every other key needs a
  * restart: the [limits] that size the daemon's tables (max_seqs, max_namespaces, max_batch,

@@ -63,8 +63,8 @@ static void load(void)
         return;
     }
     if (table.GetVersion(&table.version) != ncclSuccess || table.version < MIN_VERSION) {
-        snprintf(load_why, sizeof(load_why), "NCCL %d at %s is older than %d", table.version,
-                 path, MIN_VERSION);
+        snprintf(load_why, sizeof(load_why), "NCCL %d at %s is older than %d", table.version, path,
+                 MIN_VERSION);
         dlclose(lib);
         load_rc = KVP_EUNAVAIL;
         return;

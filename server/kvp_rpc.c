@@ -250,9 +250,8 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
     r->lim.default_lease_ms = lim->default_lease_ms;
     r->lim.max_lease_ms = lim->max_lease_ms;
     kvp_xfer_config_t xc = {.timeout_ms = lim->transfer_timeout_ms,
-                            .comm_idle_ms = lim->transfer_comm_idle_ms
-                                                ? lim->transfer_comm_idle_ms
-                                                : 300000};
+                            .comm_idle_ms =
+                                lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000};
     kvp_xfer_set_config(r->xfer, &xc);
 }
 
@@ -1300,8 +1299,8 @@ static int do_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ExportBe
         return KVP_RPC_DONE;
     }
     char why[200];
-    int rc = kvp_xfer_check_export(&r->backend->geom, seq->num_tokens, q->timeout_ms, why,
-                                   sizeof(why));
+    int rc =
+        kvp_xfer_check_export(&r->backend->geom, seq->num_tokens, q->timeout_ms, why, sizeof(why));
     if (!rc)
         rc = kvp_xfer_check_ready(r->xfer, why, sizeof(why));
     if (rc) {
@@ -1375,9 +1374,8 @@ static int do_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ImportRequest 
     r->pages_allocated_total += r->plan.num_new_pages;
     const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, s->ns, q->seq_id);
     kvp_rpc_job_t *j = xfer_job_new(seq->num_pages);
-    rc = j ? kvp_xfer_import_begin(r->xfer, q->nccl_id.bytes, q->transfer_id, s->ns_name,
-                                   q->seq_id, seq->pages, q->num_tokens, q->timeout_ms, now_ms,
-                                   &j->xfer)
+    rc = j ? kvp_xfer_import_begin(r->xfer, q->nccl_id.bytes, q->transfer_id, s->ns_name, q->seq_id,
+                                   seq->pages, q->num_tokens, q->timeout_ms, now_ms, &j->xfer)
            : KVP_ENOMEM;
     if (rc) {
         kvp_rpc_job_free(j);
@@ -1540,11 +1538,27 @@ int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rp
 /* ---- metrics -------------------------------------------------------------------------- */
 
 /* Index = Request body tag. 0 stands for a frame that did not decode or named no call. */
-static const char *const call_names[NUM_CALLS] = {
-    "invalid",           NULL,     "hello",          "ping",         "pool_info", "register_buffer",
-    "unregister_buffer", "append", "reserve",        "fork",         "truncate",  "release",
-    "get_page_table",    "stats",  "list_sequences", "list_clients", "audit",     "metrics",
-    [40] = "export_begin", [41] = "import", [42] = "list_transfers"};
+static const char *const call_names[NUM_CALLS] = {"invalid",
+                                                  NULL,
+                                                  "hello",
+                                                  "ping",
+                                                  "pool_info",
+                                                  "register_buffer",
+                                                  "unregister_buffer",
+                                                  "append",
+                                                  "reserve",
+                                                  "fork",
+                                                  "truncate",
+                                                  "release",
+                                                  "get_page_table",
+                                                  "stats",
+                                                  "list_sequences",
+                                                  "list_clients",
+                                                  "audit",
+                                                  "metrics",
+                                                  [40] = "export_begin",
+                                                  [41] = "import",
+                                                  [42] = "list_transfers"};
 
 static unsigned bucket_of(uint64_t ns)
 {

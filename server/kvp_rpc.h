@@ -77,7 +77,7 @@ typedef struct {
      * with kvp_rpc_job_run on a worker thread, then kvp_rpc_bg_finish and kvp_rpc_job_free on
      * the loop thread; no response is sent for it */
     kvp_rpc_job_t *bg_job;
-    int mutating;       /* set by dispatch: the call is subject to dedup */
+    int mutating; /* set by dispatch: the call is subject to dedup */
 } kvp_rpc_io_t;
 
 enum { KVP_RPC_DONE = 0, KVP_RPC_ASYNC = 1 };

@@ -99,9 +99,9 @@ static uint64_t mono_ms(void)
 
 uint64_t kvp_xfer_stream_bytes(const kvp_geom_t *g, uint32_t num_tokens)
 {
-    return (uint64_t)g->num_layers *
-           kvp_kv_packed_layer_bytes(num_tokens, g->num_kv_heads, g->head_dim,
-                                     kvp_dtype_size(g->dtype));
+    return (uint64_t)g->num_layers * kvp_kv_packed_layer_bytes(num_tokens, g->num_kv_heads,
+                                                               g->head_dim,
+                                                               kvp_dtype_size(g->dtype));
 }
 
 int kvp_xfer_check_export(const kvp_geom_t *g, uint32_t num_tokens, uint32_t timeout_ms, char *why,
@@ -124,8 +124,8 @@ int kvp_xfer_check_import(const kvp_geom_t *g, uint32_t id_len, uint64_t transfe
                           uint32_t timeout_ms, char *why, size_t why_len)
 {
     if (id_len != KVP_XFER_ID_BYTES) {
-        snprintf(why, why_len, "nccl_id has %u bytes, must be %u (as ExportBegin answered)",
-                 id_len, KVP_XFER_ID_BYTES);
+        snprintf(why, why_len, "nccl_id has %u bytes, must be %u (as ExportBegin answered)", id_len,
+                 KVP_XFER_ID_BYTES);
         return KVP_EINVAL;
     }
     if (transfer_id == 0) {
@@ -137,8 +137,7 @@ int kvp_xfer_check_import(const kvp_geom_t *g, uint32_t id_len, uint64_t transfe
         return KVP_EINVAL;
     }
     if (num_layers != g->num_layers) {
-        snprintf(why, why_len, "num_layers %u: this pool has %u layers", num_layers,
-                 g->num_layers);
+        snprintf(why, why_len, "num_layers %u: this pool has %u layers", num_layers, g->num_layers);
         return KVP_EINVAL;
     }
     if (timeout_ms > MAX_TIMEOUT_MS) {
@@ -302,8 +301,8 @@ static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t
 
 int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns, uint64_t seq_id,
                           const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
-                          uint64_t now_ms, uint8_t id_out[KVP_XFER_ID_BYTES],
-                          uint64_t *transfer_id, kvp_xfer_job_t **out)
+                          uint64_t now_ms, uint8_t id_out[KVP_XFER_ID_BYTES], uint64_t *transfer_id,
+                          kvp_xfer_job_t **out)
 {
 #ifdef KVP_HAVE_NCCL
     const kvp_nccl_t *n;
@@ -350,10 +349,10 @@ fail_new:
 #endif
 }
 
-int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES],
-                          uint64_t transfer_id, const char *ns, uint64_t seq_id,
-                          const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
-                          uint64_t now_ms, kvp_xfer_job_t **out)
+int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], uint64_t transfer_id,
+                          const char *ns, uint64_t seq_id, const uint32_t *pages,
+                          uint32_t num_tokens, uint32_t timeout_ms, uint64_t now_ms,
+                          kvp_xfer_job_t **out)
 {
     kvp_xfer_sweep(x, now_ms);
     comm_t *c = NULL;
@@ -410,8 +409,8 @@ int kvp_xfer_finish(kvp_xfer_t *x, kvp_xfer_job_t *j, uint64_t now_ms, char *msg
         x->hist_count++;
     kvp_log(j->rc ? KVP_LOG_WARNING : KVP_LOG_INFO,
             "transfer %s direction=%s transfer_id=%llu tokens=%u bytes=%llu ms=%llu%s%s%s",
-            j->rc ? "failed" : "done", d ? "import" : "export",
-            (unsigned long long)j->transfer_id, j->num_tokens, (unsigned long long)j->bytes,
+            j->rc ? "failed" : "done", d ? "import" : "export", (unsigned long long)j->transfer_id,
+            j->num_tokens, (unsigned long long)j->bytes,
             (unsigned long long)(now_ms - in->start_ms), j->rc ? " reason=\"" : "",
             j->rc ? j->msg : "", j->rc ? "\"" : "");
     int rc = j->rc;
@@ -619,12 +618,12 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
     if ((rc = copy_wait(n, j, &got, dev, sizeof(got), cudaMemcpyDeviceToHost, deadline)))
         return rc;
     const char *bad = got.magic != HDR_MAGIC || got.version != HDR_VERSION ? "not a kvpool stream"
-                      : got.transfer_id != hdr.transfer_id ? "another transfer_id"
-                      : got.num_tokens != hdr.num_tokens   ? "another token count"
-                      : got.num_layers != hdr.num_layers   ? "another layer count"
-                      : got.num_heads != hdr.num_heads     ? "another number of kv heads"
-                      : got.head_dim != hdr.head_dim       ? "another head_dim"
-                      : got.elem_bytes != hdr.elem_bytes   ? "another element size"
+                      : got.transfer_id != hdr.transfer_id                 ? "another transfer_id"
+                      : got.num_tokens != hdr.num_tokens                   ? "another token count"
+                      : got.num_layers != hdr.num_layers                   ? "another layer count"
+                      : got.num_heads != hdr.num_heads       ? "another number of kv heads"
+                      : got.head_dim != hdr.head_dim         ? "another head_dim"
+                      : got.elem_bytes != hdr.elem_bytes     ? "another element size"
                       : got.stream_bytes != hdr.stream_bytes ? "another stream size"
                                                              : NULL;
     answer = bad ? KVP_EINVAL : 0;
@@ -634,22 +633,20 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
         return rc;
     if (bad) {
         j->clean = 1;
-        return job_fail(j, KVP_EINVAL, "the exporter's stream does not match the Import: %s",
-                        bad);
+        return job_fail(j, KVP_EINVAL, "the exporter's stream does not match the Import: %s", bad);
     }
     if ((rc = send_recv(n, j, 0, dev + stream_off, j->bytes, deadline, "receiving the KV")))
         return rc;
     /* only now, with every byte here, are the new pages written */
-    if ((rc = copy_wait(n, j, dev + pages_off, j->pages, j->num_pages * 4u,
-                        cudaMemcpyHostToDevice, deadline)))
+    if ((rc = copy_wait(n, j, dev + pages_off, j->pages, j->num_pages * 4u, cudaMemcpyHostToDevice,
+                        deadline)))
         return rc;
     const uint64_t lb = j->bytes / g->num_layers;
     for (uint32_t l = 0; l < g->num_layers; l++) {
         kvp_paged_kv_t kv;
         kvp_backend_layer_view(b, pool, l, &kv);
-        KVP_KERNEL_CHECK(kvp_kv_unpack_cuda(&kv, (const int32_t *)(dev + pages_off),
-                                            j->num_tokens, dev + stream_off + l * lb,
-                                            j->comm->stream),
+        KVP_KERNEL_CHECK(kvp_kv_unpack_cuda(&kv, (const int32_t *)(dev + pages_off), j->num_tokens,
+                                            dev + stream_off + l * lb, j->comm->stream),
                          rc, fail_kernel);
     }
     return wait_stream(n, j, deadline, "unpacking");

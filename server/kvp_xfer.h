@@ -87,15 +87,15 @@ uint64_t kvp_xfer_stream_bytes(const kvp_geom_t *g, uint32_t num_tokens);
  * KVP_ENOMEM. */
 int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns, uint64_t seq_id,
                           const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
-                          uint64_t now_ms, uint8_t id_out[KVP_XFER_ID_BYTES],
-                          uint64_t *transfer_id, kvp_xfer_job_t **out);
+                          uint64_t now_ms, uint8_t id_out[KVP_XFER_ID_BYTES], uint64_t *transfer_id,
+                          kvp_xfer_job_t **out);
 
 /* Starts an import into pages (the new sequence's, pinned by the caller). Returns 0, KVP_EBUSY
  * (the communicator of that id is in use by another transfer), KVP_ENOMEM. */
-int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES],
-                          uint64_t transfer_id, const char *ns, uint64_t seq_id,
-                          const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
-                          uint64_t now_ms, kvp_xfer_job_t **out);
+int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], uint64_t transfer_id,
+                          const char *ns, uint64_t seq_id, const uint32_t *pages,
+                          uint32_t num_tokens, uint32_t timeout_ms, uint64_t now_ms,
+                          kvp_xfer_job_t **out);
 
 /* Worker thread: runs the transfer to its end (success, error or deadline). */
 void kvp_xfer_run(kvp_xfer_job_t *j);

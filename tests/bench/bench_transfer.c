@@ -35,10 +35,26 @@ static double now_s(void)
 
 static int start(kvp_daemon_t *d, const char *dev)
 {
-    const char *args[] = {"--backend", "cuda", "--devices", dev, "--num-layers", "8",
-                          "--num-pages", "4096", "--page-size", "16", "--num-kv-heads", "32",
-                          "--head-dim", "128", "--dtype", "fp16", "--set",
-                          "transfer.timeout_ms=120000", "--set", "limits.max_batch_tokens=65536",
+    const char *args[] = {"--backend",
+                          "cuda",
+                          "--devices",
+                          dev,
+                          "--num-layers",
+                          "8",
+                          "--num-pages",
+                          "4096",
+                          "--page-size",
+                          "16",
+                          "--num-kv-heads",
+                          "32",
+                          "--head-dim",
+                          "128",
+                          "--dtype",
+                          "fp16",
+                          "--set",
+                          "transfer.timeout_ms=120000",
+                          "--set",
+                          "limits.max_batch_tokens=65536",
                           NULL};
     return kvp_daemon_start(d, args);
 }
@@ -137,8 +153,9 @@ static int cmp_double(const void *a, const void *b)
 int main(void)
 {
     const char *p2p = getenv("NCCL_P2P_DISABLE"), *shm = getenv("NCCL_SHM_DISABLE");
-    const char *mode = p2p && shm ? "network transport forced (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)"
-                                  : "default transports";
+    const char *mode = p2p && shm
+                           ? "network transport forced (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)"
+                           : "default transports";
     kvp_daemon_t a, b;
     if (start(&a, "0") || start(&b, "1")) {
         fprintf(stderr, "the daemons did not start (two GPUs needed)\n");

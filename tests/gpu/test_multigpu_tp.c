@@ -120,8 +120,7 @@ static void check_share(rank_t *r, const step_t *st, const char *what)
     kvp_paged_kv_t kv;
     for (uint32_t l = 0; l < pi->num_layers && st->num_copies; l++) {
         layer_view(r, r->ref, l, st, &kv);
-        W(kvp_page_copy_cpu(&kv, (const kvp_page_copy_t *)st->copies, st->num_copies) == 0,
-          "copy");
+        W(kvp_page_copy_cpu(&kv, (const kvp_page_copy_t *)st->copies, st->num_copies) == 0, "copy");
     }
     kvp_source_t s = source(r, st->nnz);
     uint64_t e = pi->elem_bytes;
@@ -158,8 +157,8 @@ static void rank_open(rank_t *r, uint32_t rank)
     char err[256];
     W(kvp_client_connect(&o, &r->c, err, sizeof(err)) == 0, "connect: %s", err);
     r->pi = kvp_client_pool_info(r->c);
-    W(r->pi->backend == 1 && r->pi->num_devices == 2 && r->pi->heads_per_device * 2 ==
-                                                            r->pi->num_kv_heads,
+    W(r->pi->backend == 1 && r->pi->num_devices == 2 &&
+          r->pi->heads_per_device * 2 == r->pi->num_kv_heads,
       "pool info");
     W(kvp_client_cuda_map_pool(r->c) == 0, "map: %s", kvp_client_last_error(r->c));
     const int device = r->pi->device_ids[rank];
@@ -167,8 +166,8 @@ static void rank_open(rank_t *r, uint32_t rank)
     WC(cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking));
     r->ref = calloc(1, r->pi->pool_bytes);
     r->back = malloc(r->pi->pool_bytes);
-    r->buf_bytes = (size_t)2 * 128 * r->pi->heads_per_device * r->pi->head_dim *
-                   r->pi->elem_bytes * r->pi->num_layers;
+    r->buf_bytes = (size_t)2 * 128 * r->pi->heads_per_device * r->pi->head_dim * r->pi->elem_bytes *
+                   r->pi->num_layers;
     r->host = malloc(r->buf_bytes);
     W(r->ref && r->back && r->host, "out of memory");
     WC(cudaMemcpy(r->ref, kvp_client_pool_base(r->c, rank), r->pi->pool_bytes,
@@ -323,9 +322,10 @@ int main(void)
         printf("fewer than two usable GPUs: skipped\n");
         return 77;
     }
-    const char *args[] = {"--backend", "cuda", "--devices", "0,1", "--num-layers", "2",
-                          "--num-pages", "64", "--page-size", "16", "--num-kv-heads", "4",
-                          "--head-dim", "64", "--dtype", "fp16", NULL};
+    const char *args[] = {
+        "--backend",   "cuda", "--devices",      "0,1", "--num-layers", "2",  "--num-pages", "64",
+        "--page-size", "16",   "--num-kv-heads", "4",   "--head-dim",   "64", "--dtype",     "fp16",
+        NULL};
     if (kvp_daemon_start(&DMN, args) != 0)
         return 1;
     int a[2], b[2];

@@ -60,12 +60,31 @@ static int start_pool(pool_t *p, int device, uint32_t ps, uint32_t layout, uint3
     p->device = device, p->page_size = ps, p->layout = layout, p->storage = storage;
     snprintf(p->name, sizeof(p->name), "gpu%d-p%u-%s-%s", device, ps, layout ? "hnd" : "nhd",
              storage ? "split" : "combined");
-    const char *args[] = {"--backend", "cuda", "--devices", dev, "--num-layers", "2",
-                          "--num-pages", "64", "--page-size", pss, "--num-kv-heads", "4",
-                          "--head-dim", "64", "--dtype", "fp16", "--layout",
-                          layout ? "hnd" : "nhd", "--storage", storage ? "split" : "combined",
-                          "--set", "transfer.timeout_ms=20000", "--set",
-                          "transfer.max_in_flight=8", NULL};
+    const char *args[] = {"--backend",
+                          "cuda",
+                          "--devices",
+                          dev,
+                          "--num-layers",
+                          "2",
+                          "--num-pages",
+                          "64",
+                          "--page-size",
+                          pss,
+                          "--num-kv-heads",
+                          "4",
+                          "--head-dim",
+                          "64",
+                          "--dtype",
+                          "fp16",
+                          "--layout",
+                          layout ? "hnd" : "nhd",
+                          "--storage",
+                          storage ? "split" : "combined",
+                          "--set",
+                          "transfer.timeout_ms=20000",
+                          "--set",
+                          "transfer.max_in_flight=8",
+                          NULL};
     return kvp_daemon_start(&p->d, args);
 }
 
@@ -142,13 +161,14 @@ static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, 
                     uint64_t elems = page * (uint64_t)pi->stride_page +
                                      (tok % pi->page_size) * (uint64_t)pi->stride_n +
                                      h * (uint64_t)pi->stride_h;
-                    uint64_t off = l * pi->layer_bytes + (w ? pi->v_offset_bytes : 0) +
-                                   elems * pi->elem_bytes;
-                    const uint8_t *want = expect + (2 * l + w) * kvb + ((uint64_t)tok * HEADS + h) * ROW;
+                    uint64_t off =
+                        l * pi->layer_bytes + (w ? pi->v_offset_bytes : 0) + elems * pi->elem_bytes;
+                    const uint8_t *want =
+                        expect + (2 * l + w) * kvb + ((uint64_t)tok * HEADS + h) * ROW;
                     if (memcmp(back + off, want, ROW)) {
                         free(back);
-                        CHECK(0, "%s: layer %u %s token %u head %u differs", what, l,
-                              w ? "V" : "K", tok, h);
+                        CHECK(0, "%s: layer %u %s token %u head %u differs", what, l, w ? "V" : "K",
+                              tok, h);
                     }
                 }
     free(back);

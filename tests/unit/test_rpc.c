@@ -377,8 +377,10 @@ START_TEST(rank_sources_name_buffers_of_other_sessions_of_the_namespace)
     ck_assert_int_eq(kvp_geom_derive(&G, &d), 0);
     uint8_t *pool = mmap(NULL, d.pool_bytes, PROT_READ, MAP_SHARED, pool_fd, 0);
     ck_assert_ptr_ne(pool, MAP_FAILED);
-    kvp_session_t *rank = kvp_rpc_session_open(R, 1235, (uint32_t)getuid(), (uint32_t)getgid(), 1000);
-    kvp_session_t *other = kvp_rpc_session_open(R, 1236, (uint32_t)getuid(), (uint32_t)getgid(), 1000);
+    kvp_session_t *rank =
+        kvp_rpc_session_open(R, 1235, (uint32_t)getuid(), (uint32_t)getgid(), 1000);
+    kvp_session_t *other =
+        kvp_rpc_session_open(R, 1236, (uint32_t)getuid(), (uint32_t)getgid(), 1000);
     hello_on(rank, "eng", 0);
     hello_on(other, "other", 0);
 

@@ -29,8 +29,13 @@ START_TEST(packed_format_math)
     ck_assert_uint_eq(kvp_kv_packed_offset(10, 4, row, 0, 2, 1), (2 * 4 + 1) * row);
     ck_assert_uint_eq(kvp_kv_packed_offset(10, 4, row, 1, 0, 0), 10 * 4 * row);
     ck_assert_uint_eq(kvp_kv_packed_offset(10, 4, row, 1, 9, 3), (10 * 4 + 9 * 4 + 3) * row);
-    kvp_geom_t g = {.num_layers = 3, .num_pages = 8, .page_size = 16, .num_kv_heads = 4,
-                    .head_dim = 64, .dtype = KVP_DTYPE_BF16, .num_devices = 1};
+    kvp_geom_t g = {.num_layers = 3,
+                    .num_pages = 8,
+                    .page_size = 16,
+                    .num_kv_heads = 4,
+                    .head_dim = 64,
+                    .dtype = KVP_DTYPE_BF16,
+                    .num_devices = 1};
     ck_assert_uint_eq(kvp_xfer_stream_bytes(&g, 33), 3ull * 2 * 33 * 4 * 64 * 2);
 }
 END_TEST
@@ -43,9 +48,15 @@ typedef struct {
 
 static void pool_make(pool_t *p, uint32_t page_size, kvp_layout_t lay, kvp_storage_t sto)
 {
-    p->g = (kvp_geom_t){.num_layers = 2, .num_pages = 24, .page_size = page_size,
-                        .num_kv_heads = 3, .head_dim = 8, .dtype = KVP_DTYPE_FP16,
-                        .layout = lay, .storage = sto, .num_devices = 1};
+    p->g = (kvp_geom_t){.num_layers = 2,
+                        .num_pages = 24,
+                        .page_size = page_size,
+                        .num_kv_heads = 3,
+                        .head_dim = 8,
+                        .dtype = KVP_DTYPE_FP16,
+                        .layout = lay,
+                        .storage = sto,
+                        .num_devices = 1};
     ck_assert_int_eq(kvp_geom_derive(&p->g, &p->d), 0);
     p->pool = calloc(1, p->d.pool_bytes);
     ck_assert_ptr_nonnull(p->pool);
@@ -105,10 +116,10 @@ START_TEST(pack_unpack_between_any_two_pools)
         for (int w = 0; w < 2; w++)
             for (uint32_t t = 0; t < T; t++)
                 for (uint32_t h = 0; h < 3; h++) {
-                    uint64_t oa = kvp_geom_offset(&a.d, &a.g, l, (uint32_t)pa[t / ps_a], w,
-                                                  t % ps_a, h);
-                    uint64_t ob = kvp_geom_offset(&b.d, &b.g, l, (uint32_t)pb[t / ps_b], w,
-                                                  t % ps_b, h);
+                    uint64_t oa =
+                        kvp_geom_offset(&a.d, &a.g, l, (uint32_t)pa[t / ps_a], w, t % ps_a, h);
+                    uint64_t ob =
+                        kvp_geom_offset(&b.d, &b.g, l, (uint32_t)pb[t / ps_b], w, t % ps_b, h);
                     uint64_t os = l * lb + kvp_kv_packed_offset(T, 3, row, w, t, h);
                     ck_assert_int_eq(memcmp(a.pool + oa, stream + os, row), 0);
                     ck_assert_int_eq(memcmp(b.pool + ob, a.pool + oa, row), 0);
@@ -134,23 +145,24 @@ END_TEST
 
 START_TEST(request_checks)
 {
-    kvp_geom_t g = {.num_layers = 4, .num_pages = 8, .page_size = 16, .num_kv_heads = 4,
-                    .head_dim = 64, .dtype = KVP_DTYPE_FP16, .num_devices = 1};
+    kvp_geom_t g = {.num_layers = 4,
+                    .num_pages = 8,
+                    .page_size = 16,
+                    .num_kv_heads = 4,
+                    .head_dim = 64,
+                    .dtype = KVP_DTYPE_FP16,
+                    .num_devices = 1};
     char why[200];
     ck_assert_int_eq(kvp_xfer_check_export(&g, 0, 0, why, sizeof(why)), KVP_EPRECOND);
     ck_assert_int_eq(kvp_xfer_check_export(&g, 5, 3600001, why, sizeof(why)), KVP_EINVAL);
     ck_assert_int_eq(kvp_xfer_check_export(&g, 5, 0, why, sizeof(why)), 0);
-    ck_assert_int_eq(kvp_xfer_check_import(&g, 127, 1, 5, 128, 4, 0, why, sizeof(why)),
-                     KVP_EINVAL);
+    ck_assert_int_eq(kvp_xfer_check_import(&g, 127, 1, 5, 128, 4, 0, why, sizeof(why)), KVP_EINVAL);
     ck_assert_ptr_nonnull(strstr(why, "nccl_id has 127 bytes"));
-    ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 0, 5, 128, 4, 0, why, sizeof(why)),
-                     KVP_EINVAL);
-    ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 1, 0, 128, 4, 0, why, sizeof(why)),
-                     KVP_EINVAL);
+    ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 0, 5, 128, 4, 0, why, sizeof(why)), KVP_EINVAL);
+    ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 1, 0, 128, 4, 0, why, sizeof(why)), KVP_EINVAL);
     ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 1, 129, 128, 4, 0, why, sizeof(why)),
                      KVP_EINVAL);
-    ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 1, 5, 128, 3, 0, why, sizeof(why)),
-                     KVP_EINVAL);
+    ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 1, 5, 128, 3, 0, why, sizeof(why)), KVP_EINVAL);
     ck_assert_ptr_nonnull(strstr(why, "this pool has 4 layers"));
     ck_assert_int_eq(kvp_xfer_check_import(&g, 128, 1, 5, 128, 4, 3600001, why, sizeof(why)),
                      KVP_EINVAL);
@@ -201,13 +213,22 @@ static void stats(uint32_t *used, uint32_t *seqs)
 
 START_TEST(dispatch_validates_then_refuses_without_a_transfer_backend)
 {
-    kvp_geom_t g = {.num_layers = 2, .num_pages = 16, .page_size = 4, .num_kv_heads = 2,
-                    .head_dim = 8, .dtype = KVP_DTYPE_FP16, .num_devices = 1};
+    kvp_geom_t g = {.num_layers = 2,
+                    .num_pages = 16,
+                    .page_size = 4,
+                    .num_kv_heads = 2,
+                    .head_dim = 8,
+                    .dtype = KVP_DTYPE_FP16,
+                    .num_devices = 1};
     kvp_backend_t *b;
     ck_assert_int_eq(kvp_backend_host_create(&g, &b), 0);
-    kvp_rpc_limits_t lim = {.max_seqs = 16, .max_namespaces = 4, .max_batch = 8,
-                            .max_batch_tokens = 1000, .max_buffers_per_client = 2,
-                            .max_buffer_bytes = 1 << 20, .dedup_window = 8,
+    kvp_rpc_limits_t lim = {.max_seqs = 16,
+                            .max_namespaces = 4,
+                            .max_batch = 8,
+                            .max_batch_tokens = 1000,
+                            .max_buffers_per_client = 2,
+                            .max_buffer_bytes = 1 << 20,
+                            .dedup_window = 8,
                             .max_lease_ms = 100000};
     ck_assert_int_eq(kvp_rpc_create(b, &lim, 1000, &R), 0);
     S = kvp_rpc_session_open(R, 1, (uint32_t)getuid(), (uint32_t)getgid(), 1000);
