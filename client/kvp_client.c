@@ -875,8 +875,33 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
                        uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
                        kvp_page_table_t *table)
 {
+    return kvp__client_append_ranks(c, seq_ids, num_tokens, n, src, NULL, 0, sync, table);
+}
+
+int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                            uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
+                            uint32_t num_ranks, int sync_events, kvp_page_table_t *table)
+{
     if (!c)
         return KVP_EINVAL;
+    if (!ranks || num_ranks == 0)
+        return fail(c, KVP_EINVAL, "append_ranks: no ranks given");
+    return kvp__client_append_ranks(
+        c, seq_ids, num_tokens, n, src, ranks, num_ranks,
+        sync_events ? kvpool_SyncMode_SYNC_EVENT : kvpool_SyncMode_SYNC_NONE, table);
+}
+
+int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                             uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
+                             uint32_t num_ranks, kvpool_SyncMode sync, kvp_page_table_t *table)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (num_ranks >
+        sizeof(c->req.body.append.rank_sources) / sizeof(c->req.body.append.rank_sources[0]))
+        return fail(c, KVP_EINVAL, "append: %u ranks, at most %u", num_ranks,
+                    (unsigned)(sizeof(c->req.body.append.rank_sources) /
+                               sizeof(c->req.body.append.rank_sources[0])));
     int rc = check_batch(c, seq_ids, num_tokens, n, 1);
     if (rc)
         return rc;
@@ -897,6 +922,14 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
     a->source.layer_stride = src->layer_stride;
     a->source.layer_begin = src->layer_begin;
     a->source.layer_end = src->layer_end;
+    if (num_ranks) {
+        a->source.buffer_id = 0; /* each rank's buffer is named below */
+        for (uint32_t g = 0; g < num_ranks; g++) {
+            a->rank_sources[g].session_id = ranks[g].session_id;
+            a->rank_sources[g].buffer_id = ranks[g].buffer_id;
+        }
+        a->rank_sources_count = (pb_size_t)num_ranks;
+    }
     a->sync = sync;
     return table_call(c, kvpool_Response_append_tag, table);
 }
@@ -1013,6 +1046,93 @@ int kvp_client_audit(kvp_client_t *c)
         return fail(c, KVP_EAUDIT, "%s",
                     c->resp.body.audit.message[0] ? c->resp.body.audit.message
                                                   : "audit failed (no message)");
+    return 0;
+}
+
+int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer, uint32_t timeout_ms,
+                            kvp_transfer_ticket_t *ticket)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (!peer || !ticket || strlen(peer) >= sizeof(c->req.body.export_begin.peer))
+        return fail(c, KVP_EINVAL, "export_begin: NULL ticket, or peer NULL or over %zu bytes",
+                    sizeof(c->req.body.export_begin.peer) - 1);
+    new_request(c, kvpool_Request_export_begin_tag);
+    kvpool_ExportBeginRequest *q = &c->req.body.export_begin;
+    q->seq_id = seq_id;
+    snprintf(q->peer, sizeof(q->peer), "%s", peer);
+    q->timeout_ms = timeout_ms;
+    int rc = simple_call(c, kvpool_Response_export_begin_tag);
+    if (rc)
+        return rc;
+    const kvpool_ExportBeginResponse *r = &c->resp.body.export_begin;
+    if (r->nccl_id.size != KVP_TRANSFER_ID_BYTES)
+        return fail(c, KVP_EPROTO, "export_begin: nccl_id of %u bytes", (unsigned)r->nccl_id.size);
+    memcpy(ticket->nccl_id, r->nccl_id.bytes, KVP_TRANSFER_ID_BYTES);
+    ticket->transfer_id = r->transfer_id;
+    ticket->num_tokens = r->num_tokens;
+    ticket->num_layers = r->num_layers;
+    ticket->bytes = r->bytes;
+    return 0;
+}
+
+int kvp_client_import(kvp_client_t *c, const kvp_transfer_ticket_t *ticket, uint64_t seq_id,
+                      uint32_t timeout_ms, uint32_t *num_pages)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (!ticket)
+        return fail(c, KVP_EINVAL, "import: NULL ticket");
+    new_request(c, kvpool_Request_import_tag);
+    kvpool_ImportRequest *q = &c->req.body.import;
+    memcpy(q->nccl_id.bytes, ticket->nccl_id, KVP_TRANSFER_ID_BYTES);
+    q->nccl_id.size = KVP_TRANSFER_ID_BYTES;
+    q->transfer_id = ticket->transfer_id;
+    q->seq_id = seq_id;
+    q->num_tokens = ticket->num_tokens;
+    q->num_layers = ticket->num_layers;
+    q->timeout_ms = timeout_ms;
+    /* the daemon answers when the transfer ends: wait for its deadline, then ours */
+    const uint32_t saved = c->timeout_ms;
+    uint64_t wait = (uint64_t)saved + (timeout_ms ? timeout_ms : 3600000u);
+    c->timeout_ms = wait > UINT32_MAX ? UINT32_MAX : (uint32_t)wait;
+    int rc = simple_call(c, kvpool_Response_import_tag);
+    c->timeout_ms = saved;
+    if (rc)
+        return rc;
+    if (num_pages)
+        *num_pages = c->resp.body.import.num_pages;
+    return 0;
+}
+
+int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max, uint32_t *n)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if ((!out && max) || !n)
+        return fail(c, KVP_EINVAL, "list_transfers: NULL out or n");
+    new_request(c, kvpool_Request_list_transfers_tag);
+    int rc = simple_call(c, kvpool_Response_list_transfers_tag);
+    if (rc)
+        return rc;
+    const kvpool_ListTransfersResponse *r = &c->resp.body.list_transfers;
+    uint32_t k = 0;
+    for (; k < r->transfers_count && k < max; k++) {
+        const kvpool_TransferInfo *t = &r->transfers[k];
+        kvp_transfer_info_t *o = &out[k];
+        memset(o, 0, sizeof(*o));
+        o->transfer_id = t->transfer_id;
+        o->seq_id = t->seq_id;
+        o->bytes = t->bytes;
+        o->elapsed_ms = t->elapsed_ms;
+        o->num_tokens = t->num_tokens;
+        snprintf(o->direction, sizeof(o->direction), "%s", t->direction);
+        snprintf(o->state, sizeof(o->state), "%s", t->state);
+        snprintf(o->peer, sizeof(o->peer), "%s", t->peer);
+        snprintf(o->ns, sizeof(o->ns), "%s", t->namespace);
+        snprintf(o->message, sizeof(o->message), "%s", t->message);
+    }
+    *n = k;
     return 0;
 }
 

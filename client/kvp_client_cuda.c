@@ -462,6 +462,51 @@ fail:
     return rc;
 }
 
+/* The events of one of this handle's CUDA buffers, or a failure naming what is missing. */
+static int event_buf(kvp_client_t *c, uint32_t buffer_id, cbuf_t **out, const char *who)
+{
+    cstate_t *st;
+    int rc = get_state(c, &st);
+    if (rc)
+        return rc;
+    cbuf_t *b = find_buf(st, buffer_id);
+    if (!b || !b->ready || !b->done)
+        return kvp__client_fail(c, KVP_EINVAL,
+                                "%s: buffer %u is not a CUDA buffer with events of "
+                                "this handle",
+                                who, buffer_id);
+    *out = b;
+    return 0;
+}
+
+int kvp_client_cuda_record_ready(kvp_client_t *c, uint32_t buffer_id, void *stream)
+{
+    if (!c)
+        return KVP_EINVAL;
+    cbuf_t *b;
+    int rc = event_buf(c, buffer_id, &b, "cuda_record_ready");
+    if (rc)
+        return rc;
+    CLIENT_CUDA_TRY(c, cudaEventRecord(b->ready, (cudaStream_t)stream), rc, fail);
+    return 0;
+fail:
+    return rc;
+}
+
+int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream)
+{
+    if (!c)
+        return KVP_EINVAL;
+    cbuf_t *b;
+    int rc = event_buf(c, buffer_id, &b, "cuda_wait_done");
+    if (rc)
+        return rc;
+    CLIENT_CUDA_TRY(c, cudaStreamWaitEvent((cudaStream_t)stream, b->done, 0), rc, fail);
+    return 0;
+fail:
+    return rc;
+}
+
 /* Pool index of the current device. */
 static int current_pool(kvp_client_t *c, uint32_t *g_out, int *device_out)
 {
@@ -643,6 +688,18 @@ int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
                                  kvp_page_table_t *table, void *stream)
 {
     (void)seq_ids, (void)num_tokens, (void)n, (void)src, (void)table, (void)stream;
+    return unavailable(c);
+}
+
+int kvp_client_cuda_record_ready(kvp_client_t *c, uint32_t buffer_id, void *stream)
+{
+    (void)buffer_id, (void)stream;
+    return unavailable(c);
+}
+
+int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream)
+{
+    (void)buffer_id, (void)stream;
     return unavailable(c);
 }
 

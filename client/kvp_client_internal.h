@@ -46,6 +46,11 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
                        uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
                        kvp_page_table_t *table);
 
+/* The same with tensor-parallel rank sources (num_ranks 0: the single-source form). */
+int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                             uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
+                             uint32_t num_ranks, kvpool_SyncMode sync, kvp_page_table_t *table);
+
 /* 1 when the last answer was an AppendResponse whose copy had completed on the device. */
 int kvp__client_append_completed(const kvp_client_t *c);
 

@@ -90,6 +90,14 @@ typedef struct {
     uint32_t layer_begin, layer_end;
 } kvp_source_t;
 
+/* One rank of a tensor-parallel Append (kvpool.proto, RankSource): buffer `buffer_id` that
+ * the connection with session `session_id` registered (kvp_client_session_id of the rank's
+ * handle; 0: the calling handle), for the rank's own device. */
+typedef struct {
+    uint64_t session_id;
+    uint32_t buffer_id;
+} kvp_rank_source_t;
+
 typedef struct {
     uint32_t num_pages, free_pages, used_pages, shared_pages, num_seqs, num_clients;
     uint64_t num_tokens, page_refs, page_bytes, uptime_ms, requests_total, append_bytes_total;
@@ -151,6 +159,18 @@ int kvp_client_unregister_buffer(kvp_client_t *c, uint32_t buffer_id);
 int kvp_client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                       uint32_t n, const kvp_source_t *src, kvp_page_table_t *table);
 
+/* Tensor-parallel daemon-run append (DESIGN.md §6), sent by the group's leader: the daemon
+ * grows the sequences once and copies, on every device g of the pool's group, device g's
+ * heads from ranks[g]'s buffer (num_ranks = the pool's num_devices, in device order). src
+ * gives the offsets, strides and layer range that apply to every rank's buffer (its
+ * buffer_id is not used). sync_events: every rank recorded its buffer's ready event
+ * (kvp_client_cuda_record_ready) before this call, and the daemon waits for each of them on
+ * its CPU; 0: the ranks' data is already in their buffers. Appends on all devices or on none.
+ * table as in kvp_client_append. */
+int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                            uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
+                            uint32_t num_ranks, int sync_events, kvp_page_table_t *table);
+
 /* Reserve: the same allocation and page table without the copy; the caller runs the returned
  * copies (copy-on-write) and then its own appends on the mapped pool. */
 int kvp_client_reserve(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
@@ -165,6 +185,48 @@ int kvp_client_page_table(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
 int kvp_client_stats(kvp_client_t *c, kvp_stats_summary_t *out);
 /* Runs the daemon's audit: 0 when clean, KVP_EAUDIT with the violation in last_error. */
 int kvp_client_audit(kvp_client_t *c);
+
+/* ---- transfers between daemons (DESIGN.md §6, kvpool.proto ExportBegin / Import) ----------
+ * The sending engine calls kvp_client_export_begin on its daemon and hands the ticket to the
+ * receiving engine (over its own channel), which calls kvp_client_import on its daemon; the
+ * two daemons then move the sequence over NCCL. Both answer KVP_EUNAVAIL when a daemon cannot
+ * transfer (host backend, no NCCL). */
+
+#define KVP_TRANSFER_ID_BYTES 128
+
+typedef struct {
+    uint8_t nccl_id[KVP_TRANSFER_ID_BYTES]; /* the communicator's ncclUniqueId */
+    uint64_t transfer_id;
+    uint32_t num_tokens, num_layers;
+    uint64_t bytes; /* of the packed stream */
+} kvp_transfer_ticket_t;
+
+/* Starts sending sequence seq_id (its tokens now) to the daemon named peer (the communicator
+ * cache key: one name per receiving daemon); answers at once with the ticket. timeout_ms: the
+ * whole transfer, the receiver's join included (0: the daemon's transfer.timeout_ms). The
+ * outcome is in kvp_client_list_transfers. */
+int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer, uint32_t timeout_ms,
+                            kvp_transfer_ticket_t *ticket);
+
+/* Receives the ticket's sequence as the new sequence seq_id of this namespace; returns once
+ * the data is in the pool (this call waits up to timeout_ms, or the daemon's default, plus the
+ * handle's own timeout). On failure (KVP_EUNAVAIL: the sender went away; KVP_ETIMEDOUT: the
+ * deadline; KVP_EINVAL: the streams do not match; KVP_EEXIST; KVP_ENOSPC) the pool is as it
+ * was. *num_pages (may be NULL) receives the new sequence's pages. */
+int kvp_client_import(kvp_client_t *c, const kvp_transfer_ticket_t *ticket, uint64_t seq_id,
+                      uint32_t timeout_ms, uint32_t *num_pages);
+
+typedef struct {
+    uint64_t transfer_id, seq_id, bytes, elapsed_ms;
+    uint32_t num_tokens;
+    char direction[8]; /* "export" | "import" */
+    char state[8];     /* "running" | "ok" | "failed" */
+    char peer[65], ns[65], message[128];
+} kvp_transfer_info_t;
+
+/* Transfers in flight, then the newest finished ones (at most 32), into out[max]; *n receives
+ * how many. */
+int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max, uint32_t *n);
 
 /* Low-level access for tools (kvpoolctl): sends an already-filled Request (zero-initialised,
  * then the body set; its id is set here) and decodes the Response into *resp, binding bulk
@@ -225,6 +287,18 @@ int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_
 int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
                                  const uint32_t *num_tokens, uint32_t n, const kvp_source_t *src,
                                  kvp_page_table_t *table, void *stream);
+
+/* For a rank of a tensor-parallel group: records the ready event of buffer_id (a buffer with
+ * events of this handle) on `stream`, after the rank's K/V were queued there; the rank then
+ * tells its leader, whose kvp_client_append_ranks (sync_events = 1) makes the daemon wait for
+ * it. */
+int kvp_client_cuda_record_ready(kvp_client_t *c, uint32_t buffer_id, void *stream);
+
+/* For a rank after its leader's kvp_client_append_ranks: makes `stream` wait for the daemon's
+ * done event of buffer_id, so work queued there afterwards sees the appended pages. (The
+ * daemon answers an Append once the copy has completed, so this wait is only needed when the
+ * leader saw completed = 0; it is always correct.) */
+int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream);
 
 /* Queues the copy-on-write copies of t (a kvp_client_reserve answer; nothing when it has none)
  * on `stream`, every layer, on the mapped pool of the current CUDA device (one of the pool's

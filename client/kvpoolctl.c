@@ -71,6 +71,7 @@ static void usage(FILE *f)
           "  seqs [-n NS] [--limit N]\n"
           "                         sequences of namespace NS (default: every namespace)\n"
           "  clients                connected sessions\n"
+          "  transfers              KV transfers between daemons: in flight, then recent\n"
           "  audit                  run the daemon's invariant audit\n"
           "  metrics                Prometheus metrics text\n"
           "  health                 exit 0 when the daemon answers and its audit is clean\n"
@@ -501,6 +502,19 @@ static int cmd_status(ctl_t *x)
         j_u64(&j, "num_namespaces", s->namespaces_count);
         j_u64(&j, "num_clients", s->num_clients);
         j_close(&j, '}');
+        /* every device of a tensor-parallel group holds the same pages (its share of heads) */
+        j_open(&j, "devices", '[');
+        for (uint32_t g = 0; g < p->num_devices && g < KVP_CLIENT_MAX_DEVICES; g++) {
+            j_open(&j, NULL, '{');
+            j_u64(&j, "index", g);
+            j_i64(&j, "cuda_device", p->backend == 1 ? p->device_ids[g] : -1);
+            j_u64(&j, "heads_begin", (uint64_t)g * p->heads_per_device);
+            j_u64(&j, "heads_end", (uint64_t)(g + 1) * p->heads_per_device);
+            j_u64(&j, "used_bytes", (uint64_t)s->used_pages * s->page_bytes);
+            j_u64(&j, "capacity_bytes", (uint64_t)s->num_pages * s->page_bytes);
+            j_close(&j, '}');
+        }
+        j_close(&j, ']');
         j_u64(&j, "uptime_ms", s->uptime_ms);
         j_double(&j, "rtt_us", (double)rtt_ns / 1000.0);
         j_close(&j, '}');
@@ -520,6 +534,16 @@ static int cmd_status(ctl_t *x)
         printf("usage        %u/%u pages used (%.1f%%), %u free, %u shared\n", s->used_pages,
                s->num_pages, s->num_pages ? 100.0 * s->used_pages / s->num_pages : 0.0,
                s->free_pages, s->shared_pages);
+        for (uint32_t g = 0; p->num_devices > 1 && g < p->num_devices && g < KVP_CLIENT_MAX_DEVICES;
+             g++) {
+            char c[16] = "";
+            if (p->backend == 1)
+                snprintf(c, sizeof(c), " (cuda %d)", p->device_ids[g]);
+            printf("  device %u%s heads %u..%u: %s of %s\n", g, c, g * p->heads_per_device,
+                   (g + 1) * p->heads_per_device - 1,
+                   fmt_bytes((uint64_t)s->used_pages * s->page_bytes, b1, 64),
+                   fmt_bytes((uint64_t)s->num_pages * s->page_bytes, b2, 64));
+        }
         printf("sequences    %u (%llu tokens) in %u namespace%s\n", s->num_seqs,
                (unsigned long long)s->num_tokens, (unsigned)s->namespaces_count,
                s->namespaces_count == 1 ? "" : "s");
@@ -844,6 +868,57 @@ static int cmd_clients(ctl_t *x)
     return EXIT_OK;
 }
 
+static int cmd_transfers(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    new_req(x, kvpool_Request_list_transfers_tag);
+    rc = ctl_call(x, kvpool_Response_list_transfers_tag, NULL);
+    if (rc)
+        return report(x, rc, "list transfers");
+    const kvpool_ListTransfersResponse *l = &x->resp->body.list_transfers;
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_open(&j, "transfers", '[');
+        for (pb_size_t i = 0; i < l->transfers_count; i++) {
+            const kvpool_TransferInfo *t = &l->transfers[i];
+            j_open(&j, NULL, '{');
+            j_u64(&j, "transfer_id", t->transfer_id);
+            j_str(&j, "direction", t->direction);
+            j_str(&j, "state", t->state);
+            j_str(&j, "peer", t->peer);
+            j_str(&j, "namespace", t->namespace);
+            j_u64(&j, "seq_id", t->seq_id);
+            j_u64(&j, "num_tokens", t->num_tokens);
+            j_u64(&j, "bytes", t->bytes);
+            j_u64(&j, "elapsed_ms", t->elapsed_ms);
+            j_str(&j, "message", t->message);
+            j_close(&j, '}');
+        }
+        j_close(&j, ']');
+        j_close(&j, '}');
+        return EXIT_OK;
+    }
+    static const char *hdr[] = {"TRANSFER", "DIR",    "STATE", "PEER",    "NAMESPACE",
+                                "SEQ",      "TOKENS", "BYTES", "ELAPSED", "MESSAGE"};
+    table_t t = {.ncols = 10, .header = hdr, .align = "rlllllrrrl"};
+    for (pb_size_t i = 0; i < l->transfers_count; i++) {
+        const kvpool_TransferInfo *ti = &l->transfers[i];
+        char b1[128], b2[128], b3[64], b4[32], b5[260];
+        table_addf(
+            &t, "%llu\t%s\t%s\t%s\t%s\t%llu\t%u\t%s\t%s\t%s", (unsigned long long)ti->transfer_id,
+            ti->direction, ti->state, ti->peer[0] ? safe(ti->peer, b1, sizeof(b1)) : "-",
+            safe(ti->namespace, b2, sizeof(b2)), (unsigned long long)ti->seq_id, ti->num_tokens,
+            fmt_bytes(ti->bytes, b3, sizeof(b3)), fmt_duration(ti->elapsed_ms, b4, sizeof(b4)),
+            ti->message[0] ? safe(ti->message, b5, sizeof(b5)) : "-");
+    }
+    table_print(&t, stdout);
+    table_free(&t);
+    return EXIT_OK;
+}
+
 static int cmd_audit(ctl_t *x)
 {
     int rc = ctl_connect(x, NULL, 0);
@@ -953,9 +1028,10 @@ static const struct {
     const char *name;
     int (*run)(ctl_t *x);
 } commands[] = {
-    {"status", cmd_status},   {"stats", cmd_stats},     {"pool", cmd_pool},
-    {"seqs", cmd_seqs},       {"clients", cmd_clients}, {"audit", cmd_audit},
-    {"metrics", cmd_metrics}, {"health", cmd_health},   {"top", cmd_top},
+    {"status", cmd_status},       {"stats", cmd_stats},     {"pool", cmd_pool},
+    {"seqs", cmd_seqs},           {"clients", cmd_clients}, {"audit", cmd_audit},
+    {"metrics", cmd_metrics},     {"health", cmd_health},   {"top", cmd_top},
+    {"transfers", cmd_transfers},
 };
 
 enum { OPT_JSON = 256, OPT_VERSION, OPT_LIMIT, OPT_INTERVAL, OPT_COUNT };

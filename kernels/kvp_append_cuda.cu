@@ -616,6 +616,8 @@ extern "C" int kvp_cuda_available(void)
     return 1;
 }
 
+extern "C" int kvp__cuda_pack_preload(void); /* kvp_pack_cuda.cu */
+
 extern "C" int kvp_cuda_kernels_preload(void)
 {
     cudaFuncAttributes a;
@@ -648,7 +650,7 @@ extern "C" int kvp_cuda_kernels_preload(void)
     for (const void *f : fns)
         if (cudaFuncGetAttributes(&a, f) != cudaSuccess)
             return KVP_EINTERNAL;
-    return 0;
+    return kvp__cuda_pack_preload();
 }
 
 extern "C" int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,

@@ -73,3 +73,17 @@ int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies, 
     (void)kv, (void)copies, (void)num_copies, (void)err_dev, (void)stream;
     return KVP_EUNAVAIL;
 }
+
+int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
+                     void *out_dev, void *stream)
+{
+    (void)kv, (void)pages_dev, (void)num_tokens, (void)out_dev, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
+                       const void *in_dev, void *stream)
+{
+    (void)kv, (void)pages_dev, (void)num_tokens, (void)in_dev, (void)stream;
+    return KVP_EUNAVAIL;
+}

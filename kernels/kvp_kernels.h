@@ -115,6 +115,40 @@ int kvp_get_batch_indices_positions_cpu(const int32_t *append_indptr, const int3
  */
 int kvp_page_copy_cpu(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies, uint32_t num_copies);
 
+/*
+ * The packed form of a sequence's KV, the wire format of transfers between pools (DESIGN.md
+ * §6): per layer, K then V, each [num_tokens, num_heads, head_dim] elements, contiguous
+ * ([layer][K|V][token][head][D]). It does not depend on the page size, layout (NHD/HND) or
+ * storage (combined/split) of either pool, so two pools that differ in those exchange it as is.
+ * One call packs or unpacks ONE layer: 2 * num_tokens * num_heads * head_dim * elem_bytes
+ * bytes (kvp_kv_packed_layer_bytes); layer l of a stream starts l times that far in.
+ */
+
+/* Bytes of one layer's packed K and V. 0 when any argument is 0. */
+uint64_t kvp_kv_packed_layer_bytes(uint32_t num_tokens, uint32_t num_heads, uint32_t head_dim,
+                                   uint32_t elem_bytes);
+
+/* Byte offset, inside one layer's packed part, of the row (K: kv = 0, V: kv = 1) of token
+ * `token`, head `head`; row_bytes = head_dim * elem_bytes. */
+static inline uint64_t kvp_kv_packed_offset(uint32_t num_tokens, uint32_t num_heads,
+                                            uint64_t row_bytes, int kv, uint32_t token,
+                                            uint32_t head)
+{
+    return (((uint64_t)(kv ? 1 : 0) * num_tokens + token) * num_heads + head) * row_bytes;
+}
+
+/*
+ * Packs tokens [0, num_tokens) of one layer of a sequence: token t lives in page
+ * pages[t / page_size], slot t % page_size, of the layer kv describes (its page table fields
+ * are not used). out receives kvp_kv_packed_layer_bytes(...) bytes. Every page id of the
+ * ceil(num_tokens / page_size) pages is checked (< num_pages) before anything is written.
+ * Returns 0, KVP_EINVAL (NULL pointer, bad sizes) or KVP_ERANGE (page id). Unpack is the
+ * inverse: it writes those slots of the pool from in. Any thread.
+ */
+int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens, void *out);
+int kvp_kv_unpack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
+                      const void *in);
+
 #ifdef __cplusplus
 }
 #endif

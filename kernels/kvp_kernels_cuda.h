@@ -92,6 +92,16 @@ int kvp_get_batch_indices_positions_cuda(const int32_t *append_indptr, const int
 int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies,
                        uint32_t num_copies, int32_t *err_dev, void *stream);
 
+/* The packed transfer form (kvp_kernels.h, kvp_kv_pack_cpu) on the device: one layer per
+ * call, pages_dev a device array of ceil(num_tokens / page_size) page ids (an id >= num_pages
+ * is skipped on the device, never read or written out of bounds: the daemon passes its own
+ * checked pages), out_dev / in_dev 16-byte aligned. Rows must be multiples of 16 bytes (as
+ * every cuda pool's are). Returns 0, KVP_EINVAL (host-side checks) or KVP_EINTERNAL (launch). */
+int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
+                     void *out_dev, void *stream);
+int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
+                       const void *in_dev, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

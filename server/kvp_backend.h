@@ -25,8 +25,10 @@ typedef struct kvp_backend kvp_backend_t;
 typedef struct {
     uint32_t kind; /* kvpool_BufferKind */
     uint64_t size_bytes;
-    void *host_ptr; /* host backend: the daemon's mapping of the worker's memfd */
-    void *priv;     /* backend state */
+    void *host_ptr;        /* host backend: the daemon's mapping of the worker's memfd */
+    void *priv;            /* backend state */
+    uint32_t device_index; /* index in the pool's device group of the device that reads it
+                              (set by import_buffer; host backend: 0) */
 } kvp_buffer_t;
 
 /* One append to run: the page table (CSR), per-token batch index and position, the
@@ -41,7 +43,12 @@ typedef struct {
     const int32_t *batch_indices, *positions;
     const kvp_page_copy_t *copies;
     uint32_t num_copies;
-    const kvp_buffer_t *src;
+    const kvp_buffer_t *src; /* single-source form: the append runs on src's device only */
+    /* tensor-parallel form (num_rank_src = the group's device count, src NULL): rank_src[g] is
+     * device g's buffer (device_index g); the same offsets and strides apply to each, and the
+     * append runs on every device */
+    const kvp_buffer_t *const *rank_src;
+    uint32_t num_rank_src;
     uint64_t k_offset, v_offset, k_stride_n, k_stride_h, v_stride_n, v_stride_h, layer_stride;
     uint32_t layer_begin, layer_end;
     uint32_t sync; /* kvpool_SyncMode: 0 none (done when run() returns), 1 event (cuda) */
@@ -114,6 +121,11 @@ void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t la
  * b->ops->destroy. */
 int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
                             kvp_backend_t **out);
+
+/* For transfers (kvp_xfer.c): the CUDA ordinal of device index g of a cuda backend and the
+ * daemon's device pointer to its pool. Returns 0, or KVP_EUNAVAIL (not a cuda backend, or g
+ * out of range). */
+int kvp_backend_cuda_device(const kvp_backend_t *b, uint32_t g, int *ordinal, void **pool_base);
 
 /* 1 when this build has CUDA and at least one GPU is usable (driver present,
  * cudaGetDeviceCount > 0), else 0. */

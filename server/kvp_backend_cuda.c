@@ -282,6 +282,7 @@ static int cuda_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_by
         return KVP_ENOMEM;
     buf->dev = (uint32_t)di;
     buf->kind = kind;
+    out->device_index = (uint32_t)di;
     int rc = 0;
     KVP_CUDA_CHECK(cudaSetDevice(cb->dev[di].ordinal), rc, fail);
     if (kind == kvpool_BufferKind_BUFFER_MEMFD) {
@@ -441,28 +442,19 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Runs e's copies (and, when buf is not NULL and append is set, the append from buf) on device
- * dv. Holds the device lock throughout; with SYNC_EVENT on the buffer's device (its ready event
- * already complete), returns once queued. */
-static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e, cuda_buf_t *buf,
-                         int append)
+/* Queues e's copies on device dv and, when buf is not NULL, the append from buf (that device's
+ * heads). The caller holds dv->lock; *st_out receives the staging slot finish_on_device checks.
+ * Nothing is waited for here, so the devices of a group run their parts at the same time. */
+static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e,
+                             cuda_buf_t *buf, stage_t **st_out)
 {
     kvp_backend_t *b = &cb->base;
-    /* The daemon waits for the copy before answering in both sync modes: the pages the copy
-     * writes stay pinned only until run() returns (kvp_rpc_job_finish unpins them), so
-     * returning while the GPU still writes would let a concurrent Release hand those pages to
-     * another sequence. SYNC_EVENT still orders the worker's stream after the copy on the GPU
-     * (the done event), so the worker's stream never waits on the CPU. */
-    const int async = 0;
-    (void)append;
     const uint32_t elem = b->derived.elem_bytes;
     plan_layout_t pl;
     plan_layout(e, &pl);
     const size_t bytes = pl.total * sizeof(int32_t);
     int rc = 0;
 
-    pthread_mutex_lock(&dv->lock);
-    const uint64_t t_lock = now_ns();
     KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
     stage_t *st = &dv->stage[dv->next_stage];
     dv->next_stage = (dv->next_stage + 1) % STAGE_SLOTS;
@@ -498,7 +490,7 @@ static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
                                             e->num_copies, d + pl.err, dv->stream),
                          rc, fail);
     }
-    if (buf && append && e->nnz) {
+    if (buf && e->nnz) {
         for (uint32_t l = e->layer_begin; l < e->layer_end; l++) {
             kvp_backend_layer_view(b, pool, l, &kv);
             kv.batch_size = e->batch_size;
@@ -519,10 +511,6 @@ static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
                                                                       d + pl.err, dv->stream),
                              rc, fail);
         }
-        if (async) { /* synchronous runs leave nothing queued to wait for at release */
-            KVP_CUDA_CHECK(cudaEventRecord(buf->last_use, dv->stream), rc, fail);
-            buf->used = 1;
-        }
     }
     if (buf && buf->done)
         KVP_CUDA_CHECK(cudaEventRecord(buf->done, dv->stream), rc, fail);
@@ -531,27 +519,26 @@ static int run_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
                    rc, fail);
     st->err_word = pl.err;
     st->check_err = 1;
-    if (async) { /* the slot is reused only after this */
-        KVP_CUDA_CHECK(cudaEventRecord(st->done, dv->stream), rc, fail);
-        st->used = 1;
-    } else {
-        /* the reply must go out only once the data is in the pool */
-        const uint64_t t_queued = now_ns();
-        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
-        if (kvp_log_enabled(KVP_LOG_DEBUG))
-            kvp_log(KVP_LOG_DEBUG, "cuda device timing enqueue_us=%.1f sync_us=%.1f",
-                    (double)(t_queued - t_lock) / 1e3, (double)(now_ns() - t_queued) / 1e3);
-        if ((rc = stage_check(cb, st)))
-            goto fail_poisoned;
-    }
-    pthread_mutex_unlock(&dv->lock);
+    *st_out = st;
     return 0;
-
 fail:
-    poison(cb, "a CUDA call failed while running an append");
-fail_poisoned:
-    pthread_mutex_unlock(&dv->lock);
     return rc ? rc : KVP_EINTERNAL;
+}
+
+/* Waits until dv's stream has run what enqueue_on_device queued and checks the run's error
+ * word. The daemon waits for the copy before answering in both sync modes: the pages the copy
+ * writes stay pinned only until run() returns (kvp_rpc_job_finish unpins them), so returning
+ * while the GPU still writes would let a concurrent Release hand those pages to another
+ * sequence. SYNC_EVENT still orders the worker's stream after the copy on the GPU (the done
+ * event), so the worker's stream never waits on the CPU. The caller holds dv->lock. */
+static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv, stage_t *st)
+{
+    int rc = 0;
+    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
+    KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+    return stage_check(cb, st);
+fail:
+    return rc;
 }
 
 static uint64_t now_ms(void)
@@ -599,36 +586,72 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
     cuda_backend_t *cb = (cuda_backend_t *)b;
     if (atomic_load(&cb->poisoned))
         return KVP_EINTERNAL;
-    if (!e || !e->src || !e->src->priv || e->layer_begin > e->layer_end ||
-        e->layer_end > b->geom.num_layers)
+    if (!e || e->layer_begin > e->layer_end || e->layer_end > b->geom.num_layers)
         return KVP_EINTERNAL; /* the dispatch validated all this: a bug, not a refusal */
-    cuda_buf_t *buf = e->src->priv;
-    /* an append that cannot run is skipped, but the copies still run: the dispatch then rolls
-     * the sequences back over pages whose old slots are right */
+    /* feed[g]: the buffer device g appends from (NULL: copies only). The single-source form
+     * feeds the buffer's own device (it carries that device's heads); the tensor-parallel form
+     * feeds every device from its rank's buffer. */
+    cuda_buf_t *feed[KVP_GEOM_MAX_DEVICES] = {0};
+    if (e->num_rank_src) {
+        if (e->num_rank_src != cb->num_devices)
+            return KVP_EINTERNAL;
+        for (uint32_t g = 0; g < cb->num_devices; g++) {
+            const kvp_buffer_t *kb = e->rank_src[g];
+            if (!kb || !kb->priv || ((cuda_buf_t *)kb->priv)->dev != g)
+                return KVP_EINTERNAL;
+            feed[g] = kb->priv;
+        }
+    } else {
+        if (!e->src || !e->src->priv)
+            return KVP_EINTERNAL;
+        cuda_buf_t *buf = e->src->priv;
+        feed[buf->dev] = buf;
+    }
+    /* an append that cannot run is skipped on every device, but the copies still run: the
+     * dispatch then rolls the sequences back over pages whose old slots are right. Every
+     * rank's source is checked and every ready event waited for before anything is queued,
+     * so a group appends on all of its devices or on none. */
     int refused = 0;
     const uint64_t t0 = now_ns();
-    if (e->nnz && check_source_align(buf, e)) {
-        kvp_log(KVP_LOG_WARNING, "append skipped reason=\"source offsets and strides must be "
-                                 "multiples of 16 bytes for the cuda kernels\"");
-        refused = KVP_EINVAL;
-    } else if (e->nnz && e->sync == kvpool_SyncMode_SYNC_EVENT && buf->ready) {
-        refused = wait_ready(buf, cb->ready_timeout_ms);
+    for (uint32_t g = 0; g < cb->num_devices && e->nnz && !refused; g++) {
+        if (feed[g] && check_source_align(feed[g], e)) {
+            kvp_log(KVP_LOG_WARNING, "append skipped reason=\"source offsets and strides must "
+                                     "be multiples of 16 bytes for the cuda kernels\"");
+            refused = KVP_EINVAL;
+        }
     }
-    /* page ids name the same slots on every device: copies run everywhere, the append only
-     * where the buffer lives (it carries that device's heads); other devices finish first */
-    for (uint32_t i = 0; i < cb->num_devices; i++) {
-        if (i == buf->dev || !e->num_copies)
-            continue;
-        int rc = run_on_device(cb, &cb->dev[i], e, NULL, 0);
-        if (rc)
-            return rc;
-    }
+    for (uint32_t g = 0; g < cb->num_devices && e->nnz && !refused; g++)
+        if (feed[g] && e->sync == kvpool_SyncMode_SYNC_EVENT && feed[g]->ready)
+            refused = wait_ready(feed[g], cb->ready_timeout_ms);
     const uint64_t t1 = now_ns();
-    int rc = run_on_device(cb, &cb->dev[buf->dev], e, buf, !refused);
+    /* page ids name the same slots on every device: copies run everywhere. Devices are locked
+     * in index order (every run does the same, so two runs cannot deadlock), all of them are
+     * given their work first and waited for after, so the group's devices work in parallel. */
+    stage_t *st[KVP_GEOM_MAX_DEVICES] = {0};
+    int locked[KVP_GEOM_MAX_DEVICES] = {0};
+    int rc = 0;
+    for (uint32_t g = 0; g < cb->num_devices && !rc; g++) {
+        cuda_buf_t *buf = refused ? NULL : feed[g];
+        if (!buf && !e->num_copies)
+            continue;
+        pthread_mutex_lock(&cb->dev[g].lock);
+        locked[g] = 1;
+        rc = enqueue_on_device(cb, &cb->dev[g], e, buf, &st[g]);
+    }
+    for (uint32_t g = 0; g < cb->num_devices && !rc; g++)
+        if (locked[g])
+            rc = finish_on_device(cb, &cb->dev[g], st[g]);
+    for (uint32_t g = cb->num_devices; g-- > 0;)
+        if (locked[g])
+            pthread_mutex_unlock(&cb->dev[g].lock);
+    if (rc) {
+        poison(cb, "a CUDA call failed while running an append");
+        return rc;
+    }
     if (kvp_log_enabled(KVP_LOG_DEBUG))
-        kvp_log(KVP_LOG_DEBUG, "cuda run timing nnz=%u ready_wait_us=%.1f device_us=%.1f", e->nnz,
-                (double)(t1 - t0) / 1e3, (double)(now_ns() - t1) / 1e3);
-    return rc ? rc : refused;
+        kvp_log(KVP_LOG_DEBUG, "cuda run timing nnz=%u ranks=%u ready_wait_us=%.1f device_us=%.1f",
+                e->nnz, e->num_rank_src, (double)(t1 - t0) / 1e3, (double)(now_ns() - t1) / 1e3);
+    return refused;
 }
 
 /* ---- health, destroy, create ------------------------------------------------------------ */
@@ -876,6 +899,18 @@ fail_early:
     return rc;
 }
 
+int kvp_backend_cuda_device(const kvp_backend_t *b, uint32_t g, int *ordinal, void **pool_base)
+{
+    if (!b || b->ops != &cuda_ops)
+        return KVP_EUNAVAIL;
+    const cuda_backend_t *cb = (const cuda_backend_t *)b;
+    if (g >= cb->num_devices)
+        return KVP_EUNAVAIL;
+    *ordinal = cb->dev[g].ordinal;
+    *pool_base = (void *)(uintptr_t)cb->dev[g].pool.ptr;
+    return 0;
+}
+
 int kvp_backend_cuda_probe(void)
 {
     const kvp_cuda_drv_t *drv;
@@ -905,6 +940,12 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
 int kvp_backend_cuda_probe(void)
 {
     return 0;
+}
+
+int kvp_backend_cuda_device(const kvp_backend_t *b, uint32_t g, int *ordinal, void **pool_base)
+{
+    (void)b, (void)g, (void)ordinal, (void)pool_base;
+    return KVP_EUNAVAIL;
 }
 
 #endif

@@ -78,6 +78,7 @@ static int host_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_by
     out->size_bytes = size_bytes;
     out->host_ptr = p;
     out->priv = NULL;
+    out->device_index = 0;
     return 0;
 }
 
@@ -95,6 +96,10 @@ static int host_run(kvp_backend_t *b, const kvp_exec_t *e)
     kvp_paged_kv_t kv;
     int rc = 0;
     const uint64_t elem = b->derived.elem_bytes;
+    /* the host pool is one device: a tensor-parallel append names exactly one rank */
+    const kvp_buffer_t *from = e->num_rank_src ? e->rank_src[0] : e->src;
+    if (!from || (e->num_rank_src && e->num_rank_src != 1))
+        return KVP_EINTERNAL; /* the dispatch validated this: a bug, not a refusal */
     /* copy-on-write copies in every layer: a page id names the same slots in all layers */
     for (uint32_t l = 0; l < b->geom.num_layers && e->num_copies && !rc; l++) {
         kvp_backend_layer_view(b, h->pool, l, &kv);
@@ -107,7 +112,7 @@ static int host_run(kvp_backend_t *b, const kvp_exec_t *e)
         kv.kv_indices = e->kv_indices;
         kv.kv_last_page_len = e->kv_last_page_len;
         const uint8_t *base =
-            (const uint8_t *)e->src->host_ptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
+            (const uint8_t *)from->host_ptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
         kvp_append_src_t src = {
             .key = base + e->k_offset,
             .value = base + e->v_offset,

@@ -57,6 +57,12 @@ typedef struct {
 #sec, #f, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload                 \
     }
 
+/* A key whose field has another name (the [transfer] keys: transfer_<key>). */
+#define S_FIELD(sec, key, f, type, min, max, reload)                                               \
+    {                                                                                              \
+#sec, #key, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload               \
+    }
+
 #define KIB (1ull << 10)
 #define MIB (1ull << 20)
 #define GIB (1ull << 30)
@@ -97,12 +103,15 @@ static const setting_t settings[] = {
     S(limits, max_lease_ms, T_U32, 0, UINT32_MAX, true),
     S(access, allowed_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, allowed_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
+    S_FIELD(transfer, timeout_ms, transfer_timeout_ms, T_U32, 1, 3600000, true),
+    S_FIELD(transfer, comm_idle_ms, transfer_comm_idle_ms, T_U32, 1000, UINT32_MAX, true),
+    S_FIELD(transfer, max_in_flight, transfer_max_in_flight, T_U32, 1, 64, false),
 };
 
 #define NUM_SETTINGS (sizeof(settings) / sizeof(settings[0]))
 _Static_assert(NUM_SETTINGS <= KVP_CONFIG_MAX_OVERRIDES, "one override slot per key");
 
-static const char *const sections[] = {"server", "pool", "limits", "access"};
+static const char *const sections[] = {"server", "pool", "limits", "access", "transfer"};
 
 /* Named flags: each is --set for one key. */
 static const struct {
@@ -683,6 +692,10 @@ void kvp_config_defaults(kvp_config_t *cfg)
     cfg->dedup_window = 1024;
     cfg->default_lease_ms = 30000;
     cfg->max_lease_ms = 86400000;
+
+    cfg->transfer_timeout_ms = 30000;
+    cfg->transfer_comm_idle_ms = 300000;
+    cfg->transfer_max_in_flight = 2;
 }
 
 /* ---- loading INI ----------------------------------------------------------------------- */

@@ -75,6 +75,15 @@
  *   allowed_uids     comma list of numeric uids that may connect, at most 64.
  *   allowed_gids     comma list of numeric gids whose members may connect, at most 64.
  *                    Both empty (the default): the server's default policy applies.
+ *   [transfer]       KV transfers between daemons over NCCL (kvp_xfer.h, DESIGN.md §6)
+ *   timeout_ms       longest time one ExportBegin or Import may take, the peer's join
+ *                    included, when the request names none. 1..3600000. Default 30000.
+ *   comm_idle_ms     a cached NCCL communicator unused this long is destroyed (the exporter
+ *                    stops reusing it after half). 1000..2^32-1. Default 300000.
+ *   max_in_flight    transfers running at once (exports and imports; each holds a worker
+ *                    thread of server.copy_threads while it runs). 1..64. Default 2.
+ *                    transfer.timeout_ms and transfer.comm_idle_ms are reloadable,
+ *                    transfer.max_in_flight needs a restart.
  *
  * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
  * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
@@ -171,6 +180,10 @@ typedef struct {
     /* [access] */
     kvp_config_idlist_t allowed_uids;
     kvp_config_idlist_t allowed_gids;
+    /* [transfer] */
+    uint32_t transfer_timeout_ms;
+    uint32_t transfer_comm_idle_ms;
+    uint32_t transfer_max_in_flight;
 
     /* Where the settings came from: the last file loaded ("" for none) and the command-line
      * settings recorded by kvp_config_parse_args, in the order of first appearance. */

@@ -15,12 +15,13 @@
 #include "kvp_error.h"
 #include "kvp_utf8.h"
 #include "kvp_log.h"
+#include "kvp_xfer.h"
 
 #ifndef KVP_VERSION
 #define KVP_VERSION "0.1.0"
 #endif
 
-#define NUM_CALLS 18 /* Request body tags 2..17 */
+#define NUM_CALLS 43 /* Request body tags 2..17, and 40..42 (transfers) */
 #define NUM_CODES 15
 /* Latency histograms: upper bounds 1 us * 2^k for k = 0..20 (1 us .. about 1.05 s), then +Inf.
  * Powers of two keep the bucket search a shift loop, and 21 finite bounds cover a Ping on a
@@ -42,7 +43,28 @@ struct kvp_rpc_job {
     uint64_t bytes;
     uint32_t ns;       /* for a rollback when the backend refuses the source */
     uint64_t *seq_ids; /* [batch_size] */
+    /* tensor-parallel form: each rank's buffer, copied by value (another session may move or
+     * drop its entry while the job runs; the hold keeps the backend state alive) */
+    kvp_buffer_t rank_buf[KVP_GEOM_MAX_DEVICES];
+    const kvp_buffer_t *rank_ptr[KVP_GEOM_MAX_DEVICES];
+    uint32_t num_ranks;
+    /* a transfer (ExportBegin's background job, or Import) instead of an append */
+    kvp_xfer_job_t *xfer;
+    int xfer_dir; /* KVP_XFER_EXPORT / _IMPORT */
+    uint64_t xfer_seq, xfer_id;
+    uint32_t xfer_tokens;
 };
+
+/* A buffer a job in flight reads. Only the job's own connection waits for its job, so a buffer
+ * of another session (a tensor-parallel rank's) may be unregistered, or its session closed,
+ * while the copy still reads it: its release is then deferred to the last job's finish. */
+typedef struct held_buf {
+    struct held_buf *next;
+    const void *key; /* the buffer's priv (cuda) or host_ptr (host) */
+    uint32_t refs;
+    int released;     /* its owner let go: release when refs reaches 0 */
+    kvp_buffer_t buf; /* the value to release */
+} held_buf_t;
 
 struct kvp_rpc {
     kvp_backend_t *backend;
@@ -74,6 +96,8 @@ struct kvp_rpc {
     uint64_t evicted_pages_total;      /* pages those releases returned to the free list */
     uint64_t run_buckets[NUM_BUCKETS]; /* time a copy worker spent on one Append plan */
     uint64_t run_sum_ns;
+    held_buf_t *held; /* buffers that jobs in flight read */
+    kvp_xfer_t *xfer; /* transfers between daemons */
 };
 
 /* Bytes of the Response body member for a tag: clearing only that member (not the whole
@@ -112,6 +136,12 @@ static size_t body_size(pb_size_t which)
         return sizeof(r->body.audit);
     case kvpool_Response_metrics_tag:
         return sizeof(r->body.metrics);
+    case kvpool_Response_export_begin_tag:
+        return sizeof(r->body.export_begin);
+    case kvpool_Response_import_tag:
+        return sizeof(r->body.import);
+    case kvpool_Response_list_transfers_tag:
+        return sizeof(r->body.list_transfers);
     default:
         return 0;
     }
@@ -165,6 +195,12 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
         rc = KVP_ENOMEM;
         goto fail;
     }
+    kvp_xfer_config_t xc = {
+        .timeout_ms = lim->transfer_timeout_ms ? lim->transfer_timeout_ms : 30000,
+        .comm_idle_ms = lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000,
+        .max_in_flight = lim->transfer_max_in_flight ? lim->transfer_max_in_flight : 2};
+    if ((rc = kvp_xfer_create(backend, &xc, &r->xfer)))
+        goto fail;
     r->backend = backend;
     *out = r;
     return 0;
@@ -179,9 +215,17 @@ void kvp_rpc_destroy(kvp_rpc_t *r)
         return;
     while (r->sessions)
         kvp_rpc_session_close(r, r->sessions, 0);
+    while (r->held) { /* no job runs any more */
+        held_buf_t *h = r->held;
+        r->held = h->next;
+        if (h->released)
+            r->backend->ops->release_buffer(r->backend, &h->buf);
+        free(h);
+    }
     free(r->items);
     kvp_ns_table_free(&r->ns);
     kvp_plan_free(&r->plan);
+    kvp_xfer_destroy(r->xfer);
     kvp_seqtab_destroy(r->seqs);
     kvp_alloc_destroy(r->alloc);
     if (r->backend)
@@ -206,6 +250,10 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
     r->lim.max_buffer_bytes = lim->max_buffer_bytes;
     r->lim.default_lease_ms = lim->default_lease_ms;
     r->lim.max_lease_ms = lim->max_lease_ms;
+    kvp_xfer_config_t xc = {.timeout_ms = lim->transfer_timeout_ms,
+                            .comm_idle_ms =
+                                lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000};
+    kvp_xfer_set_config(r->xfer, &xc);
 }
 
 void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n)
@@ -221,6 +269,66 @@ void kvp_rpc_set_draining(kvp_rpc_t *r, int draining)
 int kvp_rpc_healthy(kvp_rpc_t *r)
 {
     return !r->unhealthy && r->backend->ops->health(r->backend) == 0;
+}
+
+/* ---- buffers held by jobs ------------------------------------------------------------- */
+
+static const void *buf_key(const kvp_buffer_t *b)
+{
+    return b->priv ? b->priv : b->host_ptr;
+}
+
+static held_buf_t *held_find(kvp_rpc_t *r, const void *key)
+{
+    for (held_buf_t *h = r->held; h; h = h->next)
+        if (h->key == key)
+            return h;
+    return NULL;
+}
+
+/* A job will read b. 0 or KVP_ENOMEM. Loop thread. */
+static int buf_hold(kvp_rpc_t *r, const kvp_buffer_t *b)
+{
+    held_buf_t *h = held_find(r, buf_key(b));
+    if (!h) {
+        if (!(h = calloc(1, sizeof(*h))))
+            return KVP_ENOMEM;
+        h->key = buf_key(b);
+        h->next = r->held;
+        r->held = h;
+    }
+    h->refs++;
+    return 0;
+}
+
+/* The job that held b finished: a buffer whose owner let go meanwhile is released now. */
+static void buf_unhold(kvp_rpc_t *r, const kvp_buffer_t *b)
+{
+    const void *key = buf_key(b);
+    for (held_buf_t **pp = &r->held; *pp; pp = &(*pp)->next) {
+        held_buf_t *h = *pp;
+        if (h->key != key)
+            continue;
+        if (--h->refs == 0) {
+            if (h->released)
+                r->backend->ops->release_buffer(r->backend, &h->buf);
+            *pp = h->next;
+            free(h);
+        }
+        return;
+    }
+}
+
+/* Its owner unregisters b (or closes): released now, or by the last job that reads it. */
+static void buf_release(kvp_rpc_t *r, kvp_buffer_t *b)
+{
+    held_buf_t *h = held_find(r, buf_key(b));
+    if (h && !h->released) {
+        h->buf = *b;
+        h->released = 1;
+        return;
+    }
+    r->backend->ops->release_buffer(r->backend, b);
 }
 
 /* ---- sessions ------------------------------------------------------------------------- */
@@ -262,7 +370,7 @@ static void release_namespace(kvp_rpc_t *r, uint32_t ns, const char *why)
 void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
 {
     for (uint32_t i = 0; i < s->num_buffers; i++)
-        r->backend->ops->release_buffer(r->backend, &s->buffers[i].buf);
+        buf_release(r, &s->buffers[i].buf);
     if (s->hello_done && kvp_ns_detach(&r->ns, s->ns, now_ms))
         release_namespace(r, s->ns, "lease 0");
     if (s->prev)
@@ -279,6 +387,7 @@ void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
 uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms)
 {
     uint32_t n = 0;
+    kvp_xfer_sweep(r->xfer, now_ms); /* communicators idle too long (the tick calls here) */
     int id;
     while ((id = kvp_ns_next_expired(&r->ns, now_ms)) >= 0) {
         kvp_stats_t before, after;
@@ -310,6 +419,7 @@ int kvp_rpc_is_mutating(pb_size_t which)
     case kvpool_Request_release_tag:
     case kvpool_Request_register_buffer_tag:
     case kvpool_Request_unregister_buffer_tag:
+    case kvpool_Request_import_tag:
         return 1;
     default:
         return 0;
@@ -598,7 +708,7 @@ static int do_unregister(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Unregister
         kvp_rpc_error(&io->resp, id, KVP_ENOENT, "no buffer %u", q->buffer_id);
         return 0;
     }
-    r->backend->ops->release_buffer(r->backend, &sb->buf);
+    buf_release(r, &sb->buf);
     *sb = s->buffers[--s->num_buffers];
     ok(&io->resp, id, kvpool_Response_unregister_buffer_tag);
     return 0;
@@ -680,8 +790,10 @@ void kvp_rpc_job_free(kvp_rpc_job_t *job)
 
 /* Copies the plan into a job (the planner's arrays are reused by the next call) and pins
  * every page the job reads or writes. */
-static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpool_Source *src,
-                               uint32_t lb, uint32_t le, uint64_t id, uint32_t sync)
+static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf,
+                               const kvp_buffer_t *const *ranks, uint32_t num_ranks,
+                               const kvpool_Source *src, uint32_t lb, uint32_t le, uint64_t id,
+                               uint32_t sync)
 {
     const kvp_plan_t *p = &r->plan;
     uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies, N = p->nnz;
@@ -699,6 +811,20 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
         free(j);
         return NULL;
     }
+    for (uint32_t g = 0; g < num_ranks; g++) {
+        if (buf_hold(r, ranks[g])) {
+            while (g-- > 0)
+                buf_unhold(r, &j->rank_buf[g]);
+            free(w);
+            free(j->pinned);
+            free(j->seq_ids);
+            free(j);
+            return NULL;
+        }
+        j->rank_buf[g] = *ranks[g];
+        j->rank_ptr[g] = &j->rank_buf[g];
+    }
+    j->num_ranks = num_ranks;
     for (uint32_t b = 0; b < B; b++)
         j->seq_ids[b] = r->items[b].seq_id;
     j->ns = B ? r->items[0].ns : 0;
@@ -752,7 +878,9 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
     e->positions = j->positions;
     e->copies = j->copies;
     e->num_copies = C;
-    e->src = buf;
+    e->src = num_ranks ? NULL : buf;
+    e->rank_src = num_ranks ? j->rank_ptr : NULL;
+    e->num_rank_src = num_ranks;
     e->k_offset = src->k_offset;
     e->v_offset = src->v_offset;
     e->k_stride_n = src->k_stride_n;
@@ -763,9 +891,59 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_buffer_t *buf, const kvpo
     e->layer_begin = lb;
     e->layer_end = le;
     e->sync = sync;
-    j->bytes =
-        (uint64_t)N * 2 * r->backend->derived.heads * r->backend->derived.row_bytes * (le - lb);
+    j->bytes = (uint64_t)N * 2 * r->backend->derived.heads * r->backend->derived.row_bytes *
+               (le - lb) * (num_ranks ? num_ranks : 1);
     return j;
+}
+
+/* Resolves a tensor-parallel Append's rank_sources (kvpool.proto, AppendRequest): one buffer
+ * per device of the group, in device order, each registered for its device by a session of
+ * the caller's namespace. Returns 0 with ranks[0..G) set, or a code with the reason in why. */
+static int take_rank_sources(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest *q,
+                             const kvp_buffer_t **ranks, uint32_t *num_out, char *why,
+                             size_t why_len)
+{
+    const uint32_t G = r->backend->geom.num_devices ? r->backend->geom.num_devices : 1;
+    if (q->rank_sources_count != G) {
+        snprintf(why, why_len, "rank_sources has %u entries; the pool's group has %u devices",
+                 (unsigned)q->rank_sources_count, G);
+        return KVP_EINVAL;
+    }
+    if (q->source.buffer_id != 0) {
+        snprintf(why, why_len, "with rank_sources, source.buffer_id must be 0 (got %u)",
+                 q->source.buffer_id);
+        return KVP_EINVAL;
+    }
+    for (uint32_t g = 0; g < G; g++) {
+        const kvpool_RankSource *rs = &q->rank_sources[g];
+        kvp_session_t *owner = NULL;
+        if (rs->session_id == 0 || rs->session_id == s->id)
+            owner = s;
+        for (kvp_session_t *o = r->sessions; o && !owner; o = o->next)
+            if (o->id == rs->session_id && o->hello_done && o->ns == s->ns)
+                owner = o;
+        if (!owner) {
+            snprintf(why, why_len, "rank %u: no session %llu in this namespace", g,
+                     (unsigned long long)rs->session_id);
+            return KVP_ENOENT;
+        }
+        kvp_session_buffer_t *b = find_buffer(owner, rs->buffer_id);
+        if (!b) {
+            snprintf(why, why_len, "rank %u: session %llu has no buffer %u", g,
+                     (unsigned long long)owner->id, rs->buffer_id);
+            return KVP_ENOENT;
+        }
+        if (b->buf.device_index != g) {
+            snprintf(why, why_len,
+                     "rank %u: buffer %u of session %llu was registered for device index %u, "
+                     "not %u",
+                     g, rs->buffer_id, (unsigned long long)owner->id, b->buf.device_index, g);
+            return KVP_EINVAL;
+        }
+        ranks[g] = &b->buf;
+    }
+    *num_out = G;
+    return 0;
 }
 
 static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest *q,
@@ -777,8 +955,8 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
         return KVP_RPC_DONE;
     }
     const kvpool_Source *src = &q->source;
-    kvp_session_buffer_t *sb = find_buffer(s, src->buffer_id);
-    if (!sb) {
+    kvp_session_buffer_t *sb = NULL;
+    if (!q->rank_sources_count && !(sb = find_buffer(s, src->buffer_id))) {
         kvp_rpc_error(resp, id, KVP_ENOENT, "no buffer %u registered on this connection",
                       src->buffer_id);
         return KVP_RPC_DONE;
@@ -805,9 +983,15 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
         return KVP_RPC_DONE;
     }
     char why[160];
-    int rc = nnz > 0x7fffffffu
-                 ? KVP_ELIMIT
-                 : check_source(r, src, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
+    const kvp_buffer_t *ranks[KVP_GEOM_MAX_DEVICES];
+    uint32_t num_ranks = 0;
+    int rc = nnz > 0x7fffffffu ? KVP_ELIMIT : 0;
+    if (!rc && q->rank_sources_count)
+        rc = take_rank_sources(r, s, q, ranks, &num_ranks, why, sizeof(why));
+    for (uint32_t g = 0; g < num_ranks && !rc; g++)
+        rc = check_source(r, src, ranks[g], (uint32_t)nnz, lb, le, why, sizeof(why));
+    if (!rc && !num_ranks)
+        rc = check_source(r, src, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
     if (rc) {
         kvp_rpc_error(resp, id, rc, "%s", rc == KVP_ELIMIT ? "too many tokens" : why);
         return KVP_RPC_DONE;
@@ -820,7 +1004,8 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
     }
     r->pages_allocated_total += r->plan.num_new_pages;
     r->cow_copies_total += r->plan.num_copies;
-    kvp_rpc_job_t *j = make_job(r, &sb->buf, src, lb, le, id, (uint32_t)q->sync);
+    kvp_rpc_job_t *j =
+        make_job(r, sb ? &sb->buf : NULL, ranks, num_ranks, src, lb, le, id, (uint32_t)q->sync);
     if (!j) {
         /* the plan is committed but cannot be executed: give the pages back by rolling the
          * sequences back to their previous lengths */
@@ -834,17 +1019,30 @@ static int do_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest 
     return KVP_RPC_ASYNC;
 }
 
+static void finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms);
+
 void kvp_rpc_job_run(kvp_rpc_job_t *job)
 {
+    if (job->xfer) {
+        kvp_xfer_run(job->xfer);
+        return;
+    }
     kvp_backend_t *b = job->rpc->backend;
     job->rc = b->ops->run(b, &job->exec);
 }
 
 void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms)
 {
+    if (j->xfer) {
+        finish_import(r, j, io, now_ms);
+        return;
+    }
     for (uint32_t i = 0; i < j->num_pinned; i++)
         kvp_alloc_unpin(r->alloc, j->pinned[i]);
     j->num_pinned = 0;
+    for (uint32_t g = 0; g < j->num_ranks; g++)
+        buf_unhold(r, &j->rank_buf[g]);
+    j->num_ranks = 0;
     if (j->rc == KVP_ETIMEDOUT || j->rc == KVP_EINVAL) {
         /* the backend refused or could not wait for the source (a dead worker's event, an
          * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
@@ -1059,11 +1257,208 @@ static int do_audit(kvp_rpc_t *r, kvp_rpc_io_t *io, uint64_t id)
     return 0;
 }
 
+/* ---- transfers between daemons (kvp_xfer.h) ------------------------------------------- */
+
+static kvp_rpc_job_t *xfer_job_new(uint32_t num_pages)
+{
+    kvp_rpc_job_t *j = calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->pinned = malloc(((size_t)num_pages + 1) * sizeof(uint32_t));
+    if (!j->pinned) {
+        free(j);
+        return NULL;
+    }
+    return j;
+}
+
+static void xfer_pin(kvp_rpc_t *r, kvp_rpc_job_t *j, const uint32_t *pages, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        kvp_alloc_pin(r->alloc, pages[i]);
+        j->pinned[j->num_pinned++] = pages[i];
+    }
+}
+
+static void xfer_unpin(kvp_rpc_t *r, kvp_rpc_job_t *j)
+{
+    for (uint32_t i = 0; i < j->num_pinned; i++)
+        kvp_alloc_unpin(r->alloc, j->pinned[i]);
+    j->num_pinned = 0;
+}
+
+/* ExportBegin: answers at once with the communicator's id; the send runs as io->bg_job. The
+ * sequence's pages are pinned until it ends (a Release meanwhile cannot hand them to another
+ * sequence); tokens appended meanwhile are not part of the transfer. */
+static int do_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ExportBeginRequest *q,
+                           kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    kvpool_Response *resp = &io->resp;
+    const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, s->ns, q->seq_id);
+    if (!seq) {
+        kvp_rpc_error(resp, id, KVP_ENOENT, "no sequence %llu", (unsigned long long)q->seq_id);
+        return KVP_RPC_DONE;
+    }
+    char why[200];
+    int rc =
+        kvp_xfer_check_export(&r->backend->geom, seq->num_tokens, q->timeout_ms, why, sizeof(why));
+    if (!rc)
+        rc = kvp_xfer_check_ready(r->xfer, why, sizeof(why));
+    if (rc) {
+        kvp_rpc_error(resp, id, rc, "%s", why);
+        return KVP_RPC_DONE;
+    }
+    kvp_rpc_job_t *j = xfer_job_new(seq->num_pages);
+    uint8_t nid[KVP_XFER_ID_BYTES];
+    uint64_t tid = 0;
+    rc = j ? kvp_xfer_export_begin(r->xfer, q->peer, s->ns_name, q->seq_id, seq->pages,
+                                   seq->num_tokens, q->timeout_ms, now_ms, nid, &tid, &j->xfer)
+           : KVP_ENOMEM;
+    if (rc) {
+        kvp_rpc_job_free(j);
+        kvp_rpc_error(resp, id, rc, "cannot start the export: %s", kvp_strerror(rc));
+        return KVP_RPC_DONE;
+    }
+    j->rpc = r;
+    j->xfer_dir = KVP_XFER_EXPORT;
+    j->xfer_seq = q->seq_id;
+    j->xfer_id = tid;
+    j->xfer_tokens = seq->num_tokens;
+    xfer_pin(r, j, seq->pages, seq->num_pages);
+    ok(resp, id, kvpool_Response_export_begin_tag);
+    kvpool_ExportBeginResponse *er = &resp->body.export_begin;
+    memcpy(er->nccl_id.bytes, nid, KVP_XFER_ID_BYTES);
+    er->nccl_id.size = KVP_XFER_ID_BYTES;
+    er->transfer_id = tid;
+    er->num_tokens = seq->num_tokens;
+    er->num_layers = r->backend->geom.num_layers;
+    er->bytes = kvp_xfer_stream_bytes(&r->backend->geom, seq->num_tokens);
+    io->bg_job = j;
+    return KVP_RPC_DONE;
+}
+
+/* Import: the new sequence's pages are allocated all-or-nothing here, the receive runs as the
+ * connection's job, and kvp_rpc_job_finish answers; a failed transfer releases the sequence,
+ * so the pool is as it was before the call. */
+static int do_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ImportRequest *q,
+                     kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    kvpool_Response *resp = &io->resp;
+    const kvp_geom_t *g = &r->backend->geom;
+    if (kvp_seqtab_find(r->seqs, s->ns, q->seq_id)) {
+        kvp_rpc_error(resp, id, KVP_EEXIST, "sequence %llu already exists",
+                      (unsigned long long)q->seq_id);
+        return KVP_RPC_DONE;
+    }
+    uint64_t cap = (uint64_t)g->num_pages * g->page_size;
+    uint32_t max_tokens = r->lim.max_seq_tokens && r->lim.max_seq_tokens < cap
+                              ? r->lim.max_seq_tokens
+                              : (uint32_t)(cap < 0x7fffffffu ? cap : 0x7fffffffu);
+    char why[200];
+    int rc = kvp_xfer_check_import(g, q->nccl_id.size, q->transfer_id, q->num_tokens, max_tokens,
+                                   q->num_layers, q->timeout_ms, why, sizeof(why));
+    if (!rc)
+        rc = kvp_xfer_check_ready(r->xfer, why, sizeof(why));
+    if (rc) {
+        kvp_rpc_error(resp, id, rc, "%s", why);
+        return KVP_RPC_DONE;
+    }
+    r->items[0].ns = s->ns;
+    r->items[0].seq_id = q->seq_id;
+    r->items[0].num_tokens = q->num_tokens;
+    rc = kvp_plan_append(r->seqs, r->items, 1, &r->plan_limits, now_ms, &r->plan);
+    if (rc) {
+        count_alloc_failure(r, rc);
+        kvp_rpc_error(resp, id, rc, "%s", plan_error_text(rc));
+        return KVP_RPC_DONE;
+    }
+    r->pages_allocated_total += r->plan.num_new_pages;
+    const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, s->ns, q->seq_id);
+    kvp_rpc_job_t *j = xfer_job_new(seq->num_pages);
+    rc = j ? kvp_xfer_import_begin(r->xfer, q->nccl_id.bytes, q->transfer_id, s->ns_name, q->seq_id,
+                                   seq->pages, q->num_tokens, q->timeout_ms, now_ms, &j->xfer)
+           : KVP_ENOMEM;
+    if (rc) {
+        kvp_rpc_job_free(j);
+        kvp_seqtab_release(r->seqs, s->ns, q->seq_id);
+        kvp_rpc_error(resp, id, rc, "cannot start the import: %s",
+                      rc == KVP_EBUSY ? "a transfer on this communicator is still running"
+                                      : kvp_strerror(rc));
+        return KVP_RPC_DONE;
+    }
+    j->rpc = r;
+    j->req_id = id;
+    j->ns = s->ns;
+    j->xfer_dir = KVP_XFER_IMPORT;
+    j->xfer_seq = q->seq_id;
+    j->xfer_id = q->transfer_id;
+    j->xfer_tokens = q->num_tokens;
+    xfer_pin(r, j, seq->pages, seq->num_pages);
+    io->job = j;
+    return KVP_RPC_ASYNC;
+}
+
+static void finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms)
+{
+    char msg[160];
+    uint64_t bytes = kvp_xfer_stream_bytes(&r->backend->geom, j->xfer_tokens);
+    int rc = kvp_xfer_finish(r->xfer, j->xfer, now_ms, msg, sizeof(msg));
+    j->xfer = NULL;
+    xfer_unpin(r, j);
+    if (rc) {
+        /* nothing was written to the new pages (kvp_xfer.c unpacks only a whole stream) */
+        kvp_seqtab_release(r->seqs, j->ns, j->xfer_seq);
+        kvp_rpc_error(&io->resp, j->req_id, rc, "import failed: %s", msg);
+        return;
+    }
+    const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, j->ns, j->xfer_seq);
+    ok(&io->resp, j->req_id, kvpool_Response_import_tag);
+    kvpool_ImportResponse *ir = &io->resp.body.import;
+    ir->transfer_id = j->xfer_id;
+    ir->num_tokens = j->xfer_tokens;
+    ir->num_pages = seq ? seq->num_pages : 0;
+    ir->bytes = bytes;
+}
+
+void kvp_rpc_bg_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, uint64_t now_ms)
+{
+    if (!j->xfer)
+        return;
+    kvp_xfer_finish(r->xfer, j->xfer, now_ms, NULL, 0); /* logged and counted there */
+    j->xfer = NULL;
+    xfer_unpin(r, j);
+}
+
+static int do_list_transfers(kvp_rpc_t *r, kvp_rpc_io_t *io, uint64_t id, uint64_t now_ms)
+{
+    ok(&io->resp, id, kvpool_Response_list_transfers_tag);
+    kvpool_ListTransfersResponse *lr = &io->resp.body.list_transfers;
+    kvp_xfer_info_t info[32];
+    uint32_t n = kvp_xfer_list(r->xfer, info, 32);
+    static const char *const states[] = {"running", "ok", "failed"};
+    for (uint32_t i = 0; i < n; i++) {
+        kvpool_TransferInfo *o = &lr->transfers[lr->transfers_count++];
+        const kvp_xfer_info_t *in = &info[i];
+        o->transfer_id = in->transfer_id;
+        snprintf(o->direction, sizeof(o->direction), "%s", in->direction ? "import" : "export");
+        snprintf(o->peer, sizeof(o->peer), "%s", in->peer);
+        snprintf(o->namespace, sizeof(o->namespace), "%s", in->ns);
+        o->seq_id = in->seq_id;
+        o->num_tokens = in->num_tokens;
+        o->bytes = in->bytes;
+        snprintf(o->state, sizeof(o->state), "%s", states[in->state]);
+        snprintf(o->message, sizeof(o->message), "%s", in->message);
+        o->elapsed_ms = (in->state ? in->end_ms : now_ms) - in->start_ms;
+    }
+    return KVP_RPC_DONE;
+}
+
 int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rpc_io_t *io,
                      uint64_t now_ms)
 {
     const uint64_t id = req->id;
     io->job = NULL;
+    io->bg_job = NULL;
     io->nfds_out = 0;
     io->mutating = kvp_rpc_is_mutating(req->which_body);
     memset(&io->out, 0, sizeof(io->out));
@@ -1124,6 +1519,12 @@ int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rp
         return do_list_clients(r, io, id, now_ms);
     case kvpool_Request_audit_tag:
         return do_audit(r, io, id);
+    case kvpool_Request_export_begin_tag:
+        return do_export_begin(r, s, &req->body.export_begin, io, id, now_ms);
+    case kvpool_Request_import_tag:
+        return do_import(r, s, &req->body.import, io, id, now_ms);
+    case kvpool_Request_list_transfers_tag:
+        return do_list_transfers(r, io, id, now_ms);
     case kvpool_Request_metrics_tag:
         /* the text is produced by the server layer, which owns the buffer (kvp_rpc_metrics) */
         ok(&io->resp, id, kvpool_Response_metrics_tag);
@@ -1138,10 +1539,27 @@ int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rp
 /* ---- metrics -------------------------------------------------------------------------- */
 
 /* Index = Request body tag. 0 stands for a frame that did not decode or named no call. */
-static const char *const call_names[NUM_CALLS] = {
-    "invalid",           NULL,     "hello",          "ping",         "pool_info", "register_buffer",
-    "unregister_buffer", "append", "reserve",        "fork",         "truncate",  "release",
-    "get_page_table",    "stats",  "list_sequences", "list_clients", "audit",     "metrics"};
+static const char *const call_names[NUM_CALLS] = {"invalid",
+                                                  NULL,
+                                                  "hello",
+                                                  "ping",
+                                                  "pool_info",
+                                                  "register_buffer",
+                                                  "unregister_buffer",
+                                                  "append",
+                                                  "reserve",
+                                                  "fork",
+                                                  "truncate",
+                                                  "release",
+                                                  "get_page_table",
+                                                  "stats",
+                                                  "list_sequences",
+                                                  "list_clients",
+                                                  "audit",
+                                                  "metrics",
+                                                  [40] = "export_begin",
+                                                  [41] = "import",
+                                                  [42] = "list_transfers"};
 
 static unsigned bucket_of(uint64_t ns)
 {
@@ -1374,6 +1792,28 @@ size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms
                "the append (host: the CPU copy; cuda: waiting for the worker's ready event and "
                "the launches, the GPU may still be running when event sync is used).");
     put_histogram(&b, "kvpool_append_run_seconds", NULL, NULL, r->run_buckets, r->run_sum_ns);
+
+    uint64_t xt[2][2], xb[2];
+    uint32_t x_in_flight, x_comms;
+    kvp_xfer_counters(r->xfer, xt, xb, &x_in_flight, &x_comms);
+    static const char *const dirs[] = {"export", "import"};
+    put_header(&b, "kvpool_transfers_total", "counter",
+               "KV transfers between daemons (ExportBegin / Import over NCCL) that ended, by "
+               "direction and result (ok, failed: an error, a refusal or the deadline).");
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 2; k++)
+            put(&b, "kvpool_transfers_total{direction=\"%s\",result=\"%s\"} %llu\n", dirs[d],
+                k ? "failed" : "ok", (unsigned long long)xt[d][k]);
+    put_header(&b, "kvpool_transfer_bytes_total", "counter",
+               "Bytes of the packed KV streams of transfers that succeeded, by direction.");
+    for (int d = 0; d < 2; d++)
+        put(&b, "kvpool_transfer_bytes_total{direction=\"%s\"} %llu\n", dirs[d],
+            (unsigned long long)xb[d]);
+    put_header(&b, "kvpool_transfers_in_flight", "gauge", "KV transfers running now.");
+    put(&b, "kvpool_transfers_in_flight %u\n", x_in_flight);
+    put_header(&b, "kvpool_transfer_communicators", "gauge",
+               "NCCL communicators cached for transfers (one per peer and direction).");
+    put(&b, "kvpool_transfer_communicators %u\n", x_comms);
 
     put_header(&b, "kvpool_rpc_requests_total", "counter",
                "Requests answered, by call and status code (call=\"invalid\": a frame that did "

@@ -34,6 +34,10 @@ typedef struct {
     uint32_t dedup_window;
     uint32_t default_lease_ms;
     uint32_t max_lease_ms;
+    /* transfers (kvp_xfer.h); 0: 30000, 300000, 2 */
+    uint32_t transfer_timeout_ms;
+    uint32_t transfer_comm_idle_ms;
+    uint32_t transfer_max_in_flight;
 } kvp_rpc_limits_t;
 
 typedef struct {
@@ -69,7 +73,11 @@ typedef struct {
     int fds_out[KVP_MAX_FDS_PER_FRAME]; /* borrowed fds to attach to the response */
     int nfds_out;
     kvp_rpc_job_t *job; /* set when dispatch returns KVP_RPC_ASYNC */
-    int mutating;       /* set by dispatch: the call is subject to dedup */
+    /* set by dispatch besides an answer given at once (ExportBegin): work the server runs
+     * with kvp_rpc_job_run on a worker thread, then kvp_rpc_bg_finish and kvp_rpc_job_free on
+     * the loop thread; no response is sent for it */
+    kvp_rpc_job_t *bg_job;
+    int mutating; /* set by dispatch: the call is subject to dedup */
 } kvp_rpc_io_t;
 
 enum { KVP_RPC_DONE = 0, KVP_RPC_ASYNC = 1 };
@@ -99,6 +107,9 @@ void kvp_rpc_job_run(kvp_rpc_job_t *job);
  * other backend failure marks the daemon unhealthy. */
 void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, kvp_rpc_io_t *io, uint64_t now_ms);
 void kvp_rpc_job_free(kvp_rpc_job_t *job);
+/* Loop thread, after kvp_rpc_job_run of an io->bg_job: records its outcome (an export's pages
+ * are unpinned); the job stays alive until kvp_rpc_job_free. */
+void kvp_rpc_bg_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, uint64_t now_ms);
 
 /* Releases the sequences of namespaces whose lease ran out; returns how many namespaces. */
 uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms);

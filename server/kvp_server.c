@@ -415,6 +415,46 @@ static void metrics_into(kvp_server_t *s, kvp_rpc_io_t *io)
 
 static void after_work(kvp_job_item_t *w);
 
+/* Work a request started besides its answer (ExportBegin's send): not tied to a connection,
+ * which may go away while it runs. */
+typedef struct {
+    kvp_job_item_t item;
+    kvp_server_t *srv;
+    kvp_rpc_job_t *job;
+} bg_work_t;
+
+static void bg_run(kvp_job_item_t *w)
+{
+    bg_work_t *b = w->data;
+    kvp_rpc_job_run(b->job);
+}
+
+static void bg_done(kvp_job_item_t *w)
+{
+    bg_work_t *b = w->data;
+    kvp_rpc_bg_finish(b->srv->rpc, b->job, kvp_server_now_ms());
+    kvp_rpc_job_free(b->job);
+    free(b);
+}
+
+static void submit_bg(kvp_server_t *s, kvp_rpc_job_t *job)
+{
+    bg_work_t *b = calloc(1, sizeof(*b));
+    if (!b) {
+        /* never run: finishing it records the failure and frees what it holds */
+        kvp_log(KVP_LOG_ERR, "out of memory for a background job; it fails");
+        kvp_rpc_bg_finish(s->rpc, job, kvp_server_now_ms());
+        kvp_rpc_job_free(job);
+        return;
+    }
+    b->srv = s;
+    b->job = job;
+    b->item.data = b;
+    b->item.run = bg_run;
+    b->item.done = bg_done;
+    kvp_jobs_submit(s->jobs, &b->item);
+}
+
 static void work_cb(kvp_job_item_t *w)
 {
     conn_t *c = w->data;
@@ -476,6 +516,10 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
     for (int i = 0; i < nfds; i++)
         if (fds[i] >= 0)
             close(fds[i]);
+    if (io->bg_job) {
+        submit_bg(s, io->bg_job);
+        io->bg_job = NULL;
+    }
     if (rc == KVP_RPC_ASYNC) {
         c->busy = 1;
         c->job = io->job;

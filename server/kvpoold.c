@@ -88,6 +88,9 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
         .dedup_window = c->dedup_window,
         .default_lease_ms = c->default_lease_ms,
         .max_lease_ms = c->max_lease_ms,
+        .transfer_timeout_ms = c->transfer_timeout_ms,
+        .transfer_comm_idle_ms = c->transfer_comm_idle_ms,
+        .transfer_max_in_flight = c->transfer_max_in_flight,
     };
 }
 

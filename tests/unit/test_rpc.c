@@ -363,6 +363,122 @@ START_TEST(daemon_append_lands_in_the_pool_byte_exact)
 }
 END_TEST
 
+/* Tensor-parallel form on the host backend (a group of one device): the leader's Append names
+ * a rank buffer another connection of the namespace registered; a buffer of another namespace,
+ * a wrong rank count, a non-zero source.buffer_id, an unknown session or buffer are refused
+ * with nothing allocated; a rank buffer unregistered while the job is queued stays readable
+ * until the job finishes. */
+START_TEST(rank_sources_name_buffers_of_other_sessions_of_the_namespace)
+{
+    setup();
+    hello_on(S, "eng", 0);
+    int pool_fd = IO.fds_out[0];
+    kvp_geom_derived_t d;
+    ck_assert_int_eq(kvp_geom_derive(&G, &d), 0);
+    uint8_t *pool = mmap(NULL, d.pool_bytes, PROT_READ, MAP_SHARED, pool_fd, 0);
+    ck_assert_ptr_ne(pool, MAP_FAILED);
+    kvp_session_t *rank =
+        kvp_rpc_session_open(R, 1235, (uint32_t)getuid(), (uint32_t)getgid(), 1000);
+    kvp_session_t *other =
+        kvp_rpc_session_open(R, 1236, (uint32_t)getuid(), (uint32_t)getgid(), 1000);
+    hello_on(rank, "eng", 0);
+    hello_on(other, "other", 0);
+
+    const uint32_t nnz = 3, row = 16, H = 2, L = 2;
+    size_t layer_stride = 2 * nnz * H * row, bytes = L * layer_stride;
+    uint8_t *stage, *stage2;
+    int fd = make_staging(bytes, &stage), fd2 = make_staging(bytes, &stage2);
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, 8);
+    kvp_rng_fill(&rng, stage, bytes);
+    body(kvpool_Request_register_buffer_tag);
+    Q.body.register_buffer.kind = kvpool_BufferKind_BUFFER_MEMFD;
+    Q.body.register_buffer.size_bytes = bytes;
+    int fds[1] = {fd};
+    ck_assert_int_eq(call_on(rank, fds, 1), kvpool_Code_OK);
+    uint32_t rank_buf = IO.resp.body.register_buffer.buffer_id;
+    fds[0] = fd2;
+    ck_assert_int_eq(call_on(other, fds, 1), kvpool_Code_OK);
+    uint32_t other_buf = IO.resp.body.register_buffer.buffer_id;
+
+    uint64_t ids[1] = {5};
+    uint32_t toks[1] = {nnz};
+    const kvpool_Source src = {.k_offset = 0,
+                               .v_offset = nnz * H * row,
+                               .k_stride_n = H * row,
+                               .k_stride_h = row,
+                               .v_stride_n = H * row,
+                               .v_stride_h = row,
+                               .layer_stride = layer_stride};
+#define TP_APPEND(sid, bid, count)                                                                 \
+    do {                                                                                           \
+        body(kvpool_Request_append_tag);                                                           \
+        batch(1, ids, toks);                                                                       \
+        Q.body.append.has_source = true;                                                           \
+        Q.body.append.source = src;                                                                \
+        Q.body.append.rank_sources_count = (count);                                                \
+        Q.body.append.rank_sources[0].session_id = (sid);                                          \
+        Q.body.append.rank_sources[0].buffer_id = (bid);                                           \
+    } while (0)
+    TP_APPEND(other->id, other_buf, 1);
+    ck_assert_int_eq(call(), kvpool_Code_NOT_FOUND);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "no session"));
+    TP_APPEND(rank->id, 77, 1);
+    ck_assert_int_eq(call(), kvpool_Code_NOT_FOUND);
+    TP_APPEND(rank->id, rank_buf, 2);
+    ck_assert_int_eq(call(), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "rank_sources has 2 entries"));
+    TP_APPEND(rank->id, rank_buf, 1);
+    Q.body.append.source.buffer_id = 3;
+    ck_assert_int_eq(call(), kvpool_Code_INVALID_ARGUMENT);
+    TP_APPEND(rank->id, rank_buf, 1);
+    Q.body.append.source.v_offset = bytes; /* past the rank's buffer */
+    ck_assert_int_eq(call(), kvpool_Code_INVALID_ARGUMENT);
+    body(kvpool_Request_stats_tag);
+    ck_assert_int_eq(call(), kvpool_Code_OK);
+    ck_assert_uint_eq(IO.resp.body.stats.stats.used_pages, 0);
+
+    /* queued, then the rank unregisters its buffer before the copy runs */
+    TP_APPEND(rank->id, rank_buf, 1);
+    Q.id = next_id++;
+    memset(&IO, 0, sizeof(IO));
+    IO.batch = &B;
+    ck_assert_int_eq(kvp_rpc_dispatch(R, S, &Q, &IO, 2000), KVP_RPC_ASYNC);
+    kvp_rpc_job_t *job = IO.job;
+    kvp_rpc_io_t io2;
+    memset(&io2, 0, sizeof(io2));
+    kvpool_Request q2;
+    memset(&q2, 0, sizeof(q2));
+    q2.id = next_id++;
+    q2.which_body = kvpool_Request_unregister_buffer_tag;
+    q2.body.unregister_buffer.buffer_id = rank_buf;
+    io2.batch = &B;
+    ck_assert_int_eq(kvp_rpc_dispatch(R, rank, &q2, &io2, 2000), KVP_RPC_DONE);
+    ck_assert_int_eq(io2.resp.status.code, kvpool_Code_OK);
+    kvp_rpc_job_run(job);
+    kvp_rpc_job_finish(R, job, &IO, 2000);
+    ck_assert_int_eq(IO.resp.status.code, kvpool_Code_OK);
+    kvp_rpc_job_free(job);
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t t = 0; t < nnz; t++)
+            for (uint32_t h = 0; h < H; h++)
+                for (int kv = 0; kv < 2; kv++) {
+                    uint64_t off = kvp_geom_offset(&d, &G, l, 0, kv, t, h);
+                    const uint8_t *want =
+                        stage + l * layer_stride + (kv ? src.v_offset : 0) + t * H * row + h * row;
+                    ck_assert_int_eq(memcmp(pool + off, want, row), 0);
+                }
+#undef TP_APPEND
+    audit_clean();
+    kvp_rpc_session_close(R, other, 3000);
+    kvp_rpc_session_close(R, rank, 3000);
+    munmap(stage, bytes);
+    munmap(stage2, bytes);
+    munmap(pool, d.pool_bytes);
+    teardown();
+}
+END_TEST
+
 START_TEST(refusals_change_nothing)
 {
     setup();
@@ -597,6 +713,7 @@ int main(void)
     tcase_add_test(tc, first_request_must_be_hello);
     tcase_add_test(tc, reserve_fork_truncate_release_page_table);
     tcase_add_test(tc, daemon_append_lands_in_the_pool_byte_exact);
+    tcase_add_test(tc, rank_sources_name_buffers_of_other_sessions_of_the_namespace);
     tcase_add_test(tc, refusals_change_nothing);
     tcase_add_test(tc, namespaces_are_owned_and_leases_keep_sequences);
     tcase_add_test(tc, replay_returns_the_first_answer_and_applies_nothing_twice);

@@ -1,0 +1,122 @@
+/*
+ * kvp_pack_cuda.cu - the packed transfer form (kvp_kernels.h) on the device: one kernel moves
+ * one layer of a sequence between its pages and the contiguous [K|V][token][head][D] stream,
+ * either way. One thread per 16-byte vector, in stream order, so the stream side is read or
+ * written fully coalesced and the pool side in whole rows; a grid-stride loop covers any size.
+ * Three layers as in kvp_append_cuda.cu: the kernel, a static launcher with an explicit
+ * stream, the exported C entry points that validate their arguments.
+ */
+#include <cuda_runtime.h>
+
+#include "kvp_kernels_cuda.h"
+
+namespace
+{
+
+struct pack_args {
+    uint8_t *k, *v;       /* the layer's K and V tensors */
+    const int32_t *pages; /* [ceil(tokens / page_size)] */
+    uint8_t *stream;      /* the layer's packed part */
+    uint64_t total_vecs;  /* 2 * tokens * heads * vecs_per_row */
+    uint64_t sp, sn, sh;  /* page, slot and head strides in bytes */
+    uint32_t tokens, heads, vecs_per_row, page_size, num_pages;
+};
+
+/* unpack = false: pool -> stream; true: stream -> pool. */
+template <bool unpack> __global__ void pack_kernel(pack_args a)
+{
+    const uint64_t step = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.total_vecs;
+         i += step) {
+        uint64_t rest = i / a.vecs_per_row;
+        const uint32_t c = (uint32_t)(i - rest * a.vecs_per_row);
+        const uint32_t h = (uint32_t)(rest % a.heads);
+        rest /= a.heads;
+        const uint32_t t = (uint32_t)(rest % a.tokens);
+        const uint32_t which = (uint32_t)(rest / a.tokens);
+        const int32_t page = a.pages[t / a.page_size];
+        if (page < 0 || (uint32_t)page >= a.num_pages)
+            continue; /* never out of bounds; the caller checked its pages */
+        uint8_t *row = (which ? a.v : a.k) + (uint64_t)page * a.sp +
+                       (uint64_t)(t % a.page_size) * a.sn + (uint64_t)h * a.sh;
+        uint4 *pool_vec = reinterpret_cast<uint4 *>(row) + c;
+        uint4 *stream_vec = reinterpret_cast<uint4 *>(a.stream) + i;
+        if (unpack)
+            *pool_vec = *stream_vec;
+        else
+            *stream_vec = *pool_vec;
+    }
+}
+
+bool aligned16(const void *p)
+{
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+int fill_args(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
+              const void *stream_dev, pack_args *a)
+{
+    if (!kv || !kv->k_data || !kv->v_data || !pages_dev || !stream_dev)
+        return KVP_EINVAL;
+    const uint64_t e = kv->elem_bytes, row = (uint64_t)kv->head_dim * e;
+    if ((e != 1 && e != 2 && e != 4) || !kv->page_size || !kv->num_heads || !kv->num_pages ||
+        row == 0 || row % 16 || !aligned16(kv->k_data) || !aligned16(kv->v_data) ||
+        !aligned16(stream_dev) || kv->stride_page < 0 || kv->stride_n < 0 || kv->stride_h < 0 ||
+        (kv->stride_page * e) % 16 || (kv->stride_n * e) % 16 || (kv->stride_h * e) % 16)
+        return KVP_EINVAL;
+    a->k = static_cast<uint8_t *>(kv->k_data);
+    a->v = static_cast<uint8_t *>(kv->v_data);
+    a->pages = pages_dev;
+    a->stream = static_cast<uint8_t *>(const_cast<void *>(stream_dev));
+    a->vecs_per_row = (uint32_t)(row / 16);
+    a->total_vecs = 2ull * num_tokens * kv->num_heads * a->vecs_per_row;
+    a->sp = (uint64_t)kv->stride_page * e;
+    a->sn = (uint64_t)kv->stride_n * e;
+    a->sh = (uint64_t)kv->stride_h * e;
+    a->tokens = num_tokens;
+    a->heads = kv->num_heads;
+    a->page_size = kv->page_size;
+    a->num_pages = kv->num_pages;
+    return 0;
+}
+
+template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
+{
+    if (a.total_vecs == 0)
+        return 0;
+    const unsigned threads = 256;
+    uint64_t blocks = (a.total_vecs + threads - 1) / threads;
+    if (blocks > 65535ull * 16)
+        blocks = 65535ull * 16; /* the grid-stride loop does the rest */
+    pack_kernel<unpack><<<(unsigned)blocks, threads, 0, s>>>(a);
+    return cudaGetLastError() == cudaSuccess ? 0 : KVP_EINTERNAL;
+}
+
+} // namespace
+
+extern "C" int kvp__cuda_pack_preload(void)
+{
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(pack_kernel<false>)) !=
+            cudaSuccess ||
+        cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(pack_kernel<true>)) !=
+            cudaSuccess)
+        return KVP_EINTERNAL;
+    return 0;
+}
+
+extern "C" int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                uint32_t num_tokens, void *out_dev, void *stream)
+{
+    pack_args a;
+    int rc = fill_args(kv, pages_dev, num_tokens, out_dev, &a);
+    return rc ? rc : launch<false>(a, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                  uint32_t num_tokens, const void *in_dev, void *stream)
+{
+    pack_args a;
+    int rc = fill_args(kv, pages_dev, num_tokens, in_dev, &a);
+    return rc ? rc : launch<true>(a, static_cast<cudaStream_t>(stream));
+}

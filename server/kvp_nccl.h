@@ -1,0 +1,61 @@
+/*
+ * kvp_nccl.h - NCCL loaded at run time (DESIGN.md §6): kvpoold never links libnccl. The first
+ * kvp_nccl_get() dlopens $KVPOOL_NCCL_LIB, else "libnccl.so.2", and resolves the handful of
+ * entry points transfers use into a function table, as client/kvp_cuda_drv.c does for the CUDA
+ * driver; without the library (or in a build without CUDA or nccl.h) it answers KVP_EUNAVAIL
+ * and the daemon serves everything but transfers, which then answer UNAVAILABLE. nccl.h is
+ * included for its types only. Every NCCL call goes through KVP_NCCL_CHECK, which logs the call,
+ * file, line and NCCL's error string and turns the result into a KVP_E* code.
+ */
+#ifndef KVP_NCCL_H
+#define KVP_NCCL_H
+
+#include <stddef.h>
+
+#ifdef KVP_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+typedef struct {
+    int version; /* ncclGetVersion: 22703 for 2.27.3 */
+    ncclResult_t (*GetVersion)(int *version);
+    ncclResult_t (*GetUniqueId)(ncclUniqueId *id);
+    ncclResult_t (*CommInitRankConfig)(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                       ncclConfig_t *config);
+    ncclResult_t (*CommGetAsyncError)(ncclComm_t comm, ncclResult_t *async_error);
+    ncclResult_t (*CommAbort)(ncclComm_t comm);
+    ncclResult_t (*CommDestroy)(ncclComm_t comm);
+    ncclResult_t (*Send)(const void *buf, size_t count, ncclDataType_t type, int peer,
+                         ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*Recv)(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                         cudaStream_t stream);
+    ncclResult_t (*GroupStart)(void);
+    ncclResult_t (*GroupEnd)(void);
+    const char *(*GetErrorString)(ncclResult_t result);
+} kvp_nccl_t;
+
+/* Logs a failed NCCL call and returns its code: KVP_EUNAVAIL for a remote or system error (a
+ * peer gone, a transport down), KVP_EINVAL for an invalid argument or usage, KVP_EINTERNAL
+ * for the rest. */
+int kvp_nccl_fail(const kvp_nccl_t *n, ncclResult_t res, const char *call, const char *file,
+                  int line);
+
+/* ncclInProgress is not a failure: non-blocking communicators answer it while they work. */
+#define KVP_NCCL_CHECK(n, call, rc, label)                                                         \
+    do {                                                                                           \
+        ncclResult_t kvp_nres_ = (call);                                                           \
+        if (kvp_nres_ != ncclSuccess && kvp_nres_ != ncclInProgress) {                             \
+            (rc) = kvp_nccl_fail((n), kvp_nres_, #call, __FILE__, __LINE__);                       \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+#else
+typedef struct kvp_nccl kvp_nccl_t;
+#endif
+
+/* The table, loaded once per process (thread-safe). Returns 0, or KVP_EUNAVAIL (built without
+ * NCCL support, library not found, an entry point missing, a version before 2.18), logging
+ * why once. why (may be NULL) receives the reason. */
+int kvp_nccl_get(const kvp_nccl_t **out, char *why, size_t why_len);
+
+#endif

@@ -1,0 +1,722 @@
+/*
+ * kvp_xfer.c - KV transfers between daemons over NCCL (see kvp_xfer.h for the contract).
+ *
+ * One transfer on its communicator, in order on both sides (so a cached communicator stays in
+ * step): the exporter sends a 64-byte header (transfer id, tokens, layers, heads, head_dim,
+ * element size, stream bytes); the importer checks it against its Import and sends back an
+ * 8-byte answer (0 or the refusal's code); on 0 the exporter packs its pages layer by layer
+ * into one device buffer and sends it, the importer receives it whole and only then queues the
+ * unpack into its new pages, so a transfer that fails never writes a page (the dispatch then
+ * frees them). Every wait polls the stream and ncclCommGetAsyncError against the deadline; on
+ * an error or the deadline the communicator is aborted (ncclCommAbort) and dropped.
+ */
+#include "kvp_xfer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "kvp_error.h"
+#include "kvp_kernels.h"
+#include "kvp_log.h"
+#include "kvp_nccl.h"
+
+#ifdef KVP_HAVE_NCCL
+#include "kvp_cuda_util.h"
+#include "kvp_kernels_cuda.h"
+#endif
+
+#define MAX_TIMEOUT_MS 3600000u
+#define HDR_MAGIC      0x5850564bu /* "KVPX" little-endian */
+#define HDR_VERSION    1u
+#define DRAIN_MS       10000u /* longest wait for an aborted transfer's stream */
+
+typedef struct comm {
+    struct comm *next;
+    uint8_t id[KVP_XFER_ID_BYTES];
+    char peer[65];
+    int rank; /* 0 exporter, 1 importer */
+    int busy; /* a job holds it */
+    int broken;
+    uint64_t last_used_ms;
+#ifdef KVP_HAVE_NCCL
+    ncclComm_t comm; /* NULL until the first transfer joins */
+    cudaStream_t stream;
+#endif
+} comm_t;
+
+struct kvp_xfer_job {
+    kvp_xfer_t *x;
+    struct kvp_xfer_job *next; /* running list */
+    comm_t *comm;
+    int direction;
+    uint64_t transfer_id;
+    uint32_t num_tokens, num_pages;
+    int32_t *pages;
+    uint64_t bytes;
+    uint32_t timeout_ms;
+    uint32_t stall_ms; /* test hook, exporter only */
+    int clean;         /* the failure was a refusal both sides agreed on: the communicator is
+                          still in step and stays cached */
+    int rc;
+    char msg[128];
+    kvp_xfer_info_t info;
+};
+
+struct kvp_xfer {
+    kvp_backend_t *b;
+    kvp_xfer_config_t cfg;
+    comm_t *comms;
+    kvp_xfer_job_t *running;
+    uint32_t in_flight;
+    kvp_xfer_info_t hist[KVP_XFER_HISTORY];
+    uint32_t hist_next, hist_count;
+    uint64_t totals[2][2], bytes[2];
+    uint64_t next_id;
+    uint32_t stall_ms;
+};
+
+/* The first message of every transfer. */
+typedef struct {
+    uint32_t magic, version;
+    uint64_t transfer_id;
+    uint32_t num_tokens, num_layers, num_heads, head_dim, elem_bytes, pad;
+    uint64_t stream_bytes;
+    uint8_t reserved[16];
+} wire_hdr_t;
+_Static_assert(sizeof(wire_hdr_t) == 64, "the header is 64 bytes on the wire");
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- pure parts --------------------------------------------------------------------------- */
+
+uint64_t kvp_xfer_stream_bytes(const kvp_geom_t *g, uint32_t num_tokens)
+{
+    return (uint64_t)g->num_layers * kvp_kv_packed_layer_bytes(num_tokens, g->num_kv_heads,
+                                                               g->head_dim,
+                                                               kvp_dtype_size(g->dtype));
+}
+
+int kvp_xfer_check_export(const kvp_geom_t *g, uint32_t num_tokens, uint32_t timeout_ms, char *why,
+                          size_t why_len)
+{
+    (void)g;
+    if (num_tokens == 0) {
+        snprintf(why, why_len, "the sequence holds no tokens");
+        return KVP_EPRECOND;
+    }
+    if (timeout_ms > MAX_TIMEOUT_MS) {
+        snprintf(why, why_len, "timeout_ms %u above %u", timeout_ms, MAX_TIMEOUT_MS);
+        return KVP_EINVAL;
+    }
+    return 0;
+}
+
+int kvp_xfer_check_import(const kvp_geom_t *g, uint32_t id_len, uint64_t transfer_id,
+                          uint32_t num_tokens, uint32_t max_tokens, uint32_t num_layers,
+                          uint32_t timeout_ms, char *why, size_t why_len)
+{
+    if (id_len != KVP_XFER_ID_BYTES) {
+        snprintf(why, why_len, "nccl_id has %u bytes, must be %u (as ExportBegin answered)", id_len,
+                 KVP_XFER_ID_BYTES);
+        return KVP_EINVAL;
+    }
+    if (transfer_id == 0) {
+        snprintf(why, why_len, "transfer_id 0: pass the id ExportBegin answered");
+        return KVP_EINVAL;
+    }
+    if (num_tokens == 0 || num_tokens > max_tokens) {
+        snprintf(why, why_len, "num_tokens %u outside 1..%u", num_tokens, max_tokens);
+        return KVP_EINVAL;
+    }
+    if (num_layers != g->num_layers) {
+        snprintf(why, why_len, "num_layers %u: this pool has %u layers", num_layers, g->num_layers);
+        return KVP_EINVAL;
+    }
+    if (timeout_ms > MAX_TIMEOUT_MS) {
+        snprintf(why, why_len, "timeout_ms %u above %u", timeout_ms, MAX_TIMEOUT_MS);
+        return KVP_EINVAL;
+    }
+    return 0;
+}
+
+int kvp_xfer_create(kvp_backend_t *b, const kvp_xfer_config_t *cfg, kvp_xfer_t **out)
+{
+    if (!b || !cfg || !out || !cfg->max_in_flight || !cfg->timeout_ms)
+        return KVP_EINVAL;
+    kvp_xfer_t *x = calloc(1, sizeof(*x));
+    if (!x)
+        return KVP_ENOMEM;
+    x->b = b;
+    x->cfg = *cfg;
+    /* transfer ids are unique across daemons and restarts: a random start, counted up */
+    if (getrandom(&x->next_id, sizeof(x->next_id), 0) != sizeof(x->next_id))
+        x->next_id = (uint64_t)mono_ms() * 2654435761u;
+    x->next_id |= 1;
+    /* test hook (tests/gpu/test_multigpu_xfer.c): the exporter pauses between the header
+     * exchange and the payload, so a test can kill it mid-transfer */
+    const char *stall = getenv("KVPOOL_XFER_TEST_STALL_MS");
+    if (stall && *stall)
+        x->stall_ms = (uint32_t)strtoul(stall, NULL, 10);
+    *out = x;
+    return 0;
+}
+
+void kvp_xfer_set_config(kvp_xfer_t *x, const kvp_xfer_config_t *cfg)
+{
+    x->cfg.timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : x->cfg.timeout_ms;
+    x->cfg.comm_idle_ms = cfg->comm_idle_ms;
+}
+
+int kvp_xfer_check_ready(kvp_xfer_t *x, char *why, size_t why_len)
+{
+    if (x->b->kind != 1 /* kvpool_BackendKind_BACKEND_CUDA */) {
+        snprintf(why, why_len, "transfers need the cuda backend (this daemon runs %s)",
+                 x->b->ops->name);
+        return KVP_EUNAVAIL;
+    }
+    if ((x->b->geom.num_devices ? x->b->geom.num_devices : 1) != 1) {
+        snprintf(why, why_len, "transfers of a pool over %u devices are not supported yet",
+                 x->b->geom.num_devices);
+        return KVP_EPRECOND;
+    }
+    const kvp_nccl_t *n;
+    char r[200];
+    if (kvp_nccl_get(&n, r, sizeof(r))) {
+        snprintf(why, why_len, "NCCL unavailable: %s", r);
+        return KVP_EUNAVAIL;
+    }
+    if (x->in_flight >= x->cfg.max_in_flight) {
+        snprintf(why, why_len, "%u transfers in flight (transfer.max_in_flight)", x->in_flight);
+        return KVP_ELIMIT;
+    }
+    return 0;
+}
+
+/* ---- communicator cache (loop thread) -------------------------------------------------- */
+
+static void comm_free(comm_t *c)
+{
+#ifdef KVP_HAVE_NCCL
+    const kvp_nccl_t *n;
+    if (c->comm && kvp_nccl_get(&n, NULL, 0) == 0)
+        (void)n->CommAbort(c->comm); /* local teardown; the peer drops its end on its own */
+    if (c->stream)
+        (void)cudaStreamDestroy(c->stream);
+#endif
+    free(c);
+}
+
+static void comm_unlink(kvp_xfer_t *x, comm_t *c)
+{
+    for (comm_t **pp = &x->comms; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            return;
+        }
+}
+
+void kvp_xfer_destroy(kvp_xfer_t *x)
+{
+    if (!x)
+        return;
+    while (x->comms) {
+        comm_t *c = x->comms;
+        x->comms = c->next;
+        comm_free(c);
+    }
+    free(x);
+}
+
+uint64_t kvp_xfer_sweep(kvp_xfer_t *x, uint64_t now_ms)
+{
+    uint64_t next = UINT64_MAX;
+    for (comm_t **pp = &x->comms; *pp;) {
+        comm_t *c = *pp;
+        uint64_t due = c->last_used_ms + x->cfg.comm_idle_ms;
+        if (!c->busy && (c->broken || now_ms >= due)) {
+            *pp = c->next;
+            kvp_log(KVP_LOG_INFO, "transfer communicator dropped peer=%s rank=%d reason=%s",
+                    c->peer[0] ? c->peer : "-", c->rank, c->broken ? "error" : "idle");
+            comm_free(c);
+            continue;
+        }
+        if (!c->busy && due < next)
+            next = due;
+        pp = &c->next;
+    }
+    return next;
+}
+
+static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t transfer_id,
+                               const char *peer, const char *ns, uint64_t seq_id,
+                               const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
+                               uint64_t now_ms)
+{
+    const uint32_t P = x->b->geom.page_size;
+    uint32_t np = kvp_geom_pages_for(P, num_tokens);
+    kvp_xfer_job_t *j = calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->pages = malloc((size_t)np * sizeof(int32_t) + 4);
+    if (!j->pages) {
+        free(j);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < np; i++)
+        j->pages[i] = (int32_t)pages[i];
+    j->x = x;
+    j->comm = c;
+    j->direction = direction;
+    j->transfer_id = transfer_id;
+    j->num_tokens = num_tokens;
+    j->num_pages = np;
+    j->bytes = kvp_xfer_stream_bytes(&x->b->geom, num_tokens);
+    j->timeout_ms = timeout_ms ? timeout_ms : x->cfg.timeout_ms;
+    j->stall_ms = direction == KVP_XFER_EXPORT ? x->stall_ms : 0;
+    j->rc = KVP_EINTERNAL; /* until run: a job that never ran counts as failed */
+    snprintf(j->msg, sizeof(j->msg), "the transfer never ran");
+    kvp_xfer_info_t *in = &j->info;
+    in->transfer_id = transfer_id;
+    in->direction = direction;
+    snprintf(in->peer, sizeof(in->peer), "%s", peer ? peer : "");
+    snprintf(in->ns, sizeof(in->ns), "%s", ns ? ns : "");
+    in->seq_id = seq_id;
+    in->num_tokens = num_tokens;
+    in->bytes = j->bytes;
+    in->start_ms = now_ms;
+    c->busy = 1;
+    j->next = x->running;
+    x->running = j;
+    x->in_flight++;
+    return j;
+}
+
+int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns, uint64_t seq_id,
+                          const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
+                          uint64_t now_ms, uint8_t id_out[KVP_XFER_ID_BYTES], uint64_t *transfer_id,
+                          kvp_xfer_job_t **out)
+{
+#ifdef KVP_HAVE_NCCL
+    const kvp_nccl_t *n;
+    int rc = kvp_nccl_get(&n, NULL, 0);
+    if (rc)
+        return rc;
+    kvp_xfer_sweep(x, now_ms);
+    comm_t *c = NULL;
+    for (comm_t *k = x->comms; k && !c; k = k->next)
+        if (k->rank == 0 && !k->busy && !k->broken && k->comm && strcmp(k->peer, peer) == 0 &&
+            now_ms < k->last_used_ms + x->cfg.comm_idle_ms / 2)
+            c = k; /* the importer still holds its end: reuse */
+    if (!c) {
+        if (!(c = calloc(1, sizeof(*c))))
+            return KVP_ENOMEM;
+        ncclUniqueId id;
+        KVP_NCCL_CHECK(n, n->GetUniqueId(&id), rc, fail_new);
+        memcpy(c->id, &id, sizeof(id));
+        snprintf(c->peer, sizeof(c->peer), "%s", peer);
+        c->rank = 0;
+        c->last_used_ms = now_ms;
+        c->next = x->comms;
+        x->comms = c;
+    }
+    uint64_t tid = x->next_id;
+    x->next_id += 2;
+    kvp_xfer_job_t *j = job_new(x, c, KVP_XFER_EXPORT, tid, peer, ns, seq_id, pages, num_tokens,
+                                timeout_ms, now_ms);
+    if (!j) {
+        c->busy = 0;
+        return KVP_ENOMEM;
+    }
+    memcpy(id_out, c->id, KVP_XFER_ID_BYTES);
+    *transfer_id = tid;
+    *out = j;
+    return 0;
+fail_new:
+    free(c);
+    return rc;
+#else
+    (void)x, (void)peer, (void)ns, (void)seq_id, (void)pages, (void)num_tokens;
+    (void)timeout_ms, (void)now_ms, (void)id_out, (void)transfer_id, (void)out;
+    return KVP_EUNAVAIL;
+#endif
+}
+
+int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], uint64_t transfer_id,
+                          const char *ns, uint64_t seq_id, const uint32_t *pages,
+                          uint32_t num_tokens, uint32_t timeout_ms, uint64_t now_ms,
+                          kvp_xfer_job_t **out)
+{
+    kvp_xfer_sweep(x, now_ms);
+    comm_t *c = NULL;
+    for (comm_t *k = x->comms; k && !c; k = k->next)
+        if (k->rank == 1 && memcmp(k->id, id, KVP_XFER_ID_BYTES) == 0)
+            c = k;
+    if (c && c->busy)
+        return KVP_EBUSY;
+    if (!c) {
+        if (!(c = calloc(1, sizeof(*c))))
+            return KVP_ENOMEM;
+        memcpy(c->id, id, KVP_XFER_ID_BYTES);
+        c->rank = 1;
+        c->last_used_ms = now_ms;
+        c->next = x->comms;
+        x->comms = c;
+    }
+    kvp_xfer_job_t *j = job_new(x, c, KVP_XFER_IMPORT, transfer_id, "", ns, seq_id, pages,
+                                num_tokens, timeout_ms, now_ms);
+    if (!j) {
+        c->busy = 0;
+        return KVP_ENOMEM;
+    }
+    *out = j;
+    return 0;
+}
+
+int kvp_xfer_finish(kvp_xfer_t *x, kvp_xfer_job_t *j, uint64_t now_ms, char *msg, size_t msg_len)
+{
+    for (kvp_xfer_job_t **pp = &x->running; *pp; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            break;
+        }
+    x->in_flight--;
+    comm_t *c = j->comm;
+    c->busy = 0;
+    c->last_used_ms = now_ms;
+    if (c->broken) {
+        comm_unlink(x, c);
+        comm_free(c);
+    }
+    const int d = j->direction;
+    x->totals[d][j->rc ? 1 : 0]++;
+    if (!j->rc)
+        x->bytes[d] += j->bytes;
+    kvp_xfer_info_t *in = &j->info;
+    in->state = j->rc ? 2 : 1;
+    in->end_ms = now_ms;
+    snprintf(in->message, sizeof(in->message), "%s", j->rc ? j->msg : "");
+    x->hist[x->hist_next] = *in;
+    x->hist_next = (x->hist_next + 1) % KVP_XFER_HISTORY;
+    if (x->hist_count < KVP_XFER_HISTORY)
+        x->hist_count++;
+    kvp_log(j->rc ? KVP_LOG_WARNING : KVP_LOG_INFO,
+            "transfer %s direction=%s transfer_id=%llu tokens=%u bytes=%llu ms=%llu%s%s%s",
+            j->rc ? "failed" : "done", d ? "import" : "export", (unsigned long long)j->transfer_id,
+            j->num_tokens, (unsigned long long)j->bytes,
+            (unsigned long long)(now_ms - in->start_ms), j->rc ? " reason=\"" : "",
+            j->rc ? j->msg : "", j->rc ? "\"" : "");
+    int rc = j->rc;
+    if (msg && msg_len)
+        snprintf(msg, msg_len, "%s", j->msg);
+    free(j->pages);
+    free(j);
+    return rc;
+}
+
+uint32_t kvp_xfer_list(const kvp_xfer_t *x, kvp_xfer_info_t *out, uint32_t max)
+{
+    uint32_t n = 0;
+    for (const kvp_xfer_job_t *j = x->running; j && n < max; j = j->next)
+        out[n++] = j->info;
+    for (uint32_t k = 0; k < x->hist_count && n < max; k++)
+        out[n++] = x->hist[(x->hist_next + KVP_XFER_HISTORY - 1 - k) % KVP_XFER_HISTORY];
+    return n;
+}
+
+void kvp_xfer_counters(const kvp_xfer_t *x, uint64_t totals[2][2], uint64_t bytes[2],
+                       uint32_t *in_flight, uint32_t *comms)
+{
+    memcpy(totals, x->totals, sizeof(x->totals));
+    memcpy(bytes, x->bytes, sizeof(x->bytes));
+    *in_flight = x->in_flight;
+    uint32_t k = 0;
+    for (const comm_t *c = x->comms; c; c = c->next)
+        k++;
+    *comms = k;
+}
+
+/* ---- the transfer itself (worker thread) ----------------------------------------------- */
+
+#ifdef KVP_HAVE_NCCL
+
+static int job_fail(kvp_xfer_job_t *j, int rc, const char *fmt, const char *arg)
+{
+    if (!j->msg[0])
+        snprintf(j->msg, sizeof(j->msg), fmt, arg);
+    return rc;
+}
+
+static void nap(unsigned *spins)
+{
+    if (++*spins < 200)
+        return;
+    struct timespec ts = {0, 100 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* After an NCCL call on the non-blocking communicator: waits until it is no longer in
+ * progress. 0, the NCCL error's code, or KVP_ETIMEDOUT. */
+static int settle(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, const char *what)
+{
+    unsigned spins = 0;
+    for (;;) {
+        ncclResult_t st = ncclInProgress;
+        int rc = 0;
+        KVP_NCCL_CHECK(n, n->CommGetAsyncError(j->comm->comm, &st), rc, fail);
+        if (st == ncclSuccess)
+            return 0;
+        if (st != ncclInProgress)
+            return job_fail(j, kvp_nccl_fail(n, st, what, __FILE__, __LINE__),
+                            "NCCL reported an error while %s (peer gone?)", what);
+        if (mono_ms() > deadline)
+            return job_fail(j, KVP_ETIMEDOUT, "timed out while %s", what);
+        nap(&spins);
+        continue;
+    fail:
+        return job_fail(j, rc, "ncclCommGetAsyncError failed while %s", what);
+    }
+}
+
+/* Waits until the communicator's stream ran what was queued, watching NCCL's async error and
+ * the deadline. */
+static int wait_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, const char *what)
+{
+    unsigned spins = 0;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(j->comm->stream);
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady)
+            return job_fail(j, kvp_cuda_fail_rt(e, "cudaStreamQuery", __FILE__, __LINE__),
+                            "CUDA error while %s", what);
+        ncclResult_t st = ncclSuccess;
+        if (n->CommGetAsyncError(j->comm->comm, &st) == ncclSuccess && st != ncclSuccess &&
+            st != ncclInProgress)
+            return job_fail(j, kvp_nccl_fail(n, st, what, __FILE__, __LINE__),
+                            "NCCL reported an error while %s (peer gone?)", what);
+        if (mono_ms() > deadline)
+            return job_fail(j, KVP_ETIMEDOUT, "timed out while %s", what);
+        nap(&spins);
+    }
+}
+
+/* Creates the stream and joins the communicator (rank 0 or 1 of 2). */
+static int comm_join(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline)
+{
+    comm_t *c = j->comm;
+    int rc = 0;
+    KVP_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), rc, fail);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0; /* so a peer that never joins costs the deadline, not a thread forever */
+    ncclUniqueId id;
+    memcpy(&id, c->id, sizeof(id));
+    KVP_NCCL_CHECK(n, n->CommInitRankConfig(&c->comm, 2, id, c->rank, &cfg), rc, fail);
+    return settle(n, j, deadline, "joining the communicator");
+fail:
+    return job_fail(j, rc, "cannot %s the communicator", "create");
+}
+
+static int send_recv(const kvp_nccl_t *n, kvp_xfer_job_t *j, int send, void *buf, size_t bytes,
+                     uint64_t deadline, const char *what)
+{
+    comm_t *c = j->comm;
+    const int peer = 1 - c->rank;
+    int rc = 0;
+    if (send)
+        KVP_NCCL_CHECK(n, n->Send(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
+    else
+        KVP_NCCL_CHECK(n, n->Recv(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
+    if ((rc = settle(n, j, deadline, what)))
+        return rc;
+    return wait_stream(n, j, deadline, what);
+fail:
+    return job_fail(j, rc, "NCCL refused the call while %s", what);
+}
+
+/* Copies host <-> device on the stream and waits. */
+static int copy_wait(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *dst, const void *src,
+                     size_t bytes, enum cudaMemcpyKind kind, uint64_t deadline)
+{
+    int rc = 0;
+    KVP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, j->comm->stream), rc, fail);
+    return wait_stream(n, j, deadline, "copying");
+fail:
+    return job_fail(j, rc, "CUDA copy failed%s", "");
+}
+
+static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_out)
+{
+    kvp_backend_t *b = j->x->b;
+    int ordinal, rc = 0;
+    void *pool;
+    if (kvp_backend_cuda_device(b, 0, &ordinal, &pool))
+        return job_fail(j, KVP_EUNAVAIL, "transfers need the cuda backend%s", "");
+    const uint64_t deadline = mono_ms() + j->timeout_ms;
+    KVP_CUDA_CHECK(cudaSetDevice(ordinal), rc, fail_cuda);
+    if (!j->comm->comm && (rc = comm_join(n, j, deadline)))
+        return rc;
+    /* one device buffer: header, answer, page ids, then the stream (each 256-aligned) */
+    const size_t pages_off = 256, stream_off = pages_off + ((j->num_pages * 4u + 255u) & ~255u);
+    uint8_t *dev = NULL;
+    KVP_CUDA_CHECK(cudaMallocAsync((void **)&dev, stream_off + j->bytes, j->comm->stream), rc,
+                   fail_alloc);
+    *dev_out = dev;
+    const kvp_geom_t *g = &b->geom;
+    wire_hdr_t hdr = {.magic = HDR_MAGIC,
+                      .version = HDR_VERSION,
+                      .transfer_id = j->transfer_id,
+                      .num_tokens = j->num_tokens,
+                      .num_layers = g->num_layers,
+                      .num_heads = g->num_kv_heads,
+                      .head_dim = g->head_dim,
+                      .elem_bytes = kvp_dtype_size(g->dtype),
+                      .stream_bytes = j->bytes};
+    int64_t answer = 0;
+    if (j->direction == KVP_XFER_EXPORT) {
+        if ((rc = copy_wait(n, j, dev, &hdr, sizeof(hdr), cudaMemcpyHostToDevice, deadline)) ||
+            (rc = send_recv(n, j, 1, dev, sizeof(hdr), deadline, "sending the header")) ||
+            (rc = send_recv(n, j, 0, dev + 128, sizeof(answer), deadline,
+                            "waiting for the importer's answer")) ||
+            (rc = copy_wait(n, j, &answer, dev + 128, sizeof(answer), cudaMemcpyDeviceToHost,
+                            deadline)))
+            return rc;
+        if (answer != 0) {
+            j->clean = 1;
+            return job_fail(j, KVP_EINVAL, "the importer refused the transfer: %s",
+                            kvp_strerror((int)answer));
+        }
+        if (j->stall_ms) {
+            struct timespec ts = {j->stall_ms / 1000, (long)(j->stall_ms % 1000) * 1000000};
+            nanosleep(&ts, NULL);
+        }
+        if ((rc = copy_wait(n, j, dev + pages_off, j->pages, j->num_pages * 4u,
+                            cudaMemcpyHostToDevice, deadline)))
+            return rc;
+        const uint64_t lb = j->bytes / g->num_layers;
+        for (uint32_t l = 0; l < g->num_layers; l++) {
+            kvp_paged_kv_t kv;
+            kvp_backend_layer_view(b, pool, l, &kv);
+            KVP_KERNEL_CHECK(kvp_kv_pack_cuda(&kv, (const int32_t *)(dev + pages_off),
+                                              j->num_tokens, dev + stream_off + l * lb,
+                                              j->comm->stream),
+                             rc, fail_kernel);
+        }
+        return send_recv(n, j, 1, dev + stream_off, j->bytes, deadline, "sending the KV");
+    }
+    /* import */
+    if ((rc = send_recv(n, j, 0, dev, sizeof(hdr), deadline, "waiting for the header")))
+        return rc;
+    wire_hdr_t got;
+    if ((rc = copy_wait(n, j, &got, dev, sizeof(got), cudaMemcpyDeviceToHost, deadline)))
+        return rc;
+    const char *bad = got.magic != HDR_MAGIC || got.version != HDR_VERSION ? "not a kvpool stream"
+                      : got.transfer_id != hdr.transfer_id                 ? "another transfer_id"
+                      : got.num_tokens != hdr.num_tokens                   ? "another token count"
+                      : got.num_layers != hdr.num_layers                   ? "another layer count"
+                      : got.num_heads != hdr.num_heads       ? "another number of kv heads"
+                      : got.head_dim != hdr.head_dim         ? "another head_dim"
+                      : got.elem_bytes != hdr.elem_bytes     ? "another element size"
+                      : got.stream_bytes != hdr.stream_bytes ? "another stream size"
+                                                             : NULL;
+    answer = bad ? KVP_EINVAL : 0;
+    if ((rc = copy_wait(n, j, dev + 128, &answer, sizeof(answer), cudaMemcpyHostToDevice,
+                        deadline)) ||
+        (rc = send_recv(n, j, 1, dev + 128, sizeof(answer), deadline, "answering the exporter")))
+        return rc;
+    if (bad) {
+        j->clean = 1;
+        return job_fail(j, KVP_EINVAL, "the exporter's stream does not match the Import: %s", bad);
+    }
+    if ((rc = send_recv(n, j, 0, dev + stream_off, j->bytes, deadline, "receiving the KV")))
+        return rc;
+    /* only now, with every byte here, are the new pages written */
+    if ((rc = copy_wait(n, j, dev + pages_off, j->pages, j->num_pages * 4u, cudaMemcpyHostToDevice,
+                        deadline)))
+        return rc;
+    const uint64_t lb = j->bytes / g->num_layers;
+    for (uint32_t l = 0; l < g->num_layers; l++) {
+        kvp_paged_kv_t kv;
+        kvp_backend_layer_view(b, pool, l, &kv);
+        KVP_KERNEL_CHECK(kvp_kv_unpack_cuda(&kv, (const int32_t *)(dev + pages_off), j->num_tokens,
+                                            dev + stream_off + l * lb, j->comm->stream),
+                         rc, fail_kernel);
+    }
+    return wait_stream(n, j, deadline, "unpacking");
+fail_cuda:
+    return job_fail(j, rc, "CUDA call failed%s", "");
+fail_alloc:
+    return job_fail(j, KVP_ENOMEM, "no device memory for a %s stream", "transfer");
+fail_kernel:
+    return job_fail(j, rc, "pack kernel launch failed%s", "");
+}
+
+/* After a failure: abort the communicator (its NCCL kernels then exit) and wait, bounded, for
+ * the stream to drain. 1 when it drained (the buffer can be freed), else 0: the stream and the
+ * buffer are then leaked rather than freed under a kernel that may still run. */
+static int abort_and_drain(const kvp_nccl_t *n, kvp_xfer_job_t *j)
+{
+    comm_t *c = j->comm;
+    c->broken = 1;
+    if (c->comm) {
+        (void)n->CommAbort(c->comm);
+        c->comm = NULL;
+    }
+    if (!c->stream)
+        return 1;
+    const uint64_t until = mono_ms() + DRAIN_MS;
+    cudaError_t e;
+    while ((e = cudaStreamQuery(c->stream)) == cudaErrorNotReady && mono_ms() < until) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (e == cudaSuccess)
+        return 1;
+    kvp_log(KVP_LOG_ERR, "transfer stream did not drain after the abort; its buffer is leaked");
+    c->stream = NULL; /* leaked with it */
+    return 0;
+}
+
+void kvp_xfer_run(kvp_xfer_job_t *j)
+{
+    const kvp_nccl_t *n;
+    j->msg[0] = '\0';
+    if (kvp_nccl_get(&n, j->msg, sizeof(j->msg))) {
+        j->rc = KVP_EUNAVAIL;
+        return;
+    }
+    uint8_t *dev = NULL;
+    j->rc = run_transfer(n, j, &dev);
+    int can_free = 1;
+    if (j->rc && !j->clean)
+        can_free = abort_and_drain(n, j);
+    comm_t *c = j->comm;
+    if (dev && can_free && c->stream) {
+        /* stream-ordered, so no device-wide synchronisation (a cudaFree would wait for every
+         * stream of the device, other transfers' waits for their peers included) */
+        if (cudaFreeAsync(dev, c->stream) != cudaSuccess ||
+            cudaStreamSynchronize(c->stream) != cudaSuccess)
+            kvp_log(KVP_LOG_ERR, "transfer buffer free failed");
+    }
+    if (c->broken && c->stream) {
+        (void)cudaStreamDestroy(c->stream);
+        c->stream = NULL;
+    }
+}
+
+#else /* !KVP_HAVE_NCCL */
+
+void kvp_xfer_run(kvp_xfer_job_t *j)
+{
+    snprintf(j->msg, sizeof(j->msg), "built without NCCL support");
+    j->rc = KVP_EUNAVAIL;
+}
+
+#endif

@@ -1,0 +1,354 @@
+/*
+ * test_multigpu_xfer.c - KV transfers between two real kvpoold processes over NCCL (DESIGN.md
+ * §6): senders on GPU 0, receivers on GPU 1, one daemon per pool geometry, every pairing of
+ * layout (NHD/HND), storage (combined/split) and page size {16, 64} on either side. Each
+ * transfer: a sequence of 77 tokens written into the sender's pool by a daemon-run Append,
+ * ExportBegin there, Import on the receiver; the receiver's pages read back through its own
+ * mapping must hold every row byte-exact, both ListTransfers report ok, both audits are clean.
+ * Then the sending daemon is SIGKILLed mid-transfer (KVPOOL_XFER_TEST_STALL_MS holds it between
+ * the header exchange and the payload): the Import fails, the receiver's usage and audit are
+ * exactly as before, and it imports from a fresh sender afterwards. Run it again with
+ * NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 for the network transport (tests/gpu/run_multigpu.sh).
+ * Needs libnccl.so.2 (or $KVPOOL_NCCL_LIB). Label multigpu: exits 77 with fewer than two GPUs.
+ */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvp_harness.h"
+#include "kvp_test_util.h"
+#include "kvpool.h"
+
+#define T_TOKENS 77u
+#define LAYERS   2u
+#define HEADS    4u
+#define HDIM     64u
+#define ELEM     2u
+#define ROW      (HDIM * ELEM)
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "FAIL line %d: ", __LINE__);                                           \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            failures++;                                                                            \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+typedef struct {
+    kvp_daemon_t d;
+    int device;
+    uint32_t page_size, layout, storage;
+    char name[32];
+} pool_t;
+
+static int start_pool(pool_t *p, int device, uint32_t ps, uint32_t layout, uint32_t storage)
+{
+    char dev[8], pss[8];
+    snprintf(dev, sizeof(dev), "%d", device);
+    snprintf(pss, sizeof(pss), "%u", ps);
+    p->device = device, p->page_size = ps, p->layout = layout, p->storage = storage;
+    snprintf(p->name, sizeof(p->name), "gpu%d-p%u-%s-%s", device, ps, layout ? "hnd" : "nhd",
+             storage ? "split" : "combined");
+    const char *args[] = {"--backend",
+                          "cuda",
+                          "--devices",
+                          dev,
+                          "--num-layers",
+                          "2",
+                          "--num-pages",
+                          "64",
+                          "--page-size",
+                          pss,
+                          "--num-kv-heads",
+                          "4",
+                          "--head-dim",
+                          "64",
+                          "--dtype",
+                          "fp16",
+                          "--layout",
+                          layout ? "hnd" : "nhd",
+                          "--storage",
+                          storage ? "split" : "combined",
+                          "--set",
+                          "transfer.timeout_ms=20000",
+                          "--set",
+                          "transfer.max_in_flight=8",
+                          NULL};
+    return kvp_daemon_start(&p->d, args);
+}
+
+static kvp_client_t *connect_to(const pool_t *p, const char *ns, int map)
+{
+    kvp_client_opts_t o = {.socket_path = p->d.sock,
+                           .ns = ns,
+                           .client_name = "xfer-test",
+                           .lease_ms = 600000,
+                           .timeout_ms = 30000,
+                           .map_pool = map};
+    kvp_client_t *c = NULL;
+    char err[256];
+    if (kvp_client_connect(&o, &c, err, sizeof(err))) {
+        fprintf(stderr, "connect %s: %s\n", p->name, err);
+        return NULL;
+    }
+    return c;
+}
+
+/* Writes T_TOKENS tokens of random K/V as sequence seq of the sender (a daemon-run Append from
+ * a memfd). host receives the staging bytes: per layer K [T, H, D] then V, which is exactly
+ * the packed transfer form, so it is also what the receiver must hold. */
+static int fill_sequence(kvp_client_t *c, uint64_t seq, uint8_t *host, kvp_rng_t *rng)
+{
+    const uint64_t kv = (uint64_t)T_TOKENS * HEADS * ROW, bytes = LAYERS * 2 * kv;
+    void *stage;
+    uint32_t id;
+    CHECK(kvp_client_alloc_host_buffer(c, bytes, &stage, &id) == 0, "host buffer: %s",
+          kvp_client_last_error(c));
+    kvp_rng_fill(rng, host, bytes);
+    memcpy(stage, host, bytes);
+    kvp_source_t src = {.buffer_id = id,
+                        .v_offset = kv,
+                        .k_stride_n = HEADS * ROW,
+                        .k_stride_h = ROW,
+                        .v_stride_n = HEADS * ROW,
+                        .v_stride_h = ROW,
+                        .layer_stride = 2 * kv};
+    uint32_t n = T_TOKENS;
+    CHECK(kvp_client_append(c, &seq, &n, 1, &src, NULL) == 0, "append: %s",
+          kvp_client_last_error(c));
+    CHECK(kvp_client_unregister_buffer(c, id) == 0, "unregister");
+    return 0;
+}
+
+/* Reads the receiver's pool and compares every row of sequence seq with expect. */
+static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, const char *what)
+{
+    const kvp_pool_info_t *pi = kvp_client_pool_info(c);
+    CHECK(kvp_client_cuda_map_pool(c) == 0, "map: %s", kvp_client_last_error(c));
+    int32_t indptr[2], indices[64], last[1];
+    kvp_page_table_t t = {.kv_indptr = indptr,
+                          .kv_indices = indices,
+                          .kv_last_page_len = last,
+                          .cap_batch = 2,
+                          .cap_indices = 64};
+    CHECK(kvp_client_page_table(c, &seq, 1, &t) == 0, "page table: %s", kvp_client_last_error(c));
+    CHECK(t.num_indices == (T_TOKENS + pi->page_size - 1) / pi->page_size, "%s: %u pages", what,
+          t.num_indices);
+    uint8_t *back = malloc(pi->pool_bytes);
+    CHECK(back, "oom");
+    int r = cudaMemcpy(back, kvp_client_pool_base(c, 0), pi->pool_bytes, cudaMemcpyDeviceToHost);
+    if (r != cudaSuccess) {
+        free(back);
+        CHECK(0, "cudaMemcpy of the pool failed");
+    }
+    const uint64_t kvb = (uint64_t)T_TOKENS * HEADS * ROW;
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t w = 0; w < 2; w++)
+            for (uint32_t tok = 0; tok < T_TOKENS; tok++)
+                for (uint32_t h = 0; h < HEADS; h++) {
+                    uint64_t page = (uint64_t)indices[tok / pi->page_size];
+                    uint64_t elems = page * (uint64_t)pi->stride_page +
+                                     (tok % pi->page_size) * (uint64_t)pi->stride_n +
+                                     h * (uint64_t)pi->stride_h;
+                    uint64_t off =
+                        l * pi->layer_bytes + (w ? pi->v_offset_bytes : 0) + elems * pi->elem_bytes;
+                    const uint8_t *want =
+                        expect + (2 * l + w) * kvb + ((uint64_t)tok * HEADS + h) * ROW;
+                    if (memcmp(back + off, want, ROW)) {
+                        free(back);
+                        CHECK(0, "%s: layer %u %s token %u head %u differs", what, l, w ? "V" : "K",
+                              tok, h);
+                    }
+                }
+    free(back);
+    return 0;
+}
+
+/* Waits until the exporter's ListTransfers says transfer tid ended; 0 when ok. */
+static int export_outcome(kvp_client_t *c, uint64_t tid)
+{
+    for (int i = 0; i < 2000; i++) {
+        kvp_transfer_info_t info[32];
+        uint32_t n = 0;
+        CHECK(kvp_client_list_transfers(c, info, 32, &n) == 0, "list: %s",
+              kvp_client_last_error(c));
+        for (uint32_t k = 0; k < n; k++)
+            if (info[k].transfer_id == tid && strcmp(info[k].state, "running") != 0) {
+                CHECK(strcmp(info[k].state, "ok") == 0, "export ended %s: %s", info[k].state,
+                      info[k].message);
+                return 0;
+            }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(0, "export %llu still running after 20 s", (unsigned long long)tid);
+}
+
+static int transfer_pair(pool_t *a, pool_t *b, uint64_t seq, kvp_rng_t *rng)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "%s -> %s", a->name, b->name);
+    kvp_client_t *ca = connect_to(a, "prefill", 0), *cb = connect_to(b, "decode", 1);
+    CHECK(ca && cb, "%s: connect", what);
+    uint8_t *expect = malloc((size_t)LAYERS * 2 * T_TOKENS * HEADS * ROW);
+    int rc = fill_sequence(ca, seq, expect, rng);
+    kvp_transfer_ticket_t tk;
+    if (!rc && kvp_client_export_begin(ca, seq, b->name, 0, &tk)) {
+        fprintf(stderr, "FAIL %s: export_begin: %s\n", what, kvp_client_last_error(ca));
+        failures++, rc = -1;
+    }
+    if (!rc && (tk.num_tokens != T_TOKENS || tk.num_layers != LAYERS ||
+                tk.bytes != (uint64_t)LAYERS * 2 * T_TOKENS * HEADS * ROW)) {
+        fprintf(stderr, "FAIL %s: ticket\n", what);
+        failures++, rc = -1;
+    }
+    uint32_t np = 0;
+    if (!rc && kvp_client_import(cb, &tk, seq + 1000, 0, &np)) {
+        fprintf(stderr, "FAIL %s: import: %s\n", what, kvp_client_last_error(cb));
+        failures++, rc = -1;
+    }
+    if (!rc)
+        rc = check_received(cb, seq + 1000, expect, what);
+    if (!rc)
+        rc = export_outcome(ca, tk.transfer_id);
+    if (!rc && (kvp_client_audit(ca) || kvp_client_audit(cb))) {
+        fprintf(stderr, "FAIL %s: audit\n", what);
+        failures++, rc = -1;
+    }
+    /* leave both pools empty for the next pairing */
+    uint64_t s1 = seq + 1000;
+    if (ca)
+        kvp_client_release(ca, &seq, 1, NULL);
+    if (cb)
+        kvp_client_release(cb, &s1, 1, NULL);
+    kvp_client_close(ca);
+    kvp_client_close(cb);
+    free(expect);
+    if (!rc)
+        printf("ok   %s\n", what);
+    return rc;
+}
+
+static void *killer(void *arg)
+{
+    pool_t *p = arg;
+    struct timespec ts = {4, 0}; /* the header exchange is long done */
+    nanosleep(&ts, NULL);
+    kill(p->d.pid, SIGKILL);
+    return NULL;
+}
+
+/* The sender dies after the header exchange, before the payload. */
+static int sender_killed_mid_transfer(pool_t *recv, kvp_rng_t *rng)
+{
+    pool_t a;
+    setenv("KVPOOL_XFER_TEST_STALL_MS", "8000", 1);
+    int rc = start_pool(&a, 0, 16, 0, 0);
+    unsetenv("KVPOOL_XFER_TEST_STALL_MS");
+    CHECK(rc == 0, "start the doomed sender");
+    kvp_client_t *ca = connect_to(&a, "prefill", 0), *cb = connect_to(recv, "decode", 0);
+    CHECK(ca && cb, "connect");
+    uint8_t *expect = malloc((size_t)LAYERS * 2 * T_TOKENS * HEADS * ROW);
+    CHECK(fill_sequence(ca, 5, expect, rng) == 0, "fill");
+    kvp_stats_summary_t before, after;
+    CHECK(kvp_client_stats(cb, &before) == 0, "stats");
+    kvp_transfer_ticket_t tk;
+    CHECK(kvp_client_export_begin(ca, 5, "doomed", 0, &tk) == 0, "export_begin: %s",
+          kvp_client_last_error(ca));
+    pthread_t th;
+    pthread_create(&th, NULL, killer, &a);
+    int irc = kvp_client_import(cb, &tk, 77, 20000, NULL);
+    pthread_join(th, NULL);
+    printf("import from a killed sender: %s (%s)\n", kvp_strerror(irc), kvp_client_last_error(cb));
+    CHECK(irc == KVP_EUNAVAIL || irc == KVP_ETIMEDOUT, "the import must fail, got %s",
+          kvp_strerror(irc));
+    CHECK(kvp_client_stats(cb, &after) == 0, "stats after");
+    CHECK(after.used_pages == before.used_pages && after.free_pages == before.free_pages &&
+              after.num_seqs == before.num_seqs && after.num_tokens == before.num_tokens,
+          "the receiver's pool changed: used %u -> %u, seqs %u -> %u", before.used_pages,
+          after.used_pages, before.num_seqs, after.num_seqs);
+    CHECK(kvp_client_audit(cb) == 0, "audit after: %s", kvp_client_last_error(cb));
+    kvp_transfer_info_t info[32];
+    uint32_t n = 0;
+    CHECK(kvp_client_list_transfers(cb, info, 32, &n) == 0 && n > 0 &&
+              strcmp(info[0].state, "failed") == 0,
+          "the receiver reports the failure");
+    printf("receiver reports: %s\n", info[0].message);
+    kvp_client_close(ca);
+    kvp_client_close(cb);
+    free(expect);
+    kvp_daemon_stop(&a.d, 0);
+    /* the receiver is healthy: it imports from a fresh sender */
+    pool_t a2;
+    CHECK(start_pool(&a2, 0, 16, 0, 0) == 0, "start a fresh sender");
+    rc = transfer_pair(&a2, recv, 7, rng);
+    kvp_daemon_stop(&a2.d, SIGTERM);
+    return rc;
+}
+
+static int gpu_count(void)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return 0;
+    if (pid == 0) {
+        int n = 0;
+        _exit(cudaGetDeviceCount(&n) == cudaSuccess ? (n < 100 ? n : 100) : 0);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+}
+
+int main(void)
+{
+    if (gpu_count() < 2) {
+        printf("fewer than two usable GPUs: skipped\n");
+        return 77;
+    }
+    printf("NCCL_P2P_DISABLE=%s NCCL_SHM_DISABLE=%s KVPOOL_NCCL_LIB=%s\n",
+           getenv("NCCL_P2P_DISABLE") ? getenv("NCCL_P2P_DISABLE") : "",
+           getenv("NCCL_SHM_DISABLE") ? getenv("NCCL_SHM_DISABLE") : "",
+           getenv("KVPOOL_NCCL_LIB") ? getenv("KVPOOL_NCCL_LIB") : "(libnccl.so.2)");
+    /* every daemon is started before this process touches CUDA */
+    enum { NV = 8 };
+    pool_t send[NV], recv[NV];
+    const uint32_t sizes[2] = {16, 64};
+    for (int v = 0; v < NV; v++) {
+        if (start_pool(&send[v], 0, sizes[v & 1], (v >> 1) & 1, (v >> 2) & 1) ||
+            start_pool(&recv[v], 1, sizes[v & 1], (v >> 1) & 1, (v >> 2) & 1)) {
+            fprintf(stderr, "a daemon did not start\n");
+            return 1;
+        }
+    }
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, kvp_test_seed(0x8f));
+    uint64_t seq = 1;
+    for (int i = 0; i < NV; i++)
+        for (int j = 0; j < NV; j++)
+            transfer_pair(&send[i], &recv[j], seq++, &rng);
+    /* a cached communicator is reused: the same pair again */
+    transfer_pair(&send[0], &recv[3], seq++, &rng);
+    sender_killed_mid_transfer(&recv[0], &rng);
+    for (int v = 0; v < NV; v++) {
+        int a = kvp_daemon_stop(&send[v].d, SIGTERM), b = kvp_daemon_stop(&recv[v].d, SIGTERM);
+        if (a || b) {
+            fprintf(stderr, "FAIL daemon exit codes %d %d (%s, %s)\n", a, b, send[v].name,
+                    recv[v].name);
+            failures++;
+        }
+    }
+    printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
+    return failures ? 1 : 0;
+}
