@@ -87,3 +87,21 @@ int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint3
     (void)kv, (void)pages_dev, (void)num_tokens, (void)in_dev, (void)stream;
     return KVP_EUNAVAIL;
 }
+
+int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                           uint32_t num_tokens, uint64_t begin, uint64_t end, void *out_dev,
+                           void *stream)
+{
+    (void)kv, (void)pages_dev, (void)num_tokens, (void)begin, (void)end, (void)out_dev;
+    (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                             uint32_t num_tokens, uint64_t begin, uint64_t end,
+                             const void *in_dev, void *stream)
+{
+    (void)kv, (void)pages_dev, (void)num_tokens, (void)begin, (void)end, (void)in_dev;
+    (void)stream;
+    return KVP_EUNAVAIL;
+}

@@ -102,6 +102,16 @@ int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_
 int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
                        const void *in_dev, void *stream);
 
+/* The same for the byte range [begin, end) of the layer's packed part (both multiples of 16,
+ * end <= kvp_kv_packed_layer_bytes): out_dev / in_dev hold just that range. KVP_EINVAL for a
+ * bad range. The transfer engine moves a stream in chunks with these. */
+int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                           uint32_t num_tokens, uint64_t begin, uint64_t end, void *out_dev,
+                           void *stream);
+int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                             uint32_t num_tokens, uint64_t begin, uint64_t end,
+                             const void *in_dev, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,8 @@ struct pack_args {
     const int32_t *pages; /* [ceil(tokens / page_size)] */
     uint8_t *stream;      /* the layer's packed part */
     uint64_t total_vecs;  /* 2 * tokens * heads * vecs_per_row */
+    uint64_t vec_begin, vec_end; /* the part of the layer's stream this call moves; the stream
+                                    pointer is that part's first byte */
     uint64_t sp, sn, sh;  /* page, slot and head strides in bytes */
     uint32_t tokens, heads, vecs_per_row, page_size, num_pages;
 };
@@ -26,8 +28,8 @@ struct pack_args {
 template <bool unpack> __global__ void pack_kernel(pack_args a)
 {
     const uint64_t step = (uint64_t)gridDim.x * blockDim.x;
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.total_vecs;
-         i += step) {
+    for (uint64_t i = a.vec_begin + (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+         i < a.vec_end; i += step) {
         uint64_t rest = i / a.vecs_per_row;
         const uint32_t c = (uint32_t)(i - rest * a.vecs_per_row);
         const uint32_t h = (uint32_t)(rest % a.heads);
@@ -40,7 +42,7 @@ template <bool unpack> __global__ void pack_kernel(pack_args a)
         uint8_t *row = (which ? a.v : a.k) + (uint64_t)page * a.sp +
                        (uint64_t)(t % a.page_size) * a.sn + (uint64_t)h * a.sh;
         uint4 *pool_vec = reinterpret_cast<uint4 *>(row) + c;
-        uint4 *stream_vec = reinterpret_cast<uint4 *>(a.stream) + i;
+        uint4 *stream_vec = reinterpret_cast<uint4 *>(a.stream) + (i - a.vec_begin);
         if (unpack)
             *pool_vec = *stream_vec;
         else
@@ -70,6 +72,8 @@ int fill_args(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_t
     a->stream = static_cast<uint8_t *>(const_cast<void *>(stream_dev));
     a->vecs_per_row = (uint32_t)(row / 16);
     a->total_vecs = 2ull * num_tokens * kv->num_heads * a->vecs_per_row;
+    a->vec_begin = 0;
+    a->vec_end = a->total_vecs;
     a->sp = (uint64_t)kv->stride_page * e;
     a->sn = (uint64_t)kv->stride_n * e;
     a->sh = (uint64_t)kv->stride_h * e;
@@ -82,10 +86,10 @@ int fill_args(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_t
 
 template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
 {
-    if (a.total_vecs == 0)
+    if (a.vec_end <= a.vec_begin)
         return 0;
     const unsigned threads = 256;
-    uint64_t blocks = (a.total_vecs + threads - 1) / threads;
+    uint64_t blocks = (a.vec_end - a.vec_begin + threads - 1) / threads;
     if (blocks > 65535ull * 16)
         blocks = 65535ull * 16; /* the grid-stride loop does the rest */
     pack_kernel<unpack><<<(unsigned)blocks, threads, 0, s>>>(a);
@@ -118,5 +122,38 @@ extern "C" int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages
 {
     pack_args a;
     int rc = fill_args(kv, pages_dev, num_tokens, in_dev, &a);
+    return rc ? rc : launch<true>(a, static_cast<cudaStream_t>(stream));
+}
+
+/* A byte range [begin, end) of the layer's packed part (multiples of 16): the pipelined
+ * transfer moves a stream in chunks that need not start at a layer boundary. */
+static int set_range(pack_args *a, uint64_t begin, uint64_t end)
+{
+    if (begin % 16 || end % 16 || begin > end || end / 16 > a->total_vecs)
+        return KVP_EINVAL;
+    a->vec_begin = begin / 16;
+    a->vec_end = end / 16;
+    return 0;
+}
+
+extern "C" int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                      uint32_t num_tokens, uint64_t begin, uint64_t end,
+                                      void *out_dev, void *stream)
+{
+    pack_args a;
+    int rc = fill_args(kv, pages_dev, num_tokens, out_dev, &a);
+    if (!rc)
+        rc = set_range(&a, begin, end);
+    return rc ? rc : launch<false>(a, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                        uint32_t num_tokens, uint64_t begin, uint64_t end,
+                                        const void *in_dev, void *stream)
+{
+    pack_args a;
+    int rc = fill_args(kv, pages_dev, num_tokens, in_dev, &a);
+    if (!rc)
+        rc = set_range(&a, begin, end);
     return rc ? rc : launch<true>(a, static_cast<cudaStream_t>(stream));
 }

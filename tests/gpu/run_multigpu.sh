@@ -57,6 +57,9 @@ if [ "$what" = xfer ] || [ "$what" = all ]; then
     run test_multigpu_xfer "$B/tests/test_multigpu_xfer"
     run test_multigpu_xfer_net env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
         "$B/tests/test_multigpu_xfer"
+    # chunks of 4 KiB: every transfer moves in many chunks, most spanning two layers
+    run test_multigpu_xfer_chunks env KVPOOL_XFER_TEST_CHUNK_BYTES=4096 \
+        "$B/tests/test_multigpu_xfer"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     run bench_transfer "$B/tests/bench/bench_transfer"

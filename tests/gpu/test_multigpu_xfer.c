@@ -147,7 +147,10 @@ static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, 
           t.num_indices);
     uint8_t *back = malloc(pi->pool_bytes);
     CHECK(back, "oom");
-    int r = cudaMemcpy(back, kvp_client_pool_base(c, 0), pi->pool_bytes, cudaMemcpyDeviceToHost);
+    /* the mapping is accessible from the pool's own device only (cuMemSetAccess) */
+    int r = cudaSetDevice(pi->device_ids[0]);
+    if (r == cudaSuccess)
+        r = cudaMemcpy(back, kvp_client_pool_base(c, 0), pi->pool_bytes, cudaMemcpyDeviceToHost);
     if (r != cudaSuccess) {
         free(back);
         CHECK(0, "cudaMemcpy of the pool failed");
