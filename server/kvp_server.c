@@ -1,7 +1,8 @@
 /*
  * kvp_server.c - listening socket, connections, framing, fd passing and the write path of
  * kvpoold (see kvp_server.h). The read path reads like a sentence: on_readable -> read_some
- * (recvmsg, fds noted with the stream offset they arrived at) -> next_frame (cut one frame) ->
+ * (recvmsg into the frame reader, fds noted with the stream offset they arrived at) ->
+ * kvp_frame_reader_next (kvp_frame.h: cut one frame with its fds) ->
  * handle_frame (decode, replay or dispatch) -> send_response (encode, queue, sendmsg).
  *
  * A connection answers in order: while one of its Appends runs on the thread pool, its later
@@ -23,11 +24,11 @@
 #include <unistd.h>
 
 #include "kvp_error.h"
+#include "kvp_frame.h"
 #include "kvp_log.h"
 #include "kvp_wire.h"
 
-#define MAX_PENDING_FDS 32
-#define METRICS_CAP     (1u << 20)
+#define METRICS_CAP (1u << 20)
 
 typedef struct out_frame {
     struct out_frame *next;
@@ -37,22 +38,13 @@ typedef struct out_frame {
     int nfds;
 } out_frame_t;
 
-typedef struct {
-    int fd;
-    uint64_t at; /* stream offset of the first byte read with it */
-} rx_fd_t;
-
 typedef struct conn {
     uv_poll_t poll;
     kvp_server_t *srv;
     struct conn *next, *prev;
     int fd;
     kvp_session_t *sess;
-    uint8_t *rbuf;
-    size_t rlen, rcap;
-    uint64_t rx_total; /* bytes read so far: stream offset of rbuf[rlen] */
-    rx_fd_t rfds[MAX_PENDING_FDS];
-    int nrfds;
+    kvp_frame_reader_t rd; /* received bytes and fds, cut into frames */
     out_frame_t *out_head, *out_tail;
     uint64_t queued;
     int events;
@@ -222,11 +214,11 @@ static void send_error(conn_t *c, uint64_t id, int err, const char *msg)
 
 /* ---- connection lifetime ------------------------------------------------------------------ */
 
-static void close_rx_fds(conn_t *c)
+/* The frame reader gives up fds that came with no frame (or too many): close them. */
+static void drop_fd(int fd, void *arg)
 {
-    for (int i = 0; i < c->nrfds; i++)
-        close(c->rfds[i].fd);
-    c->nrfds = 0;
+    (void)arg;
+    close(fd);
 }
 
 static void maybe_drain_done(kvp_server_t *s)
@@ -256,7 +248,7 @@ static void on_conn_closed(uv_handle_t *h)
     conn_t *c = h->data;
     kvp_server_t *s = c->srv;
     close(c->fd);
-    close_rx_fds(c);
+    kvp_frame_reader_free(&c->rd);
     while (c->out_head) {
         out_frame_t *f = c->out_head;
         c->out_head = f->next;
@@ -265,7 +257,6 @@ static void on_conn_closed(uv_handle_t *h)
     }
     if (c->sess)
         kvp_rpc_session_close(s->rpc, c->sess, kvp_server_now_ms());
-    free(c->rbuf);
     free(c);
     maybe_drain_done(s);
     on_server_handle_closed((uv_handle_t *)&s->listen_poll); /* may free s: last */
@@ -301,9 +292,7 @@ static void conn_update_events(conn_t *c)
     if (c->closing)
         return;
     int ev = 0;
-    int frame_ready = 0;
-    if (c->rlen >= KVP_FRAME_HDR_BYTES)
-        frame_ready = c->rlen >= KVP_FRAME_HDR_BYTES + (size_t)kvp_frame_get_len(c->rbuf);
+    int frame_ready = kvp_frame_reader_ready(&c->rd);
     if (!c->close_after_flush && !c->srv->draining && !frame_ready)
         ev |= UV_READABLE;
     if (c->out_head)
@@ -327,28 +316,19 @@ static void conn_update_events(conn_t *c)
 
 /* ---- read path --------------------------------------------------------------------------- */
 
-/* One recvmsg into the read buffer. Returns bytes read, 0 on EOF, -1 on error / EAGAIN (with
- * errno). Received fds are remembered with the stream offset they arrived at. */
+/* One recvmsg into the frame reader. Returns bytes read, 0 on EOF, -1 on error / EAGAIN (with
+ * errno; EAGAIN too when the reader holds a whole frame and wants it taken first). Received fds
+ * go to the reader with the stream offset they arrived at. */
 static ssize_t read_some(conn_t *c)
 {
-    size_t want = c->srv->cfg.max_frame_bytes + KVP_FRAME_HDR_BYTES;
-    if (c->rcap - c->rlen < 65536 && c->rcap < want) {
-        size_t ncap = c->rcap ? c->rcap * 2 : 65536;
-        if (ncap > want)
-            ncap = want;
-        uint8_t *nb = realloc(c->rbuf, ncap);
-        if (!nb) {
-            errno = ENOMEM;
-            return -1;
-        }
-        c->rbuf = nb;
-        c->rcap = ncap;
-    }
-    if (c->rlen == c->rcap) {
-        errno = EAGAIN;
+    uint8_t *p;
+    size_t room;
+    int rc = kvp_frame_reader_space(&c->rd, &p, &room);
+    if (rc) {
+        errno = rc == KVP_ENOMEM ? ENOMEM : EAGAIN;
         return -1;
     }
-    struct iovec iov = {c->rbuf + c->rlen, c->rcap - c->rlen};
+    struct iovec iov = {p, room};
     char cbuf[CMSG_SPACE(sizeof(int) * KVP_MAX_FDS_PER_FRAME)];
     struct msghdr msg = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
@@ -358,42 +338,26 @@ static ssize_t read_some(conn_t *c)
     while (n < 0 && errno == EINTR);
     if (n < 0)
         return -1;
+    int fds[KVP_MAX_FDS_PER_FRAME];
+    int nfds = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
         int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        int *fds = (int *)CMSG_DATA(cm);
+        const uint8_t *data = CMSG_DATA(cm);
         for (int i = 0; i < nfd; i++) {
-            if (c->nrfds < MAX_PENDING_FDS) {
-                c->rfds[c->nrfds].fd = fds[i];
-                c->rfds[c->nrfds].at = c->rx_total;
-                c->nrfds++;
-            } else {
-                close(fds[i]);
-                c->close_after_flush = 1; /* fd flood: protocol abuse */
-            }
+            int fd;
+            memcpy(&fd, data + sizeof(int) * (size_t)i, sizeof(int));
+            if (nfds < KVP_MAX_FDS_PER_FRAME)
+                fds[nfds++] = fd;
+            else
+                close(fd);
         }
     }
+    if (kvp_frame_reader_commit(&c->rd, (size_t)n, fds, nfds))
+        c->close_after_flush = 1; /* fd flood: protocol abuse */
     if (msg.msg_flags & MSG_CTRUNC)
         c->close_after_flush = 1;
-    c->rlen += (size_t)n;
-    c->rx_total += (uint64_t)n;
-    return n;
-}
-
-/* Takes the fds that arrived with the bytes of the frame [start, end) of the stream. */
-static int take_fds(conn_t *c, uint64_t start, uint64_t end, int *out)
-{
-    int n = 0, k = 0;
-    for (int i = 0; i < c->nrfds; i++) {
-        if (c->rfds[i].at >= start && c->rfds[i].at < end && n < KVP_MAX_FDS_PER_FRAME)
-            out[n++] = c->rfds[i].fd;
-        else if (c->rfds[i].at < start)
-            close(c->rfds[i].fd); /* arrived with an earlier frame that did not use it */
-        else
-            c->rfds[k++] = c->rfds[i];
-    }
-    c->nrfds = k;
     return n;
 }
 
@@ -511,33 +475,21 @@ static void after_work(uv_work_t *w, int status)
 static void process_frames(conn_t *c)
 {
     kvp_server_t *s = c->srv;
-    size_t off = 0;
     while (!c->closing && !c->busy && !c->close_after_flush) {
-        size_t avail = c->rlen - off;
-        if (avail < KVP_FRAME_HDR_BYTES)
+        kvp_frame_t f;
+        int rc = kvp_frame_reader_next(&c->rd, &f);
+        if (rc == 0)
             break;
-        uint32_t len = kvp_frame_get_len(c->rbuf + off);
-        if (len > s->cfg.max_frame_bytes) {
+        if (rc < 0) {
             char msg[128];
-            snprintf(msg, sizeof(msg), "frame of %u bytes above max_frame_bytes %u; closing", len,
+            snprintf(msg, sizeof(msg), "frame of %u bytes above max_frame_bytes %u; closing", f.len,
                      s->cfg.max_frame_bytes);
-            kvp_log(KVP_LOG_WARNING, "client dropped reason=\"frame too large\" bytes=%u", len);
+            kvp_log(KVP_LOG_WARNING, "client dropped reason=\"frame too large\" bytes=%u", f.len);
             send_error(c, 0, KVP_EINVAL, msg);
             c->close_after_flush = 1;
             break;
         }
-        if (avail < KVP_FRAME_HDR_BYTES + (size_t)len)
-            break;
-        uint64_t start = c->rx_total - c->rlen + off;
-        uint64_t end = start + KVP_FRAME_HDR_BYTES + len;
-        int fds[KVP_MAX_FDS_PER_FRAME];
-        int nfds = take_fds(c, start, end, fds);
-        handle_frame(c, c->rbuf + off + KVP_FRAME_HDR_BYTES, len, fds, nfds);
-        off += KVP_FRAME_HDR_BYTES + len;
-    }
-    if (off) {
-        memmove(c->rbuf, c->rbuf + off, c->rlen - off);
-        c->rlen -= off;
+        handle_frame(c, f.payload, f.len, f.fds, f.nfds);
     }
     if (!c->closing)
         conn_update_events(c);
@@ -576,8 +528,6 @@ static void on_conn_event(uv_poll_t *h, int status, int events)
                 conn_close(c);
                 return;
             }
-            if (c->rlen == c->rcap)
-                break;
         }
         if (!c->closing)
             process_frames(c);
@@ -627,6 +577,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
         }
         c->srv = s;
         c->fd = fd;
+        kvp_frame_reader_init(&c->rd, s->cfg.max_frame_bytes, drop_fd, NULL);
         c->poll.data = c;
         if (uv_poll_init(s->loop, &c->poll, fd)) {
             close(fd);
