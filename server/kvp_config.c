@@ -94,6 +94,10 @@ static const setting_t settings[] = {
     S(limits, dedup_window, T_U32, 1, 1u << 20, false),
     S(limits, default_lease_ms, T_U32, 0, UINT32_MAX, true),
     S(limits, max_lease_ms, T_U32, 0, UINT32_MAX, true),
+    S(limits, ns_max_seqs, T_U32, 0, 1u << 26, true),
+    S(limits, ns_max_pages, T_U32, 0, UINT32_MAX, true),
+    S(limits, ns_max_buffer_bytes, T_SIZE, 0, 1ull << 50, true),
+    S(limits, ns_max_connections, T_U32, 0, 1u << 20, true),
     S(access, allowed_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, allowed_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
 };

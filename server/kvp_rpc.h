@@ -34,6 +34,11 @@ typedef struct {
     uint32_t dedup_window;
     uint32_t default_lease_ms;
     uint32_t max_lease_ms;
+    /* per-namespace quotas, 0 = none (kvp_config.h, limits.ns_max_*) */
+    uint32_t ns_max_seqs;
+    uint32_t ns_max_pages; /* page references */
+    uint64_t ns_max_buffer_bytes;
+    uint32_t ns_max_connections;
 } kvp_rpc_limits_t;
 
 typedef struct {
@@ -128,8 +133,9 @@ void kvp_rpc_observe(kvp_rpc_t *r, pb_size_t which_body, kvpool_Code code, uint6
 size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms);
 
 /* SIGHUP: applies the limits that can change at run time (max_batch_tokens,
- * max_buffer_bytes, default_lease_ms, max_lease_ms); the others size tables and need a
- * restart (the config module reports them). */
+ * max_buffer_bytes, default_lease_ms, max_lease_ms, and the ns_max_* quotas, which apply to
+ * every namespace at once); the others size tables and need a restart (the config module
+ * reports them). */
 void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim);
 
 /* Server facts dispatch reports (Stats, metrics). */

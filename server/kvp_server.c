@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvp_access.h"
 #include "kvp_error.h"
 #include "kvp_frame.h"
 #include "kvp_log.h"
@@ -68,6 +69,9 @@ struct kvp_server {
     uv_poll_t listen_poll;
     int listening;
     uv_timer_t accept_retry;
+    int reserve_fd;       /* /dev/null, given up to refuse a connection when out of fds */
+    uint64_t refused_fds; /* connections refused for want of a descriptor */
+    kvp_access_t access;  /* who may connect */
     uv_timer_t drain_timer;
     kvp_rpc_t *rpc;
     conn_t *conns;
@@ -547,6 +551,62 @@ static void on_accept_retry(uv_timer_t *t)
         uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 }
 
+static void pause_accept(kvp_server_t *s, int err)
+{
+    kvp_log(KVP_LOG_WARNING, "accept failed err=%s; pausing 100 ms", kvp_errname(-err));
+    uv_poll_stop(&s->listen_poll);
+    uv_timer_start(&s->accept_retry, on_accept_retry, 100, 0);
+}
+
+/* Out of descriptors (EMFILE/ENFILE): the waiting connection would keep the listener readable
+ * and the loop spinning. The classic way out: give back the descriptor kept in reserve,
+ * accept the connection with it, tell the client why (best effort, it is new: its buffer has
+ * room) and close it, then take the reserve again. Returns 0 when one was refused this way,
+ * -1 when there is no reserve (then accepting pauses for 100 ms instead). */
+static int refuse_with_reserve_fd(kvp_server_t *s)
+{
+    if (s->reserve_fd < 0)
+        return -1;
+    close(s->reserve_fd);
+    s->reserve_fd = -1;
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+        kvpool_Response resp;
+        uint8_t buf[256];
+        kvp_rpc_error(&resp, 0, KVP_EUNAVAIL, "daemon out of file descriptors; retry later");
+        long n = kvp_wire_encode_frame(kvpool_Response_fields, &resp, buf, sizeof(buf));
+        if (n > 0 && send(fd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            kvp_log(KVP_LOG_DEBUG, "refusal not sent err=%s", kvp_errname(-errno));
+        close(fd);
+        s->refused_fds++;
+        if (s->refused_fds == 1 || s->refused_fds % 1000 == 0)
+            kvp_log(KVP_LOG_WARNING,
+                    "connection refused reason=\"out of file descriptors\" refused_total=%llu",
+                    (unsigned long long)s->refused_fds);
+    }
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0 ? 0 : -1;
+}
+
+/* The peer's groups: its primary gid first, then its supplementary groups (SO_PEERGROUPS,
+ * Linux 4.13+; without it only the primary one). Returns the count. */
+static uint32_t peer_groups(int fd, gid_t primary, uint32_t *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    out[n++] = (uint32_t)primary;
+#ifdef SO_PEERGROUPS
+    gid_t g[KVP_ACCESS_MAX_IDS * 4];
+    socklen_t len = sizeof(g);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) == 0)
+        for (socklen_t i = 0; i < len / sizeof(gid_t) && n < cap; i++)
+            out[n++] = (uint32_t)g[i];
+#else
+    (void)fd;
+    (void)cap;
+#endif
+    return n;
+}
+
 static void on_accept(uv_poll_t *h, int status, int events)
 {
     (void)events;
@@ -558,13 +618,11 @@ static void on_accept(uv_poll_t *h, int status, int events)
         if (fd < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                /* out of fds: stop polling the listener for a moment instead of spinning */
-                kvp_log(KVP_LOG_WARNING, "accept failed err=%s; pausing 100 ms",
-                        kvp_errname(-errno));
-                uv_poll_stop(&s->listen_poll);
-                uv_timer_start(&s->accept_retry, on_accept_retry, 100, 0);
-            }
+            int err = errno;
+            if ((err == EMFILE || err == ENFILE) && refuse_with_reserve_fd(s) == 0)
+                continue;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)
+                pause_accept(s, err); /* instead of spinning on a readable listener */
             return;
         }
         struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
@@ -591,6 +649,21 @@ static void on_accept(uv_poll_t *h, int status, int events)
         s->conns = c;
         s->num_conns++;
         kvp_rpc_set_num_clients(s->rpc, s->num_conns);
+        uint32_t groups[KVP_ACCESS_MAX_IDS * 4 + 1];
+        uint32_t ngroups = peer_groups(fd, cred.gid, groups, KVP_ACCESS_MAX_IDS * 4 + 1);
+        if (kvp_access_check(&s->access, (uint32_t)cred.uid, groups, ngroups)) {
+            kvp_log(KVP_LOG_WARNING,
+                    "connection refused reason=\"not allowed\" pid=%d uid=%u gid=%u", (int)cred.pid,
+                    (unsigned)cred.uid, (unsigned)cred.gid);
+            char msg[160];
+            snprintf(msg, sizeof(msg),
+                     "uid %u may not connect to this daemon (access.allowed_uids / allowed_gids)",
+                     (unsigned)cred.uid);
+            send_error(c, 0, KVP_EPERM, msg);
+            c->close_after_flush = 1;
+            conn_update_events(c);
+            continue;
+        }
         if (s->num_conns > s->cfg.max_connections) {
             kvp_log(KVP_LOG_WARNING, "connection refused reason=\"max_connections\" pid=%d",
                     (int)cred.pid);
@@ -691,6 +764,7 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->cfg = *cfg;
     s->rpc = rpc;
     s->listen_fd = -1;
+    s->reserve_fd = -1;
     s->socket_path = cfg->socket_path ? strdup(cfg->socket_path) : NULL;
     s->cfg.socket_path = s->socket_path;
     s->seq_ids = malloc(cfg->max_frame_bytes);
@@ -707,6 +781,14 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     } else if ((rc = make_listener(s))) {
         goto fail;
     }
+    /* the access policy: the daemon's uid, root, and the socket file's group until
+     * kvp_server_set_access gives lists */
+    s->access.self_uid = (uint32_t)geteuid();
+    s->access.socket_gid = cfg->socket_gid >= 0 ? (uint32_t)cfg->socket_gid : (uint32_t)getegid();
+    struct stat st;
+    if (s->created_socket && stat(s->socket_path, &st) == 0)
+        s->access.socket_gid = (uint32_t)st.st_gid;
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     uv_poll_init(loop, &s->listen_poll, s->listen_fd);
     s->listen_poll.data = s;
     uv_timer_init(loop, &s->accept_retry);
@@ -744,6 +826,19 @@ void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t m
     s->cfg.max_queued_bytes = max_queued_bytes;
 }
 
+void kvp_server_set_access(kvp_server_t *s, const uint32_t *uids, uint32_t num_uids,
+                           const uint32_t *gids, uint32_t num_gids)
+{
+    s->access.num_uids = num_uids < KVP_ACCESS_MAX_IDS ? num_uids : KVP_ACCESS_MAX_IDS;
+    s->access.num_gids = num_gids < KVP_ACCESS_MAX_IDS ? num_gids : KVP_ACCESS_MAX_IDS;
+    for (uint32_t i = 0; i < s->access.num_uids; i++)
+        s->access.uids[i] = uids[i];
+    for (uint32_t i = 0; i < s->access.num_gids; i++)
+        s->access.gids[i] = gids[i];
+    kvp_log(KVP_LOG_INFO, "access policy self_uid=%u socket_gid=%u allowed_uids=%u allowed_gids=%u",
+            s->access.self_uid, s->access.socket_gid, s->access.num_uids, s->access.num_gids);
+}
+
 static void stop_listening(kvp_server_t *s)
 {
     if (!s->listening)
@@ -752,6 +847,9 @@ static void stop_listening(kvp_server_t *s)
     uv_poll_stop(&s->listen_poll);
     uv_timer_stop(&s->accept_retry);
     close(s->listen_fd);
+    if (s->reserve_fd >= 0)
+        close(s->reserve_fd);
+    s->reserve_fd = -1;
     if (s->created_socket && s->socket_path)
         unlink(s->socket_path);
 }
