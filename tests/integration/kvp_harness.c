@@ -88,6 +88,7 @@ int kvp_daemon_start_opts(kvp_daemon_t *d, const char *const *extra, const kvp_d
     if (d->pid == 0) {
         int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
+            dup2(fd, 1); /* not the test's stdout: a pipe held open by the daemon */
             dup2(fd, 2);
             close(fd);
         }
