@@ -15,9 +15,8 @@ static pid_t OWNER;
 void s_fail(void)
 {
     if (OWNED && OWNED->pid > 0 && getpid() == OWNER) {
-        kill(OWNED->pid, SIGKILL);
         kvp_daemon_dump_log(OWNED);
-        kvp_daemon_stop(OWNED, 0);
+        kvp_daemon_stop(OWNED, SIGKILL);
     }
     exit(1);
 }
@@ -135,4 +134,14 @@ unsigned s_env(const char *name, unsigned dflt)
 {
     const char *v = getenv(name);
     return v && *v ? (unsigned)strtoul(v, NULL, 10) : dflt;
+}
+
+int s_wait_fds(const kvp_daemon_t *d, int want)
+{
+    int n = kvp_daemon_fd_count(d);
+    for (int i = 0; i < 200 && n != want; i++) {
+        usleep(10000); /* a closed connection's fd goes in the loop's close phase */
+        n = kvp_daemon_fd_count(d);
+    }
+    return n;
 }

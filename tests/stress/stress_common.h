@@ -63,6 +63,9 @@ int s_ns_stats(kvp_client_t *c, const char *ns, uint32_t *num_seqs, uint64_t *nu
 /* Waits until the daemon reports want clients (up to 10 s); returns the last count. */
 uint32_t s_wait_clients(kvp_client_t *obs, uint32_t want);
 
+/* Waits until the daemon has want open fds (up to 2 s); returns the last count. */
+int s_wait_fds(const kvp_daemon_t *d, int want);
+
 /* The environment knob name as an unsigned, or dflt. */
 unsigned s_env(const char *name, unsigned dflt);
 

@@ -454,7 +454,7 @@ int main(void)
     for (int round = 0; round < 2; round++) {
         round_run(&d, obs, clients, seconds / 2.0, seed + (uint64_t)round, pages, &tot);
         S_CHECK(s_wait_clients(obs, 1) == 1, "connections left open");
-        fds[round] = kvp_daemon_fd_count(&d);
+        fds[round] = s_wait_fds(&d, fd0);
         rss[round] = kvp_daemon_rss_kib(&d);
         if (!quiet)
             printf("round %d: daemon fds %d (before the load %d), RSS %ld KiB (before %ld KiB)\n",
