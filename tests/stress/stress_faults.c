@@ -268,7 +268,7 @@ static void scenario_noread(void)
     S_CHECK(broke, "the daemon never dropped the client that does not read");
     long rss1 = kvp_daemon_rss_kib(&d);
     uint32_t pings = end_pinger(pg, rfd);
-    S_CHECK(pings > 100, "the bystander got only %u pings", pings);
+    S_CHECK(pings > 20, "the bystander got only %u pings", pings);
     S_CHECK(log_has(&d, "reason=\"not reading its answers\""), "no drop in the log");
     close(fd);
     S_CHECK(s_wait_clients(obs, 1) == 1, "connections left");
@@ -320,7 +320,7 @@ static void scenario_slow(void)
     }
     double took = now_s() - t0;
     uint32_t pings = end_pinger(pg, rfd); /* it ended before the frame was complete */
-    S_CHECK(pings > 200, "the bystander got only %u pings while one client dribbled", pings);
+    S_CHECK(pings > 20, "the bystander got only %u pings while one client dribbled", pings);
     S_CHECK(kvp_sock_recv_frame(fd, &rbuf, &rcap, &len, 1 << 20, NULL, 0, NULL,
                                 kvp_sock_deadline(5000)) == 0,
             "reserve answer");

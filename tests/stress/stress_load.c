@@ -463,7 +463,9 @@ int main(void)
                 fd0);
     }
     double took = now_s() - t0;
-    S_CHECK(rss[1] - rss[0] <= 4096, "daemon RSS grew from %ld to %ld KiB in round 2", rss[0],
+    /* under valgrind the RSS is mostly valgrind's own (shadow memory): a looser bound */
+    long rss_bound = kvp_daemon_wrapped() ? 16384 : 4096;
+    S_CHECK(rss[1] - rss[0] <= rss_bound, "daemon RSS grew from %ld to %ld KiB in round 2", rss[0],
             rss[1]);
     S_CHECK(tot.exhausted > 0, "the pool was never exhausted: the test did not test that");
     S_CHECK(tot.reconnects > 0 && tot.abrupt > 0, "no disconnects happened");
