@@ -299,8 +299,14 @@ START_TEST(namespace_quotas_refuse_with_resource_exhausted_and_change_nothing)
 
     ck_assert_int_eq(kvp_client_audit(obs), 0);
     kvp_client_close(c);
-    /* lease 0 and last session gone: q's sequences went back to the pool */
-    stats(obs, &after);
+    /* lease 0 and last session gone: q's sequences go back to the pool once the daemon has
+     * seen the connection close */
+    for (int i = 0; i < 200; i++) {
+        stats(obs, &after);
+        if (after.num_seqs == 0)
+            break;
+        usleep(10000);
+    }
     ck_assert_uint_eq(after.num_seqs, 0);
     ck_assert_uint_eq(after.free_pages, PAGES);
     kvp_client_close(obs);
@@ -335,6 +341,79 @@ START_TEST(connection_limit_refuses_with_unavailable_and_serves_the_others)
 }
 END_TEST
 
+/* ---- source ranges --------------------------------------------------------------------- */
+
+START_TEST(append_sources_outside_their_buffer_are_refused_before_anything_runs)
+{
+    start_with(NULL);
+    kvp_client_t *c = must_connect("src", 0);
+    kvp_client_t *other = must_connect("src", 0);
+    /* a sequence of 5 tokens, then a 4 KiB buffer: 2 layers x K,V x n x 2 heads x 32 bytes
+     * = 256 n bytes, so 16 tokens fill it exactly */
+    uint64_t id = 1;
+    uint32_t five = 5;
+    ck_assert_int_eq(kvp_client_reserve(c, &id, &five, 1, NULL), 0);
+    void *stage, *ostage;
+    uint32_t buf, obuf;
+    ck_assert_int_eq(kvp_client_alloc_host_buffer(c, 4096, &stage, &buf), 0);
+    ck_assert_int_eq(kvp_client_alloc_host_buffer(other, 4096, &ostage, &obuf), 0);
+    kvp_stats_summary_t before, after;
+    stats(c, &before);
+    uint32_t n = 16;
+    const kvp_source_t ok = {.buffer_id = buf,
+                             .k_offset = 0,
+                             .v_offset = 16 * 64,
+                             .k_stride_n = 64,
+                             .k_stride_h = 32,
+                             .v_stride_n = 64,
+                             .v_stride_h = 32,
+                             .layer_stride = 2048};
+    struct {
+        const char *what;
+        kvp_source_t src;
+        int code;
+        const char *msg;
+    } bad[] = {
+        {"K past the end", ok, KVP_EINVAL, "K source range exceeds buffer"},
+        {"V past the end", ok, KVP_EINVAL, "V source range exceeds buffer"},
+        {"layer stride past the end", ok, KVP_EINVAL, "exceeds buffer"},
+        {"stride overflowing 64 bits", ok, KVP_EINVAL, "exceeds buffer"},
+        {"offset not a whole element", ok, KVP_EINVAL, "multiples of"},
+        {"unknown buffer", ok, KVP_ENOENT, "no buffer"},
+        {"another connection's buffer", ok, KVP_ENOENT, "no buffer"},
+        {"layer range", ok, KVP_EINVAL, "layer range"},
+    };
+    bad[0].src.k_offset = 1056;          /* layer 1's last K row ends 32 bytes past the buffer */
+    bad[1].src.v_offset = 16 * 64 + 64;  /* V moved one token */
+    bad[2].src.layer_stride = 2048 + 64; /* layer 1 ends past the buffer */
+    bad[3].src.k_stride_n = UINT64_MAX / 8 * 2; /* (n - 1) x stride wraps */
+    bad[4].src.v_offset = 16 * 64 + 1;
+    bad[5].src.buffer_id = buf + 100;
+    bad[6].src.buffer_id = obuf; /* ids are per connection: c has no such buffer */
+    if (obuf == buf)
+        bad[6].src.buffer_id = buf + 1;
+    bad[7].src.layer_begin = 1, bad[7].src.layer_end = 3;
+    memset(stage, 0x5a, 4096);
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = kvp_client_append(c, &id, &n, 1, &bad[i].src, NULL);
+        ck_assert_msg(rc == bad[i].code, "%s: %s (%s)", bad[i].what, kvp_errname(rc),
+                      kvp_client_last_error(c));
+        ck_assert_msg(strstr(kvp_client_last_error(c), bad[i].msg), "%s: message '%s'", bad[i].what,
+                      kvp_client_last_error(c));
+        stats(c, &after);
+        same_state(&before, &after);
+    }
+    /* and the exact fit is accepted */
+    ck_assert_int_eq(kvp_client_append(c, &id, &n, 1, &ok, NULL), 0);
+    stats(c, &after);
+    ck_assert_uint_eq(after.num_tokens, before.num_tokens + 16);
+    ck_assert_int_eq(kvp_client_audit(c), 0);
+    kvp_client_close(other);
+    kvp_client_close(c);
+    stop_expect_clean();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("security");
@@ -345,6 +424,7 @@ int main(void)
     tcase_add_test(tc, a_namespace_belongs_to_the_uid_that_created_it);
     tcase_add_test(tc, namespace_quotas_refuse_with_resource_exhausted_and_change_nothing);
     tcase_add_test(tc, connection_limit_refuses_with_unavailable_and_serves_the_others);
+    tcase_add_test(tc, append_sources_outside_their_buffer_are_refused_before_anything_runs);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
