@@ -623,6 +623,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
                 continue;
             if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)
                 pause_accept(s, err); /* instead of spinning on a readable listener */
+            else if (err != EAGAIN && err != EWOULDBLOCK)
+                kvp_log(KVP_LOG_WARNING, "accept failed err=%s", kvp_errname(-err));
             return;
         }
         struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
@@ -637,7 +639,10 @@ static void on_accept(uv_poll_t *h, int status, int events)
         c->fd = fd;
         kvp_frame_reader_init(&c->rd, s->cfg.max_frame_bytes, drop_fd, NULL);
         c->poll.data = c;
-        if (uv_poll_init(s->loop, &c->poll, fd)) {
+        int prc = uv_poll_init(s->loop, &c->poll, fd);
+        if (prc) {
+            kvp_log(KVP_LOG_WARNING, "connection dropped reason=\"poll init\" err=%s",
+                    uv_err_name(prc));
             close(fd);
             free(c);
             continue;

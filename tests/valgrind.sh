@@ -12,7 +12,10 @@
 #                              stress_load against a daemon under valgrind
 #
 # Build tree: build-valgrind/ (Debug, CUDA off, no sanitizers). Logs: build-valgrind/vg/*.log.
-# Not covered: test_lifecycle.py (starts its own daemons) and the Python suite.
+# Not covered: test_lifecycle.py (starts its own daemons), the Python suite, and the "fds"
+# fault scenario: valgrind keeps the top of the fd table for itself and closes accepted
+# connections that land there before the daemon sees them, so the RLIMIT_NOFILE test measures
+# valgrind rather than the daemon (it runs natively and under ASan).
 set -eu
 mode=${1:-full}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,7 +57,7 @@ KVP_TEST_DAEMON_WRAPPER="$vg --log-file=$build/vg/kvpoold.%p.log"
 if [ "$mode" = quick ]; then
     set -- "KVP_STRESS_SECONDS=8 KVP_STRESS_CLIENTS=8 KVP_STRESS_PAGES=128" ""
 else
-    set -- "KVP_STRESS_SECONDS=30 KVP_STRESS_CLIENTS=16 KVP_STRESS_PAGES=256" "kill noread slow fds"
+    set -- "KVP_STRESS_SECONDS=30 KVP_STRESS_CLIENTS=16 KVP_STRESS_PAGES=256" "kill noread slow"
 fi
 t0=$(date +%s)
 if env $1 "$build/tests/stress/stress_load" >"$build/vg/stress_load.out" 2>&1; then
