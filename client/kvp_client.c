@@ -411,6 +411,22 @@ static int call(kvp_client_t *c, kvpool_Request *req, kvpool_Response *resp, kvp
         return fail(c, (int)n, "cannot encode the request: %s", kvp_strerror((int)n));
     uint64_t deadline = kvp_sock_deadline(c->timeout_ms);
     rc = kvp_sock_send_frame(c->fd, c->sbuf, (size_t)n, send_fds, num_send, deadline);
+    if (rc == KVP_ECLOSED) {
+        /* The daemon may have refused this connection (access, connection limit, out of
+         * descriptors) and closed it before the request went out: its answer, id 0, can still
+         * be waiting to be read. Report that rather than a bare "closed". */
+        uint32_t len = 0;
+        if (kvp_sock_recv_frame(c->fd, &c->rbuf, &c->rcap, &len, CLIENT_MAX_FRAME_BYTES, NULL, 0,
+                                NULL, kvp_sock_deadline(200)) == 0 &&
+            kvp__client_decode_response(resp, r, c->rbuf, len, NULL, 0) == 0 && resp->id == 0 &&
+            resp->has_status && resp->status.code != kvpool_Code_OK) {
+            int err = kvp_wire_err_from_code(resp->status.code);
+            lost(c, err, "request rejected");
+            return fail(c, err, "%s",
+                        resp->status.message[0] ? resp->status.message
+                                                : kvp_wire_code_name(resp->status.code));
+        }
+    }
     if (rc)
         return lost(c, rc, "sending the request");
     uint32_t len = 0;

@@ -1,14 +1,17 @@
 #!/bin/sh
 # test.sh - THE test command of the README: on a fresh Debian 12 machine it installs what is
 # missing, configures, builds and runs the whole test suite, then builds the unit tests again
-# under AddressSanitizer + UndefinedBehaviorSanitizer and runs them. The Python package's
-# pytest suite (tests/python) runs against the default build.
+# under AddressSanitizer + UndefinedBehaviorSanitizer and runs them (with the stress tests),
+# then a bounded valgrind memcheck run (tests/valgrind.sh quick: the daemon under valgrind
+# too) and the fuzzers. The Python package's pytest suite (tests/python) runs against the
+# default build.
 #
 #   deploy/test.sh              everything (what .ci/run calls)
-#   KVP_TEST_QUICK=1 deploy/test.sh   skip the sanitizer build and the fuzzers
+#   KVP_TEST_QUICK=1 deploy/test.sh   skip the sanitizer build, valgrind and the fuzzers
 #   KVP_FUZZ_SECONDS=600 deploy/test.sh   a longer fuzz run (default 20 s per target)
 #
-# Build trees: build/ (default, CUDA when nvcc is found) and build-asan/ (CUDA off).
+# Build trees: build/ (default, CUDA when nvcc is found), build-asan/, build-valgrind/ and
+# build-fuzz/ (CUDA off).
 # GPU tests exit 77 where there is no GPU and CTest counts them as skipped.
 set -eu
 
@@ -32,7 +35,9 @@ if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
     cmake --build "$root/build-asan" -j "$jobs"
     echo "== tests (asan+ubsan) =="
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -L "unit|integration"
+        ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -L "unit|integration|stress"
+    echo "== tests (valgrind memcheck, daemon included; tests/valgrind.sh quick) =="
+    sh "$root/tests/valgrind.sh" quick
 fi
 if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
     echo "== fuzz (libFuzzer, clang, ${KVP_FUZZ_SECONDS:-20} s per target) =="

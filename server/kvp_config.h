@@ -71,10 +71,28 @@
  *   default_lease_ms       lease of a Hello that asks for none. Default 30000.
  *   max_lease_ms           largest lease a client may ask for; >= default_lease_ms.
  *                          Up to 2^32-1. Default 86400000 (one day).
- *   [access]
+ *   Per-namespace quotas (0: none; a namespace is the unit a tenant gets). A request that
+ *   would pass one is refused with RESOURCE_EXHAUSTED and changes nothing; lowering one below
+ *   what a namespace holds only refuses further growth:
+ *   ns_max_seqs            live sequences of one namespace. 0..67108864. Default 0.
+ *   ns_max_pages           page references of one namespace (a page shared by k of its
+ *                          sequences counts k times: exact and O(1), see README). 0..2^32-1.
+ *                          Default 0.
+ *   ns_max_buffer_bytes    bytes of the buffers registered by all connections of one
+ *                          namespace together. 0..2^50. Default 0.
+ *   ns_max_connections     connections attached to one namespace at once (a Hello above it
+ *                          is refused). 0..1048576. Default 0.
+ *   [access]         who may connect (checked on each connection with SO_PEERCRED and
+ *                    SO_PEERGROUPS; a peer that is refused gets PERMISSION_DENIED and is
+ *                    disconnected). The daemon's own uid and root may always connect.
  *   allowed_uids     comma list of numeric uids that may connect, at most 64.
- *   allowed_gids     comma list of numeric gids whose members may connect, at most 64.
- *                    Both empty (the default): the server's default policy applies.
+ *   allowed_gids     comma list of numeric gids whose members (primary or supplementary
+ *                    group) may connect, at most 64.
+ *                    Both empty (the default): members of the socket file's group may
+ *                    connect (server.socket_group, else the daemon's group), as the socket's
+ *                    0660 mode says. Either set: exactly the listed uids and groups (and the
+ *                    daemon's uid and root). A namespace belongs to the uid that created it;
+ *                    other uids (root excepted) are refused with PERMISSION_DENIED.
  *   [transfer]       KV transfers between daemons over NCCL (kvp_xfer.h, DESIGN.md §6)
  *   timeout_ms       longest time one ExportBegin or Import may take, the peer's join
  *                    included, when the request names none. 1..3600000. Default 30000.
@@ -87,8 +105,9 @@
  *
  * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
  * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
- * limits.default_lease_ms, limits.max_lease_ms, and the [access] keys. Every other key needs a
- * restart: the [limits] that size the daemon's tables (max_seqs, max_namespaces, max_batch,
+ * limits.default_lease_ms, limits.max_lease_ms, the limits.ns_max_* quotas (applied to every
+ * namespace, existing ones included), and the [access] keys (for new connections). Every other key
+ * needs a restart: the [limits] that size the daemon's tables (max_seqs, max_namespaces, max_batch,
  * max_seq_tokens, max_buffers_per_client, dedup_window), server.socket, socket_mode,
  * socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, busy_poll_us, and all of
  * [pool].
@@ -177,6 +196,10 @@ typedef struct {
     uint32_t dedup_window;
     uint32_t default_lease_ms;
     uint32_t max_lease_ms;
+    uint32_t ns_max_seqs;
+    uint32_t ns_max_pages;
+    uint64_t ns_max_buffer_bytes;
+    uint32_t ns_max_connections;
     /* [access] */
     kvp_config_idlist_t allowed_uids;
     kvp_config_idlist_t allowed_gids;

@@ -91,6 +91,14 @@ int kvp_ns_attach(kvp_ns_table_t *t, const char *name, uint32_t uid, uint32_t le
     return 0;
 }
 
+int kvp_ns_find(const kvp_ns_table_t *t, const char *name)
+{
+    for (uint32_t i = 0; i < t->max; i++)
+        if (t->ns[i].in_use && strcmp(t->ns[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
 int kvp_ns_detach(kvp_ns_table_t *t, uint32_t id, uint64_t now_ms)
 {
     kvp_ns_t *n = &t->ns[id];

@@ -32,6 +32,7 @@ typedef struct {
     kvp_dedup_entry_t *dedup; /* ring of dedup_window entries */
     uint32_t dedup_next;
     uint64_t dedup_bytes;
+    uint64_t buffer_bytes; /* registered by its sessions, for limits.ns_max_buffer_bytes */
 } kvp_ns_t;
 
 typedef struct {
@@ -51,6 +52,9 @@ void kvp_ns_table_free(kvp_ns_table_t *t);
  * never changes a running engine's lease. A pending expiry is cancelled. */
 int kvp_ns_attach(kvp_ns_table_t *t, const char *name, uint32_t uid, uint32_t lease_ms,
                   int set_lease, uint32_t *id);
+
+/* The id of the namespace called name, or -1. */
+int kvp_ns_find(const kvp_ns_table_t *t, const char *name);
 
 /* Detaches a session. Returns 1 when it was the last one and the lease is 0 (release its
  * sequences now), else 0 (an expiry is scheduled at now + lease when it was the last). */

@@ -254,6 +254,13 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
                             .comm_idle_ms =
                                 lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000};
     kvp_xfer_set_config(r->xfer, &xc);
+    r->lim.ns_max_seqs = lim->ns_max_seqs;
+    r->lim.ns_max_pages = lim->ns_max_pages;
+    r->lim.ns_max_buffer_bytes = lim->ns_max_buffer_bytes;
+    r->lim.ns_max_connections = lim->ns_max_connections;
+    for (uint32_t i = 0; i < r->ns.max; i++)
+        if (r->ns.ns[i].in_use)
+            kvp_seqtab_set_ns_limits(r->seqs, i, lim->ns_max_seqs, lim->ns_max_pages);
 }
 
 void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n)
@@ -369,8 +376,11 @@ static void release_namespace(kvp_rpc_t *r, uint32_t ns, const char *why)
 
 void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
 {
-    for (uint32_t i = 0; i < s->num_buffers; i++)
+    for (uint32_t i = 0; i < s->num_buffers; i++) {
+        if (s->hello_done)
+            r->ns.ns[s->ns].buffer_bytes -= s->buffers[i].buf.size_bytes;
         buf_release(r, &s->buffers[i].buf);
+    }
     if (s->hello_done && kvp_ns_detach(&r->ns, s->ns, now_ms))
         release_namespace(r, s->ns, "lease 0");
     if (s->prev)
@@ -599,6 +609,15 @@ static int do_hello(kvp_rpc_t *r, kvp_session_t *s, const kvpool_HelloRequest *h
                       r->lim.max_lease_ms);
         return 0;
     }
+    int existing = kvp_ns_find(&r->ns, name);
+    if (existing >= 0 && r->lim.ns_max_connections &&
+        r->ns.ns[existing].sessions >= r->lim.ns_max_connections &&
+        (r->ns.ns[existing].owner_uid == s->uid || s->uid == 0)) {
+        kvp_rpc_error(resp, id, KVP_ELIMIT,
+                      "namespace '%s' has %u connections: its quota (limits.ns_max_connections)",
+                      name, r->ns.ns[existing].sessions);
+        return 0;
+    }
     uint32_t ns;
     int rc = kvp_ns_attach(&r->ns, name, s->uid, lease, set_lease, &ns);
     if (rc) {
@@ -609,6 +628,8 @@ static int do_hello(kvp_rpc_t *r, kvp_session_t *s, const kvpool_HelloRequest *h
                       name);
         return 0;
     }
+    if (existing < 0)
+        kvp_seqtab_set_ns_limits(r->seqs, ns, r->lim.ns_max_seqs, r->lim.ns_max_pages);
     ok(resp, id, kvpool_Response_hello_tag);
     kvpool_HelloResponse *hr = &resp->body.hello;
     hr->protocol_version = KVP_PROTOCOL_VERSION;
@@ -665,6 +686,18 @@ static int do_register(kvp_rpc_t *r, kvp_session_t *s, const kvpool_RegisterBuff
                       r->lim.max_buffers_per_client);
         return 0;
     }
+    kvp_ns_t *nsp = &r->ns.ns[s->ns];
+    if (r->lim.ns_max_buffer_bytes &&
+        (nsp->buffer_bytes > r->lim.ns_max_buffer_bytes ||
+         q->size_bytes > r->lim.ns_max_buffer_bytes - nsp->buffer_bytes)) {
+        kvp_rpc_error(resp, id, KVP_ELIMIT,
+                      "namespace '%s' has %llu bytes registered; %llu more would pass its quota "
+                      "%llu (limits.ns_max_buffer_bytes)",
+                      nsp->name, (unsigned long long)nsp->buffer_bytes,
+                      (unsigned long long)q->size_bytes,
+                      (unsigned long long)r->lim.ns_max_buffer_bytes);
+        return 0;
+    }
     kvp_session_buffer_t *sb = &s->buffers[s->num_buffers];
     uint8_t done_event[KVP_BACKEND_IPC_HANDLE_BYTES];
     uint32_t done_len = 0;
@@ -683,6 +716,7 @@ static int do_register(kvp_rpc_t *r, kvp_session_t *s, const kvpool_RegisterBuff
         io->fds_in[0] = -1; /* the backend owns it now */
     sb->id = s->next_buffer_id++;
     s->num_buffers++;
+    nsp->buffer_bytes += sb->buf.size_bytes;
     ok(resp, id, kvpool_Response_register_buffer_tag);
     resp->body.register_buffer.buffer_id = sb->id;
     if (done_len && done_len <= sizeof(resp->body.register_buffer.done_event_handle.bytes)) {
@@ -708,6 +742,7 @@ static int do_unregister(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Unregister
         kvp_rpc_error(&io->resp, id, KVP_ENOENT, "no buffer %u", q->buffer_id);
         return 0;
     }
+    r->ns.ns[s->ns].buffer_bytes -= sb->buf.size_bytes;
     buf_release(r, &sb->buf);
     *sb = s->buffers[--s->num_buffers];
     ok(&io->resp, id, kvpool_Response_unregister_buffer_tag);

@@ -38,6 +38,11 @@ typedef struct {
     uint32_t transfer_timeout_ms;
     uint32_t transfer_comm_idle_ms;
     uint32_t transfer_max_in_flight;
+    /* per-namespace quotas, 0 = none (kvp_config.h, limits.ns_max_*) */
+    uint32_t ns_max_seqs;
+    uint32_t ns_max_pages; /* page references */
+    uint64_t ns_max_buffer_bytes;
+    uint32_t ns_max_connections;
 } kvp_rpc_limits_t;
 
 typedef struct {
@@ -149,8 +154,9 @@ size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms
 void kvp__rpc_label_escape(const char *in, char *out, size_t cap);
 
 /* SIGHUP: applies the limits that can change at run time (max_batch_tokens,
- * max_buffer_bytes, default_lease_ms, max_lease_ms); the others size tables and need a
- * restart (the config module reports them). */
+ * max_buffer_bytes, default_lease_ms, max_lease_ms, and the ns_max_* quotas, which apply to
+ * every namespace at once); the others size tables and need a restart (the config module
+ * reports them). */
 void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim);
 
 /* Server facts dispatch reports (Stats, metrics). */

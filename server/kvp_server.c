@@ -1,7 +1,8 @@
 /*
  * kvp_server.c - listening socket, connections, framing, fd passing and the write path of
  * kvpoold (see kvp_server.h). The read path reads like a sentence: on_readable -> read_some
- * (recvmsg, fds noted with the stream offset they arrived at) -> next_frame (cut one frame) ->
+ * (recvmsg into the frame reader, fds noted with the stream offset they arrived at) ->
+ * kvp_frame_reader_next (kvp_frame.h: cut one frame with its fds) ->
  * handle_frame (decode, replay or dispatch) -> send_response (encode, queue, sendmsg).
  *
  * A connection answers in order: while one of its Appends runs on the thread pool, its later
@@ -22,13 +23,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvp_access.h"
 #include "kvp_error.h"
 #include "kvp_jobs.h"
+#include "kvp_frame.h"
 #include "kvp_log.h"
 #include "kvp_wire.h"
 
-#define MAX_PENDING_FDS 32
-#define METRICS_CAP     (1u << 20)
+#define METRICS_CAP (1u << 20)
 
 typedef struct out_frame {
     struct out_frame *next;
@@ -38,22 +40,13 @@ typedef struct out_frame {
     int nfds;
 } out_frame_t;
 
-typedef struct {
-    int fd;
-    uint64_t at; /* stream offset of the first byte read with it */
-} rx_fd_t;
-
 typedef struct conn {
     uv_poll_t poll;
     kvp_server_t *srv;
     struct conn *next, *prev;
     int fd;
     kvp_session_t *sess;
-    uint8_t *rbuf;
-    size_t rlen, rcap;
-    uint64_t rx_total; /* bytes read so far: stream offset of rbuf[rlen] */
-    rx_fd_t rfds[MAX_PENDING_FDS];
-    int nrfds;
+    kvp_frame_reader_t rd; /* received bytes and fds, cut into frames */
     out_frame_t *out_head, *out_tail;
     uint64_t queued;
     int events;
@@ -77,6 +70,9 @@ struct kvp_server {
     uv_poll_t listen_poll;
     int listening;
     uv_timer_t accept_retry;
+    int reserve_fd;       /* /dev/null, given up to refuse a connection when out of fds */
+    uint64_t refused_fds; /* connections refused for want of a descriptor */
+    kvp_access_t access;  /* who may connect */
     uv_timer_t drain_timer;
     kvp_rpc_t *rpc;
     kvp_jobs_t *jobs;
@@ -224,11 +220,11 @@ static void send_error(conn_t *c, uint64_t id, int err, const char *msg)
 
 /* ---- connection lifetime ------------------------------------------------------------------ */
 
-static void close_rx_fds(conn_t *c)
+/* The frame reader gives up fds that came with no frame (or too many): close them. */
+static void drop_fd(int fd, void *arg)
 {
-    for (int i = 0; i < c->nrfds; i++)
-        close(c->rfds[i].fd);
-    c->nrfds = 0;
+    (void)arg;
+    close(fd);
 }
 
 static void maybe_drain_done(kvp_server_t *s)
@@ -264,7 +260,7 @@ static void on_conn_closed(uv_handle_t *h)
     conn_t *c = h->data;
     kvp_server_t *s = c->srv;
     close(c->fd);
-    close_rx_fds(c);
+    kvp_frame_reader_free(&c->rd);
     while (c->out_head) {
         out_frame_t *f = c->out_head;
         c->out_head = f->next;
@@ -273,7 +269,6 @@ static void on_conn_closed(uv_handle_t *h)
     }
     if (c->sess)
         kvp_rpc_session_close(s->rpc, c->sess, kvp_server_now_ms());
-    free(c->rbuf);
     free(c);
     maybe_drain_done(s);
     on_server_handle_closed((uv_handle_t *)&s->listen_poll); /* may free s: last */
@@ -309,9 +304,7 @@ static void conn_update_events(conn_t *c)
     if (c->closing)
         return;
     int ev = 0;
-    int frame_ready = 0;
-    if (c->rlen >= KVP_FRAME_HDR_BYTES)
-        frame_ready = c->rlen >= KVP_FRAME_HDR_BYTES + (size_t)kvp_frame_get_len(c->rbuf);
+    int frame_ready = kvp_frame_reader_ready(&c->rd);
     if (!c->close_after_flush && !c->srv->draining && !frame_ready)
         ev |= UV_READABLE;
     if (c->out_head)
@@ -335,28 +328,19 @@ static void conn_update_events(conn_t *c)
 
 /* ---- read path --------------------------------------------------------------------------- */
 
-/* One recvmsg into the read buffer. Returns bytes read, 0 on EOF, -1 on error / EAGAIN (with
- * errno). Received fds are remembered with the stream offset they arrived at. */
+/* One recvmsg into the frame reader. Returns bytes read, 0 on EOF, -1 on error / EAGAIN (with
+ * errno; EAGAIN too when the reader holds a whole frame and wants it taken first). Received fds
+ * go to the reader with the stream offset they arrived at. */
 static ssize_t read_some(conn_t *c)
 {
-    size_t want = c->srv->cfg.max_frame_bytes + KVP_FRAME_HDR_BYTES;
-    if (c->rcap - c->rlen < 65536 && c->rcap < want) {
-        size_t ncap = c->rcap ? c->rcap * 2 : 65536;
-        if (ncap > want)
-            ncap = want;
-        uint8_t *nb = realloc(c->rbuf, ncap);
-        if (!nb) {
-            errno = ENOMEM;
-            return -1;
-        }
-        c->rbuf = nb;
-        c->rcap = ncap;
-    }
-    if (c->rlen == c->rcap) {
-        errno = EAGAIN;
+    uint8_t *p;
+    size_t room;
+    int rc = kvp_frame_reader_space(&c->rd, &p, &room);
+    if (rc) {
+        errno = rc == KVP_ENOMEM ? ENOMEM : EAGAIN;
         return -1;
     }
-    struct iovec iov = {c->rbuf + c->rlen, c->rcap - c->rlen};
+    struct iovec iov = {p, room};
     char cbuf[CMSG_SPACE(sizeof(int) * KVP_MAX_FDS_PER_FRAME)];
     struct msghdr msg = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
@@ -366,42 +350,26 @@ static ssize_t read_some(conn_t *c)
     while (n < 0 && errno == EINTR);
     if (n < 0)
         return -1;
+    int fds[KVP_MAX_FDS_PER_FRAME];
+    int nfds = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
         int nfd = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        int *fds = (int *)CMSG_DATA(cm);
+        const uint8_t *data = CMSG_DATA(cm);
         for (int i = 0; i < nfd; i++) {
-            if (c->nrfds < MAX_PENDING_FDS) {
-                c->rfds[c->nrfds].fd = fds[i];
-                c->rfds[c->nrfds].at = c->rx_total;
-                c->nrfds++;
-            } else {
-                close(fds[i]);
-                c->close_after_flush = 1; /* fd flood: protocol abuse */
-            }
+            int fd;
+            memcpy(&fd, data + sizeof(int) * (size_t)i, sizeof(int));
+            if (nfds < KVP_MAX_FDS_PER_FRAME)
+                fds[nfds++] = fd;
+            else
+                close(fd);
         }
     }
+    if (kvp_frame_reader_commit(&c->rd, (size_t)n, fds, nfds))
+        c->close_after_flush = 1; /* fd flood: protocol abuse */
     if (msg.msg_flags & MSG_CTRUNC)
         c->close_after_flush = 1;
-    c->rlen += (size_t)n;
-    c->rx_total += (uint64_t)n;
-    return n;
-}
-
-/* Takes the fds that arrived with the bytes of the frame [start, end) of the stream. */
-static int take_fds(conn_t *c, uint64_t start, uint64_t end, int *out)
-{
-    int n = 0, k = 0;
-    for (int i = 0; i < c->nrfds; i++) {
-        if (c->rfds[i].at >= start && c->rfds[i].at < end && n < KVP_MAX_FDS_PER_FRAME)
-            out[n++] = c->rfds[i].fd;
-        else if (c->rfds[i].at < start)
-            close(c->rfds[i].fd); /* arrived with an earlier frame that did not use it */
-        else
-            c->rfds[k++] = c->rfds[i];
-    }
-    c->nrfds = k;
     return n;
 }
 
@@ -569,33 +537,21 @@ static void after_work(kvp_job_item_t *w)
 static void process_frames(conn_t *c)
 {
     kvp_server_t *s = c->srv;
-    size_t off = 0;
     while (!c->closing && !c->busy && !c->close_after_flush) {
-        size_t avail = c->rlen - off;
-        if (avail < KVP_FRAME_HDR_BYTES)
+        kvp_frame_t f;
+        int rc = kvp_frame_reader_next(&c->rd, &f);
+        if (rc == 0)
             break;
-        uint32_t len = kvp_frame_get_len(c->rbuf + off);
-        if (len > s->cfg.max_frame_bytes) {
+        if (rc < 0) {
             char msg[128];
-            snprintf(msg, sizeof(msg), "frame of %u bytes above max_frame_bytes %u; closing", len,
+            snprintf(msg, sizeof(msg), "frame of %u bytes above max_frame_bytes %u; closing", f.len,
                      s->cfg.max_frame_bytes);
-            kvp_log(KVP_LOG_WARNING, "client dropped reason=\"frame too large\" bytes=%u", len);
+            kvp_log(KVP_LOG_WARNING, "client dropped reason=\"frame too large\" bytes=%u", f.len);
             send_error(c, 0, KVP_EINVAL, msg);
             c->close_after_flush = 1;
             break;
         }
-        if (avail < KVP_FRAME_HDR_BYTES + (size_t)len)
-            break;
-        uint64_t start = c->rx_total - c->rlen + off;
-        uint64_t end = start + KVP_FRAME_HDR_BYTES + len;
-        int fds[KVP_MAX_FDS_PER_FRAME];
-        int nfds = take_fds(c, start, end, fds);
-        handle_frame(c, c->rbuf + off + KVP_FRAME_HDR_BYTES, len, fds, nfds);
-        off += KVP_FRAME_HDR_BYTES + len;
-    }
-    if (off) {
-        memmove(c->rbuf, c->rbuf + off, c->rlen - off);
-        c->rlen -= off;
+        handle_frame(c, f.payload, f.len, f.fds, f.nfds);
     }
     if (!c->closing)
         conn_update_events(c);
@@ -635,8 +591,6 @@ static void on_conn_event(uv_poll_t *h, int status, int events)
                 conn_close(c);
                 return;
             }
-            if (c->rlen == c->rcap)
-                break;
         }
         if (!c->closing)
             process_frames(c);
@@ -656,6 +610,62 @@ static void on_accept_retry(uv_timer_t *t)
         uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 }
 
+static void pause_accept(kvp_server_t *s, int err)
+{
+    kvp_log(KVP_LOG_WARNING, "accept failed err=%s; pausing 100 ms", kvp_errname(-err));
+    uv_poll_stop(&s->listen_poll);
+    uv_timer_start(&s->accept_retry, on_accept_retry, 100, 0);
+}
+
+/* Out of descriptors (EMFILE/ENFILE): the waiting connection would keep the listener readable
+ * and the loop spinning. The classic way out: give back the descriptor kept in reserve,
+ * accept the connection with it, tell the client why (best effort, it is new: its buffer has
+ * room) and close it, then take the reserve again. Returns 0 when one was refused this way,
+ * -1 when there is no reserve (then accepting pauses for 100 ms instead). */
+static int refuse_with_reserve_fd(kvp_server_t *s)
+{
+    if (s->reserve_fd < 0)
+        return -1;
+    close(s->reserve_fd);
+    s->reserve_fd = -1;
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+        kvpool_Response resp;
+        uint8_t buf[256];
+        kvp_rpc_error(&resp, 0, KVP_EUNAVAIL, "daemon out of file descriptors; retry later");
+        long n = kvp_wire_encode_frame(kvpool_Response_fields, &resp, buf, sizeof(buf));
+        if (n > 0 && send(fd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+            kvp_log(KVP_LOG_DEBUG, "refusal not sent err=%s", kvp_errname(-errno));
+        close(fd);
+        s->refused_fds++;
+        if (s->refused_fds == 1 || s->refused_fds % 1000 == 0)
+            kvp_log(KVP_LOG_WARNING,
+                    "connection refused reason=\"out of file descriptors\" refused_total=%llu",
+                    (unsigned long long)s->refused_fds);
+    }
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0 ? 0 : -1;
+}
+
+/* The peer's groups: its primary gid first, then its supplementary groups (SO_PEERGROUPS,
+ * Linux 4.13+; without it only the primary one). Returns the count. */
+static uint32_t peer_groups(int fd, gid_t primary, uint32_t *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    out[n++] = (uint32_t)primary;
+#ifdef SO_PEERGROUPS
+    gid_t g[KVP_ACCESS_MAX_IDS * 4];
+    socklen_t len = sizeof(g);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) == 0)
+        for (socklen_t i = 0; i < len / sizeof(gid_t) && n < cap; i++)
+            out[n++] = (uint32_t)g[i];
+#else
+    (void)fd;
+    (void)cap;
+#endif
+    return n;
+}
+
 static void on_accept(uv_poll_t *h, int status, int events)
 {
     (void)events;
@@ -667,13 +677,13 @@ static void on_accept(uv_poll_t *h, int status, int events)
         if (fd < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                /* out of fds: stop polling the listener for a moment instead of spinning */
-                kvp_log(KVP_LOG_WARNING, "accept failed err=%s; pausing 100 ms",
-                        kvp_errname(-errno));
-                uv_poll_stop(&s->listen_poll);
-                uv_timer_start(&s->accept_retry, on_accept_retry, 100, 0);
-            }
+            int err = errno;
+            if ((err == EMFILE || err == ENFILE) && refuse_with_reserve_fd(s) == 0)
+                continue;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)
+                pause_accept(s, err); /* instead of spinning on a readable listener */
+            else if (err != EAGAIN && err != EWOULDBLOCK)
+                kvp_log(KVP_LOG_WARNING, "accept failed err=%s", kvp_errname(-err));
             return;
         }
         struct ucred cred = {0, (uid_t)-1, (gid_t)-1};
@@ -686,8 +696,12 @@ static void on_accept(uv_poll_t *h, int status, int events)
         }
         c->srv = s;
         c->fd = fd;
+        kvp_frame_reader_init(&c->rd, s->cfg.max_frame_bytes, drop_fd, NULL);
         c->poll.data = c;
-        if (uv_poll_init(s->loop, &c->poll, fd)) {
+        int prc = uv_poll_init(s->loop, &c->poll, fd);
+        if (prc) {
+            kvp_log(KVP_LOG_WARNING, "connection dropped reason=\"poll init\" err=%s",
+                    uv_err_name(prc));
             close(fd);
             free(c);
             continue;
@@ -699,6 +713,21 @@ static void on_accept(uv_poll_t *h, int status, int events)
         s->conns = c;
         s->num_conns++;
         kvp_rpc_set_num_clients(s->rpc, s->num_conns);
+        uint32_t groups[KVP_ACCESS_MAX_IDS * 4 + 1];
+        uint32_t ngroups = peer_groups(fd, cred.gid, groups, KVP_ACCESS_MAX_IDS * 4 + 1);
+        if (kvp_access_check(&s->access, (uint32_t)cred.uid, groups, ngroups)) {
+            kvp_log(KVP_LOG_WARNING,
+                    "connection refused reason=\"not allowed\" pid=%d uid=%u gid=%u", (int)cred.pid,
+                    (unsigned)cred.uid, (unsigned)cred.gid);
+            char msg[160];
+            snprintf(msg, sizeof(msg),
+                     "uid %u may not connect to this daemon (access.allowed_uids / allowed_gids)",
+                     (unsigned)cred.uid);
+            send_error(c, 0, KVP_EPERM, msg);
+            c->close_after_flush = 1;
+            conn_update_events(c);
+            continue;
+        }
         if (s->num_conns > s->cfg.max_connections) {
             kvp_log(KVP_LOG_WARNING, "connection refused reason=\"max_connections\" pid=%d",
                     (int)cred.pid);
@@ -799,6 +828,7 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->cfg = *cfg;
     s->rpc = rpc;
     s->listen_fd = -1;
+    s->reserve_fd = -1;
     s->socket_path = cfg->socket_path ? strdup(cfg->socket_path) : NULL;
     s->cfg.socket_path = s->socket_path;
     s->seq_ids = malloc(cfg->max_frame_bytes);
@@ -818,6 +848,14 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     if ((rc = kvp_jobs_create(loop, cfg->threads ? cfg->threads : 4, cfg->busy_poll_us,
                               &s->jobs)))
         goto fail;
+    /* the access policy: the daemon's uid, root, and the socket file's group until
+     * kvp_server_set_access gives lists */
+    s->access.self_uid = (uint32_t)geteuid();
+    s->access.socket_gid = cfg->socket_gid >= 0 ? (uint32_t)cfg->socket_gid : (uint32_t)getegid();
+    struct stat st;
+    if (s->created_socket && stat(s->socket_path, &st) == 0)
+        s->access.socket_gid = (uint32_t)st.st_gid;
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     uv_poll_init(loop, &s->listen_poll, s->listen_fd);
     s->listen_poll.data = s;
     uv_timer_init(loop, &s->accept_retry);
@@ -855,6 +893,19 @@ void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t m
     s->cfg.max_queued_bytes = max_queued_bytes;
 }
 
+void kvp_server_set_access(kvp_server_t *s, const uint32_t *uids, uint32_t num_uids,
+                           const uint32_t *gids, uint32_t num_gids)
+{
+    s->access.num_uids = num_uids < KVP_ACCESS_MAX_IDS ? num_uids : KVP_ACCESS_MAX_IDS;
+    s->access.num_gids = num_gids < KVP_ACCESS_MAX_IDS ? num_gids : KVP_ACCESS_MAX_IDS;
+    for (uint32_t i = 0; i < s->access.num_uids; i++)
+        s->access.uids[i] = uids[i];
+    for (uint32_t i = 0; i < s->access.num_gids; i++)
+        s->access.gids[i] = gids[i];
+    kvp_log(KVP_LOG_INFO, "access policy self_uid=%u socket_gid=%u allowed_uids=%u allowed_gids=%u",
+            s->access.self_uid, s->access.socket_gid, s->access.num_uids, s->access.num_gids);
+}
+
 static void stop_listening(kvp_server_t *s)
 {
     if (!s->listening)
@@ -863,6 +914,9 @@ static void stop_listening(kvp_server_t *s)
     uv_poll_stop(&s->listen_poll);
     uv_timer_stop(&s->accept_retry);
     close(s->listen_fd);
+    if (s->reserve_fd >= 0)
+        close(s->reserve_fd);
+    s->reserve_fd = -1;
     if (s->created_socket && s->socket_path)
         unlink(s->socket_path);
 }

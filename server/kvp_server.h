@@ -52,6 +52,12 @@ uint32_t kvp_server_num_connections(const kvp_server_t *s);
 void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes,
                            uint32_t drain_timeout_ms);
 
+/* Sets the [access] lists (kvp_config.h): uids and gids that may connect besides the daemon's
+ * own uid and root; with both empty (the state after create) the socket file's group may.
+ * Applies to connections accepted from now on. Lists are copied (at most 64 entries each). */
+void kvp_server_set_access(kvp_server_t *s, const uint32_t *uids, uint32_t num_uids,
+                           const uint32_t *gids, uint32_t num_gids);
+
 /* Monotonic milliseconds as the server and dispatch see them. */
 uint64_t kvp_server_now_ms(void);
 

@@ -91,7 +91,17 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
         .transfer_timeout_ms = c->transfer_timeout_ms,
         .transfer_comm_idle_ms = c->transfer_comm_idle_ms,
         .transfer_max_in_flight = c->transfer_max_in_flight,
+        .ns_max_seqs = c->ns_max_seqs,
+        .ns_max_pages = c->ns_max_pages,
+        .ns_max_buffer_bytes = c->ns_max_buffer_bytes,
+        .ns_max_connections = c->ns_max_connections,
     };
+}
+
+static void set_access(daemon_t *d)
+{
+    kvp_server_set_access(d->server, d->cfg.allowed_uids.ids, d->cfg.allowed_uids.count,
+                          d->cfg.allowed_gids.ids, d->cfg.allowed_gids.count);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -117,6 +127,7 @@ static void on_signal(uv_signal_t *h, int signum)
                                   d->cfg.drain_timeout_ms);
             kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
             kvp_rpc_set_limits(d->rpc, &lim);
+            set_access(d);
             kvp_log(KVP_LOG_NOTICE, "reloaded config=%s", d->cfg.config_path);
         }
         kvp_notify_send(&d->notify, "READY=1");
@@ -227,6 +238,7 @@ static int run(daemon_t *d)
         snprintf(err, sizeof(err), "cannot listen on %s: %s", d->cfg.socket, kvp_strerror(rc));
         goto fail_rpc;
     }
+    set_access(d);
     uv_timer_init(d->loop, &d->tick);
     d->tick.data = d;
     uv_timer_start(&d->tick, on_tick, 100, 100);

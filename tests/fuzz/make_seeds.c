@@ -1,7 +1,8 @@
 /*
  * make_seeds.c - writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/):
  * nanopb-encoded requests cut into frames for fuzz_rpc (a Hello, then every other call),
- * encoded responses for fuzz_response, and a few hand-made inputs for fuzz_kernel.
+ * encoded responses for fuzz_response, a few hand-made inputs for fuzz_kernel, and scripts
+ * of stream chunks, fds and cuts for fuzz_frame (the format is in fuzz_frame.c).
  * Usage: make_seeds CORPUS_DIR (its subdirectories must exist). Run by hand when the protocol
  * changes; the output is checked in.
  */
@@ -269,6 +270,107 @@ static void kernel_seeds(const char *dir)
     put_file(dir, "extreme");
 }
 
+/* fuzz_frame scripts: [max byte][grow byte] then ops: a chunk (op & 0x3f) + 1 bytes long with
+ * op >> 6 fds attached, followed by its bytes; 0xf0 cuts the frames received so far. */
+static uint8_t script[1 << 16];
+static size_t script_len;
+
+static void script_begin(uint8_t max_byte, uint8_t grow_byte)
+{
+    script_len = 0;
+    script[script_len++] = max_byte;
+    script[script_len++] = grow_byte;
+}
+
+/* Delivers n bytes in chunks of `piece` bytes (<= 64), nfds fds on the first chunk. */
+static void script_bytes(const uint8_t *b, size_t n, size_t piece, int nfds)
+{
+    for (size_t off = 0; off < n; off += piece) {
+        size_t k = n - off < piece ? n - off : piece;
+        script[script_len++] = (uint8_t)(((off == 0 ? nfds : 0) << 6) | (k - 1));
+        memcpy(script + script_len, b + off, k);
+        script_len += k;
+    }
+}
+
+static void script_cut(void)
+{
+    script[script_len++] = 0xf0;
+}
+
+static void script_put(const char *dir, const char *name)
+{
+    memcpy(file_buf, script, script_len);
+    file_len = script_len;
+    put_file(dir, name);
+}
+
+static void frame_seeds(const char *dir)
+{
+    /* a real session's first frames: Hello, then a RegisterBuffer that carries one fd */
+    file_len = 0;
+    hello("seed", 0);
+    size_t hello_len = file_len;
+    uint8_t hello_frame[512];
+    memcpy(hello_frame, file_buf, hello_len);
+    file_len = 0;
+    kvpool_Request q = req(kvpool_Request_register_buffer_tag);
+    q.body.register_buffer.size_bytes = 4096;
+    put_msg(kvpool_Request_fields, &q);
+    uint8_t reg_frame[512];
+    size_t reg_len = file_len;
+    memcpy(reg_frame, file_buf, reg_len);
+    file_len = 0;
+
+    script_begin(254, 63); /* max 255 bytes, grow 64 */
+    script_bytes(hello_frame, hello_len, 64, 0);
+    script_cut();
+    script_bytes(reg_frame, reg_len, 64, 1);
+    script_cut();
+    script_put(dir, "hello_register");
+
+    script_begin(254, 0); /* grow 1: byte by byte, cutting after each */
+    for (size_t i = 0; i < hello_len; i++) {
+        script_bytes(hello_frame + i, 1, 1, i == 0);
+        script_cut();
+    }
+    script_put(dir, "byte_by_byte");
+
+    /* pipelined: three frames in one chunk, fds on the first, then one cut */
+    uint8_t three[192];
+    size_t n3 = 0;
+    for (int k = 0; k < 3; k++) {
+        memcpy(three + n3, reg_frame, reg_len);
+        n3 += reg_len;
+    }
+    script_begin(254, 15);
+    script_bytes(three, n3, 64, 3);
+    script_cut();
+    script_put(dir, "pipelined");
+
+    /* empty frames, then an oversize header */
+    uint8_t empty[8] = {0};
+    uint8_t big[4];
+    kvp_frame_put_len(big, 300);
+    script_begin(254, 3);
+    script_bytes(empty, 8, 8, 0);
+    script_cut();
+    script_bytes(big, 4, 4, 2);
+    script_cut();
+    script_put(dir, "empty_then_oversize");
+
+    /* the largest frame (4 KiB mode) with a full buffer in between */
+    static uint8_t large[4100];
+    kvp_frame_put_len(large, 4096);
+    for (int i = 4; i < 4100; i++)
+        large[i] = (uint8_t)i;
+    script_begin(255, 63);
+    script_bytes(large, sizeof(large), 64, 1);
+    script_bytes(hello_frame, hello_len, 32, 1);
+    script_cut();
+    script_put(dir, "largest_frame");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -282,5 +384,7 @@ int main(int argc, char **argv)
     response_seeds(d);
     snprintf(d, sizeof(d), "%s/fuzz_kernel", argv[1]);
     kernel_seeds(d);
+    snprintf(d, sizeof(d), "%s/fuzz_frame", argv[1]);
+    frame_seeds(d);
     return 0;
 }

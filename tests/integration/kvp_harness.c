@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -42,7 +44,18 @@ void kvp_daemon_dump_log(const kvp_daemon_t *d)
     fclose(f);
 }
 
+int kvp_daemon_wrapped(void)
+{
+    const char *w = getenv("KVP_TEST_DAEMON_WRAPPER");
+    return w && *w;
+}
+
 int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra)
+{
+    return kvp_daemon_start_opts(d, extra, NULL);
+}
+
+int kvp_daemon_start_opts(kvp_daemon_t *d, const char *const *extra, const kvp_daemon_opts_t *opts)
 {
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/kvpool-test-XXXXXX");
@@ -51,14 +64,22 @@ int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra)
     snprintf(d->sock, sizeof(d->sock), "%s/kvpool.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/kvpoold.log", d->dir);
     const char *bin = getenv("KVPOOLD") ? getenv("KVPOOLD") : KVPOOLD_PATH;
-    const char *argv[64];
+    const char *argv[96];
     int n = 0;
+    /* the wrapper's words first (a private copy, split on spaces) */
+    static char wrap[1024];
+    snprintf(wrap, sizeof(wrap), "%s",
+             getenv("KVP_TEST_DAEMON_WRAPPER") ? getenv("KVP_TEST_DAEMON_WRAPPER") : "");
+    for (char *save = NULL, *w = strtok_r(wrap, " ", &save); w && n < 24;
+         w = strtok_r(NULL, " ", &save))
+        argv[n++] = w;
+    const char *exe = n ? argv[0] : bin;
     argv[n++] = bin;
     argv[n++] = "--socket";
     argv[n++] = d->sock;
     argv[n++] = "--log-level";
     argv[n++] = getenv("KVP_TEST_LOG_LEVEL") ? getenv("KVP_TEST_LOG_LEVEL") : "info";
-    for (int i = 0; extra && extra[i] && n < 62; i++)
+    for (int i = 0; extra && extra[i] && n < 94; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
     d->pid = fork();
@@ -67,17 +88,24 @@ int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra)
     if (d->pid == 0) {
         int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
+            dup2(fd, 1); /* not the test's stdout: a pipe held open by the daemon */
             dup2(fd, 2);
             close(fd);
         }
         unsetenv("NOTIFY_SOCKET");
         unsetenv("LISTEN_FDS");
         unsetenv("LISTEN_PID");
-        execv(bin, (char *const *)argv);
-        fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+        if (opts && opts->nofile) {
+            struct rlimit rl = {opts->nofile, opts->nofile};
+            if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+                _exit(126);
+        }
+        execvp(exe, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));
         _exit(127);
     }
-    for (int i = 0; i < 1000; i++) {
+    int tries = kvp_daemon_wrapped() ? 12000 : 1000;
+    for (int i = 0; i < tries; i++) {
         if (try_connect(d->sock))
             return 0;
         int st;
@@ -112,4 +140,35 @@ int kvp_daemon_stop(kvp_daemon_t *d, int sig)
     unlink(d->log);
     rmdir(d->dir);
     return code;
+}
+
+int kvp_daemon_fd_count(const kvp_daemon_t *d)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)d->pid);
+    DIR *dir = opendir(path);
+    if (!dir)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)))
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(dir);
+    return n;
+}
+
+long kvp_daemon_rss_kib(const kvp_daemon_t *d)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long kib = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
 }

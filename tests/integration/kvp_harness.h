@@ -3,6 +3,10 @@
  * a private directory holds its socket and log; start waits until it accepts connections;
  * stop signals it and returns its exit status (printing its log when that is not 0). The binary is
  * $KVPOOLD or the one built next to the tests (KVPOOLD_PATH).
+ *
+ * $KVP_TEST_DAEMON_WRAPPER (words separated by spaces) prefixes the daemon's command line, e.g.
+ * "valgrind --error-exitcode=99 --leak-check=full" (tests/valgrind.sh): the daemon then keeps
+ * its pid (valgrind runs in the process it was started as), so signals and /proc still reach it.
  */
 #ifndef KVP_HARNESS_H
 #define KVP_HARNESS_H
@@ -16,10 +20,24 @@ typedef struct {
     char log[100];
 } kvp_daemon_t;
 
+typedef struct {
+    unsigned long nofile; /* RLIMIT_NOFILE of the daemon (soft and hard), 0: inherited */
+} kvp_daemon_opts_t;
+
 /* Starts kvpoold with --socket <dir>/kvpool.sock and the extra arguments (NULL-terminated
  * list, may be NULL). Returns 0 once the socket accepts, -1 when the daemon exited or did not
  * come up within 10 s (its log is printed to stderr). */
 int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra_args);
+/* The same with options (opts may be NULL). With a wrapper set it waits up to 120 s. */
+int kvp_daemon_start_opts(kvp_daemon_t *d, const char *const *extra_args,
+                          const kvp_daemon_opts_t *opts);
+
+/* The daemon's open descriptors (entries of /proc/<pid>/fd), or -1. */
+int kvp_daemon_fd_count(const kvp_daemon_t *d);
+/* The daemon's resident set (VmRSS of /proc/<pid>/status) in KiB, or -1. */
+long kvp_daemon_rss_kib(const kvp_daemon_t *d);
+/* 1 when KVP_TEST_DAEMON_WRAPPER is set (a slow daemon: tests may scale their load down). */
+int kvp_daemon_wrapped(void);
 
 /* Sends sig (0: none) and waits for the process. Returns its exit code (128 + signal when it
  * died of one), or -1. Removes the directory. */

@@ -105,6 +105,10 @@ START_TEST(defaults_are_the_documented_ones)
     ck_assert_uint_eq(c.dedup_window, 1024);
     ck_assert_uint_eq(c.default_lease_ms, 30000);
     ck_assert_uint_eq(c.max_lease_ms, 86400000);
+    ck_assert_uint_eq(c.ns_max_seqs, 0);
+    ck_assert_uint_eq(c.ns_max_pages, 0);
+    ck_assert_uint_eq(c.ns_max_buffer_bytes, 0);
+    ck_assert_uint_eq(c.ns_max_connections, 0);
     ck_assert_uint_eq(c.allowed_uids.count, 0);
     ck_assert_uint_eq(c.allowed_gids.count, 0);
     ck_assert_str_eq(c.config_path, "");
@@ -198,6 +202,10 @@ static const char full_file[] = "# every key, none at its default\n"
                                 "dedup_window = 64\n"
                                 "default_lease_ms = 0\n"
                                 "max_lease_ms = 60000\n"
+                                "ns_max_seqs = 1000\n"
+                                "ns_max_pages = 5000\n"
+                                "ns_max_buffer_bytes = 3G\n"
+                                "ns_max_connections = 8\n"
                                 "[access]\n"
                                 "allowed_uids = 1000,1001\r\n"
                                 "allowed_gids = 50\n";
@@ -238,6 +246,10 @@ static void expect_full_file(const kvp_config_t *c)
     ck_assert_uint_eq(c->dedup_window, 64);
     ck_assert_uint_eq(c->default_lease_ms, 0);
     ck_assert_uint_eq(c->max_lease_ms, 60000);
+    ck_assert_uint_eq(c->ns_max_seqs, 1000);
+    ck_assert_uint_eq(c->ns_max_pages, 5000);
+    ck_assert_uint_eq(c->ns_max_buffer_bytes, 3ull << 30);
+    ck_assert_uint_eq(c->ns_max_connections, 8);
     ck_assert_uint_eq(c->allowed_uids.count, 2);
     ck_assert_uint_eq(c->allowed_uids.ids[0], 1000);
     ck_assert_uint_eq(c->allowed_uids.ids[1], 1001);
@@ -398,6 +410,11 @@ static const struct {
     {"pool.storage", "both", "expected combined or split"},
     {"limits.max_batch_tokens", "2147483648", "out of range 1..2147483647"},
     {"limits.max_buffer_bytes", "2000T", "out of range"},
+    {"limits.ns_max_seqs", "67108865", "out of range 0..67108864"},
+    {"limits.ns_max_seqs", "-1", "expected"},
+    {"limits.ns_max_pages", "4294967296", "out of range 0..4294967295"},
+    {"limits.ns_max_buffer_bytes", "2000T", "out of range"},
+    {"limits.ns_max_connections", "1048577", "out of range 0..1048576"},
     {"access.allowed_uids", "4294967295", "entry out of range 0..4294967294"},
     {"access.allowed_uids", "root", "comma-separated list"},
     {"access.allowed_gids", "5 6", "comma-separated list"},
@@ -876,13 +893,18 @@ START_TEST(reload_keeps_and_lists_settings_that_need_a_restart)
     /* only reloadable changes; page_size in the file changes, but the flag still rules */
     rewrite(path, "[server]\nlog_level = debug\nmax_connections = 9\n[pool]\nnum_layers = 2\n"
                   "page_size = 64\n[limits]\nmax_seqs = 100\nmax_batch_tokens = 200\n"
-                  "[access]\nallowed_gids = 5\n");
+                  "ns_max_seqs = 7\nns_max_pages = 70\nns_max_buffer_bytes = 1M\n"
+                  "ns_max_connections = 2\n[access]\nallowed_gids = 5\n");
     strcpy(err, "x");
     ck_assert_int_eq(kvp_config_reload_file(&old, path, &next, err, sizeof(err)), 0);
     ck_assert_str_eq(err, "");
     ck_assert_int_eq(next.log_level, KVP_LOG_DEBUG);
     ck_assert_uint_eq(next.max_connections, 9);
     ck_assert_uint_eq(next.max_batch_tokens, 200);
+    ck_assert_uint_eq(next.ns_max_seqs, 7); /* the quotas are reloadable */
+    ck_assert_uint_eq(next.ns_max_pages, 70);
+    ck_assert_uint_eq(next.ns_max_buffer_bytes, 1u << 20);
+    ck_assert_uint_eq(next.ns_max_connections, 2);
     ck_assert_uint_eq(next.allowed_gids.count, 1);
     ck_assert_uint_eq(next.page_size, 32);
     ck_assert_uint_eq(next.num_pages, 1024);

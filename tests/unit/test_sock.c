@@ -331,6 +331,7 @@ START_TEST(frame_above_the_maximum_is_a_protocol_error)
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
     } cb;
+    memset(&cb, 0, sizeof(cb)); /* the padding goes to the kernel too (valgrind) */
     struct msghdr mh = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.buf, .msg_controllen = sizeof(cb.buf)};
     struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);

@@ -1,0 +1,28 @@
+/*
+ * kvp_access.h - who may connect to kvpoold: the policy of the [access] section
+ * (kvp_config.h) as a pure function of the peer's credentials, so it is unit-tested without
+ * sockets or other users. The server reads the credentials (SO_PEERCRED, SO_PEERGROUPS) and
+ * refuses a peer this says no to with PERMISSION_DENIED before it can send a request.
+ */
+#ifndef KVP_ACCESS_H
+#define KVP_ACCESS_H
+
+#include <stdint.h>
+
+#define KVP_ACCESS_MAX_IDS 64
+
+typedef struct {
+    uint32_t self_uid;   /* the daemon's effective uid: always allowed (as is root) */
+    uint32_t socket_gid; /* the socket file's group: allowed when both lists are empty */
+    uint32_t num_uids, num_gids;
+    uint32_t uids[KVP_ACCESS_MAX_IDS]; /* access.allowed_uids */
+    uint32_t gids[KVP_ACCESS_MAX_IDS]; /* access.allowed_gids */
+} kvp_access_t;
+
+/* Decides for a peer with uid and groups gids[0..ngids) (its primary group first, then its
+ * supplementary ones). Root and self_uid are always allowed; with both lists empty so are the
+ * members of socket_gid; otherwise exactly the listed uids and the members of the listed gids.
+ * Returns 0 (allowed) or KVP_EPERM. */
+int kvp_access_check(const kvp_access_t *a, uint32_t uid, const uint32_t *gids, uint32_t ngids);
+
+#endif

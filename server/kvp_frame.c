@@ -1,0 +1,134 @@
+/*
+ * kvp_frame.c - the frame reader (see kvp_frame.h). The buffer holds [head, len) unconsumed
+ * bytes; frames are handed out in place (no copy) and the bytes before head are reclaimed only
+ * when the next read needs room, so a batch of pipelined frames costs one memmove.
+ */
+#include "kvp_frame.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_error.h"
+
+void kvp_frame_reader_init(kvp_frame_reader_t *r, uint32_t max_frame_bytes, kvp_frame_drop_fn drop,
+                           void *drop_arg)
+{
+    memset(r, 0, sizeof(*r));
+    r->max_frame_bytes = max_frame_bytes ? max_frame_bytes : 1;
+    r->grow_bytes = KVP_FRAME_GROW_BYTES;
+    r->drop = drop;
+    r->drop_arg = drop_arg;
+}
+
+void kvp_frame_reader_free(kvp_frame_reader_t *r)
+{
+    for (int i = 0; i < r->nfds; i++)
+        r->drop(r->fds[i].fd, r->drop_arg);
+    r->nfds = 0;
+    free(r->buf);
+    r->buf = NULL;
+    r->cap = r->len = r->head = 0;
+}
+
+static size_t max_cap(const kvp_frame_reader_t *r)
+{
+    return (size_t)r->max_frame_bytes + KVP_FRAME_HDR_BYTES;
+}
+
+int kvp_frame_reader_space(kvp_frame_reader_t *r, uint8_t **p, size_t *n)
+{
+    size_t want = max_cap(r);
+    size_t step = r->grow_bytes ? r->grow_bytes : KVP_FRAME_GROW_BYTES;
+    if (r->head && (r->head == r->len || r->cap - r->len < step)) {
+        /* reclaim what earlier frames used before growing */
+        memmove(r->buf, r->buf + r->head, r->len - r->head);
+        r->len -= r->head;
+        r->head = 0;
+    }
+    if (r->cap - r->len < step && r->cap < want) {
+        size_t ncap = r->cap + step;
+        if (ncap > want || ncap < r->cap)
+            ncap = want;
+        uint8_t *nb = realloc(r->buf, ncap);
+        if (!nb)
+            return KVP_ENOMEM;
+        r->buf = nb;
+        r->cap = ncap;
+    }
+    if (r->len == r->cap)
+        return KVP_EBUSY;
+    *p = r->buf + r->len;
+    *n = r->cap - r->len;
+    return 0;
+}
+
+int kvp_frame_reader_commit(kvp_frame_reader_t *r, size_t n, const int *fds, int nfds)
+{
+    int rc = 0;
+    for (int i = 0; i < nfds; i++) {
+        if (r->nfds < KVP_FRAME_MAX_PENDING_FDS) {
+            r->fds[r->nfds].fd = fds[i];
+            r->fds[r->nfds].at = r->rx_total;
+            r->nfds++;
+        } else {
+            r->drop(fds[i], r->drop_arg);
+            rc = KVP_ELIMIT;
+        }
+    }
+    if (n > r->cap - r->len)
+        n = r->cap - r->len; /* a caller bug; never trust it past the buffer */
+    r->len += n;
+    r->rx_total += n;
+    return rc;
+}
+
+int kvp_frame_reader_ready(const kvp_frame_reader_t *r)
+{
+    size_t avail = r->len - r->head;
+    if (avail < KVP_FRAME_HDR_BYTES)
+        return 0;
+    uint32_t len = kvp_frame_get_len(r->buf + r->head);
+    return len > r->max_frame_bytes || avail - KVP_FRAME_HDR_BYTES >= len;
+}
+
+size_t kvp_frame_reader_pending(const kvp_frame_reader_t *r)
+{
+    return r->len - r->head;
+}
+
+int kvp_frame_reader_next(kvp_frame_reader_t *r, kvp_frame_t *f)
+{
+    f->nfds = 0;
+    f->len = 0;
+    f->payload = NULL;
+    size_t avail = r->len - r->head;
+    if (avail < KVP_FRAME_HDR_BYTES)
+        return 0;
+    uint32_t len = kvp_frame_get_len(r->buf + r->head);
+    if (len > r->max_frame_bytes) {
+        f->len = len;
+        return KVP_ELIMIT;
+    }
+    if (avail - KVP_FRAME_HDR_BYTES < len)
+        return 0;
+    /* stream offsets of this frame: [start, end) */
+    uint64_t start = r->rx_total - (r->len - r->head);
+    uint64_t end = start + KVP_FRAME_HDR_BYTES + len;
+    int k = 0;
+    for (int i = 0; i < r->nfds; i++) {
+        const kvp_frame_fd_t *e = &r->fds[i];
+        if (e->at < start)
+            r->drop(e->fd, r->drop_arg); /* came with an earlier frame that did not take it */
+        else if (e->at >= end)
+            r->fds[k++] = *e;
+        else if (f->nfds < KVP_MAX_FDS_PER_FRAME)
+            f->fds[f->nfds++] = e->fd;
+        else
+            r->drop(e->fd, r->drop_arg);
+    }
+    r->nfds = k;
+    f->payload = r->buf + r->head + KVP_FRAME_HDR_BYTES;
+    f->len = len;
+    r->head += KVP_FRAME_HDR_BYTES + (size_t)len;
+    return 1;
+}

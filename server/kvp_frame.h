@@ -1,0 +1,87 @@
+/*
+ * kvp_frame.h - the daemon's frame reader: what one connection has received (bytes, and the
+ * descriptors that came with them as SCM_RIGHTS), cut into frames (4-byte little-endian length
+ * + payload, DESIGN.md §5), each with exactly the fds that arrived with its own bytes.
+ *
+ * Pure bookkeeping: it reads no socket and closes no descriptor itself (the fds it drops go
+ * to a callback), so unit tests and the fuzzer (tests/fuzz/fuzz_frame.c) drive it with made-up
+ * streams and made-up fd numbers. The server does the recvmsg into kvp_frame_reader_space and
+ * reports what arrived with kvp_frame_reader_commit. One reader per connection; not
+ * thread-safe.
+ */
+#ifndef KVP_FRAME_H
+#define KVP_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvp_wire.h"
+
+#define KVP_FRAME_MAX_PENDING_FDS 32    /* fds received and not yet taken by a frame */
+#define KVP_FRAME_GROW_BYTES      65536 /* read buffer growth step (and first size) */
+
+typedef struct {
+    int fd;
+    uint64_t at; /* stream offset of the first byte read together with it */
+} kvp_frame_fd_t;
+
+/* Called for every descriptor the reader gives up (the server closes it). */
+typedef void (*kvp_frame_drop_fn)(int fd, void *arg);
+
+typedef struct {
+    uint8_t *buf;
+    size_t cap;        /* bytes allocated, at most max_frame_bytes + header */
+    size_t head;       /* bytes of buf already handed out as frames */
+    size_t len;        /* bytes of buf received */
+    uint64_t rx_total; /* bytes received in all: stream offset of buf[len] */
+    uint32_t max_frame_bytes;
+    uint32_t grow_bytes; /* KVP_FRAME_GROW_BYTES unless a test sets it smaller */
+    kvp_frame_fd_t fds[KVP_FRAME_MAX_PENDING_FDS];
+    int nfds;
+    kvp_frame_drop_fn drop;
+    void *drop_arg;
+} kvp_frame_reader_t;
+
+/* One frame cut by kvp_frame_reader_next. */
+typedef struct {
+    const uint8_t *payload;         /* borrowed from the reader: valid until the next call of
+                                       kvp_frame_reader_space, _compact or _free */
+    uint32_t len;                   /* payload bytes (the announced length for an oversize frame) */
+    int fds[KVP_MAX_FDS_PER_FRAME]; /* owned by the caller from now on */
+    int nfds;
+} kvp_frame_t;
+
+/* Sets up an empty reader (no memory is taken until the first kvp_frame_reader_space).
+ * max_frame_bytes >= 1. drop (not NULL) receives each fd the reader gives up. */
+void kvp_frame_reader_init(kvp_frame_reader_t *r, uint32_t max_frame_bytes, kvp_frame_drop_fn drop,
+                           void *drop_arg);
+
+/* Drops the pending fds and frees the buffer; the reader may be initialised again. */
+void kvp_frame_reader_free(kvp_frame_reader_t *r);
+
+/* Where the next read may write: *p and *n (> 0). Moves unconsumed bytes to the front when
+ * that makes room and grows the buffer by grow_bytes steps up to one largest frame, so a
+ * connection holds at most max_frame_bytes + 4 bytes however much its client sends. Returns
+ * 0; KVP_EBUSY when the buffer is full (it then holds a whole frame: take it first, or the
+ * header announced an oversize one); KVP_ENOMEM. */
+int kvp_frame_reader_space(kvp_frame_reader_t *r, uint8_t **p, size_t *n);
+
+/* Records that n bytes were written at the place kvp_frame_reader_space gave and that the fds
+ * (nfds >= 0) came with them. Returns 0, or KVP_ELIMIT when more fds are pending than the
+ * reader keeps: the excess ones were dropped, the client is abusing the protocol (close it). */
+int kvp_frame_reader_commit(kvp_frame_reader_t *r, size_t n, const int *fds, int nfds);
+
+/* Cuts the next frame. Returns 1 with *f filled; 0 when no complete frame is buffered;
+ * KVP_ELIMIT when the next header announces more than max_frame_bytes (f->len holds the
+ * announced length; the stream cannot be resynchronised: close the connection). The frame's
+ * fds are those whose first byte arrived within its bytes (at most KVP_MAX_FDS_PER_FRAME; more
+ * are dropped); fds that arrived with earlier frames and were not taken are dropped. */
+int kvp_frame_reader_next(kvp_frame_reader_t *r, kvp_frame_t *f);
+
+/* 1 when a whole frame (or an oversize header) waits to be cut, else 0. */
+int kvp_frame_reader_ready(const kvp_frame_reader_t *r);
+
+/* Bytes received and not yet cut into frames. */
+size_t kvp_frame_reader_pending(const kvp_frame_reader_t *r);
+
+#endif

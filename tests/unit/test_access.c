@@ -1,0 +1,65 @@
+/* test_access.c - the connection policy of [access] (server/kvp_access.h). */
+#include <check.h>
+#include <stdlib.h>
+
+#include "kvp_access.h"
+#include "kvp_error.h"
+
+static const kvp_access_t DEFAULT = {.self_uid = 500, .socket_gid = 600};
+
+START_TEST(root_and_the_daemons_uid_may_always_connect)
+{
+    kvp_access_t listed = DEFAULT;
+    listed.num_uids = 1;
+    listed.uids[0] = 1000;
+    uint32_t g = 12345;
+    ck_assert_int_eq(kvp_access_check(&DEFAULT, 0, &g, 1), 0);
+    ck_assert_int_eq(kvp_access_check(&DEFAULT, 500, &g, 1), 0);
+    ck_assert_int_eq(kvp_access_check(&listed, 0, NULL, 0), 0);
+    ck_assert_int_eq(kvp_access_check(&listed, 500, NULL, 0), 0);
+}
+END_TEST
+
+START_TEST(by_default_the_socket_group_decides)
+{
+    uint32_t in[] = {100, 600}, out[] = {100, 601};
+    ck_assert_int_eq(kvp_access_check(&DEFAULT, 1000, in, 2), 0); /* supplementary group */
+    ck_assert_int_eq(kvp_access_check(&DEFAULT, 1000, in + 1, 1), 0);
+    ck_assert_int_eq(kvp_access_check(&DEFAULT, 1000, out, 2), KVP_EPERM);
+    ck_assert_int_eq(kvp_access_check(&DEFAULT, 1000, NULL, 0), KVP_EPERM);
+}
+END_TEST
+
+START_TEST(lists_replace_the_socket_group)
+{
+    kvp_access_t a = DEFAULT;
+    a.num_uids = 2;
+    a.uids[0] = 1000;
+    a.uids[1] = 1001;
+    a.num_gids = 1;
+    a.gids[0] = 50;
+    uint32_t sock[] = {600}, g50[] = {7, 50}, other[] = {7};
+    ck_assert_int_eq(kvp_access_check(&a, 1001, other, 1), 0);
+    ck_assert_int_eq(kvp_access_check(&a, 2000, g50, 2), 0);
+    ck_assert_int_eq(kvp_access_check(&a, 2000, other, 1), KVP_EPERM);
+    ck_assert_int_eq(kvp_access_check(&a, 2000, sock, 1), KVP_EPERM); /* no longer enough */
+    a.num_gids = 0;                                                   /* uids only */
+    ck_assert_int_eq(kvp_access_check(&a, 2000, g50, 2), KVP_EPERM);
+    ck_assert_int_eq(kvp_access_check(&a, 1000, NULL, 0), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("access");
+    TCase *tc = tcase_create("access");
+    tcase_add_test(tc, root_and_the_daemons_uid_may_always_connect);
+    tcase_add_test(tc, by_default_the_socket_group_decides);
+    tcase_add_test(tc, lists_replace_the_socket_group);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
