@@ -24,29 +24,58 @@ struct pack_args {
     uint32_t tokens, heads, vecs_per_row, page_size, num_pages;
 };
 
-/* unpack = false: pool -> stream; true: stream -> pool. */
+/* unpack = false: pool -> stream; true: stream -> pool. Each thread moves kIlp vectors per
+ * step (all loads, then all stores) so a small grid keeps enough bytes in flight: the grid is
+ * kept to a few blocks per SM on purpose, so that NCCL's kernels, which send the previous chunk
+ * while this one is packed, still find room on every SM (a grid that fills the GPU would make
+ * the pipelined transfer run pack and send one after the other). */
+constexpr int kIlp = 4;
+
+__device__ __forceinline__ uint4 *pool_vec(const pack_args &a, uint64_t i)
+{
+    uint64_t rest = i / a.vecs_per_row;
+    const uint32_t c = (uint32_t)(i - rest * a.vecs_per_row);
+    const uint32_t h = (uint32_t)(rest % a.heads);
+    rest /= a.heads;
+    const uint32_t t = (uint32_t)(rest % a.tokens);
+    const uint32_t which = (uint32_t)(rest / a.tokens);
+    const int32_t page = a.pages[t / a.page_size];
+    if (page < 0 || (uint32_t)page >= a.num_pages)
+        return nullptr; /* never out of bounds; the caller checked its pages */
+    uint8_t *row = (which ? a.v : a.k) + (uint64_t)page * a.sp + (uint64_t)(t % a.page_size) * a.sn +
+                   (uint64_t)h * a.sh;
+    return reinterpret_cast<uint4 *>(row) + c;
+}
+
 template <bool unpack> __global__ void pack_kernel(pack_args a)
 {
     const uint64_t step = (uint64_t)gridDim.x * blockDim.x;
-    for (uint64_t i = a.vec_begin + (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-         i < a.vec_end; i += step) {
-        uint64_t rest = i / a.vecs_per_row;
-        const uint32_t c = (uint32_t)(i - rest * a.vecs_per_row);
-        const uint32_t h = (uint32_t)(rest % a.heads);
-        rest /= a.heads;
-        const uint32_t t = (uint32_t)(rest % a.tokens);
-        const uint32_t which = (uint32_t)(rest / a.tokens);
-        const int32_t page = a.pages[t / a.page_size];
-        if (page < 0 || (uint32_t)page >= a.num_pages)
-            continue; /* never out of bounds; the caller checked its pages */
-        uint8_t *row = (which ? a.v : a.k) + (uint64_t)page * a.sp +
-                       (uint64_t)(t % a.page_size) * a.sn + (uint64_t)h * a.sh;
-        uint4 *pool_vec = reinterpret_cast<uint4 *>(row) + c;
-        uint4 *stream_vec = reinterpret_cast<uint4 *>(a.stream) + (i - a.vec_begin);
-        if (unpack)
-            *pool_vec = *stream_vec;
-        else
-            *stream_vec = *pool_vec;
+    uint4 *stream = reinterpret_cast<uint4 *>(a.stream);
+    for (uint64_t base = a.vec_begin + (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+         base < a.vec_end; base += kIlp * step) {
+        uint4 v[kIlp];
+        uint4 *dst[kIlp];
+#pragma unroll
+        for (int k = 0; k < kIlp; k++) {
+            const uint64_t i = base + k * step;
+            dst[k] = nullptr;
+            if (i >= a.vec_end)
+                continue;
+            uint4 *pv = pool_vec(a, i);
+            if (!pv)
+                continue;
+            if (unpack) {
+                v[k] = stream[i - a.vec_begin];
+                dst[k] = pv;
+            } else {
+                v[k] = *pv;
+                dst[k] = stream + (i - a.vec_begin);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < kIlp; k++)
+            if (dst[k])
+                *dst[k] = v[k];
     }
 }
 
@@ -88,10 +117,19 @@ template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
 {
     if (a.vec_end <= a.vec_begin)
         return 0;
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            sms <= 0)
+            sms = 132;
+    }
     const unsigned threads = 256;
-    uint64_t blocks = (a.vec_end - a.vec_begin + threads - 1) / threads;
-    if (blocks > 65535ull * 16)
-        blocks = 65535ull * 16; /* the grid-stride loop does the rest */
+    const uint64_t per_block = (uint64_t)threads * kIlp;
+    uint64_t blocks = (a.vec_end - a.vec_begin + per_block - 1) / per_block;
+    if (blocks > 2ull * (uint64_t)sms)
+        blocks = 2ull * (uint64_t)sms; /* the grid-stride loop does the rest */
     pack_kernel<unpack><<<(unsigned)blocks, threads, 0, s>>>(a);
     return cudaGetLastError() == cudaSuccess ? 0 : KVP_EINTERNAL;
 }
