@@ -69,6 +69,7 @@ struct kvp_xfer_job {
     uint32_t timeout_ms;
     uint32_t stall_ms;    /* test hook, exporter only */
     uint32_t chunk_test; /* test hook: staging chunk bytes instead of chunk_bytes() */
+    uint64_t start_us;   /* when the worker thread took it (timing log) */
     int clean;         /* the failure was a refusal both sides agreed on: the communicator is
                           still in step and stays cached */
     int rc;
@@ -99,6 +100,13 @@ typedef struct {
     uint8_t reserved[16];
 } wire_hdr_t;
 _Static_assert(sizeof(wire_hdr_t) == 64, "the header is 64 bytes on the wire");
+
+static inline uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 static uint64_t mono_ms(void)
 {
@@ -670,6 +678,7 @@ static int move_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *pool,
     comm_t *c = j->comm;
     const int send = j->direction == KVP_XFER_EXPORT;
     const size_t ch = j->chunk_test ? j->chunk_test : chunk_bytes(j->bytes);
+    const uint64_t t0 = mono_us();
     int rc = stage_ready(j, ch);
     if (rc)
         return rc;
@@ -698,9 +707,19 @@ static int move_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *pool,
             KVP_CUDA_CHECK(cudaEventRecord(c->drained[b], c->side), rc, fail);
         }
     }
+    const uint64_t t1 = mono_us();
     if ((rc = wait_stream(n, j, deadline, send ? "sending the KV" : "receiving the KV")))
         return rc;
-    return wait_on(n, j, c->side, deadline, send ? "packing" : "unpacking");
+    rc = wait_on(n, j, c->side, deadline, send ? "packing" : "unpacking");
+    if (!rc && kvp_log_enabled(KVP_LOG_DEBUG)) /* where a transfer's time goes */
+        kvp_log(KVP_LOG_DEBUG,
+                "transfer timing dir=%s bytes=%llu chunk=%zu chunks=%llu since_start_us=%llu "
+                "enqueue_us=%llu wait_us=%llu",
+                send ? "export" : "import", (unsigned long long)j->bytes, ch,
+                (unsigned long long)((j->bytes + ch - 1) / ch),
+                (unsigned long long)(t0 - j->start_us), (unsigned long long)(t1 - t0),
+                (unsigned long long)(mono_us() - t1));
+    return rc;
 fail:
     return job_fail(j, rc, "CUDA call failed while %s", send ? "sending" : "receiving");
 }
@@ -838,6 +857,7 @@ void kvp_xfer_run(kvp_xfer_job_t *j)
         return;
     }
     uint8_t *dev = NULL;
+    j->start_us = mono_us();
     j->rc = run_transfer(n, j, &dev);
     int can_free = 1;
     if (j->rc && !j->clean)

@@ -55,7 +55,11 @@ static int start(kvp_daemon_t *d, const char *dev)
                           "transfer.timeout_ms=120000",
                           "--set",
                           "limits.max_batch_tokens=65536",
+                          "--log-level",
+                          getenv("KVP_BENCH_TRACE") ? "debug" : "info",
                           NULL};
+    /* KVP_BENCH_TRACE set: the daemons log each transfer's phases (debug level); their logs
+     * are printed at the end */
     return kvp_daemon_start(d, args);
 }
 
@@ -203,6 +207,10 @@ int main(void)
     }
     kvp_client_close(ca);
     kvp_client_close(cb);
+    if (getenv("KVP_BENCH_TRACE")) {
+        kvp_daemon_dump_log(&a);
+        kvp_daemon_dump_log(&b);
+    }
     kvp_daemon_stop(&a, SIGTERM);
     kvp_daemon_stop(&b, SIGTERM);
     double base = nccl_baseline((size_t)seq_bytes);
