@@ -234,16 +234,13 @@ static int run(daemon_t *d)
         .threads = kvp_config_copy_threads(&d->cfg),
         .busy_poll_us = d->cfg.busy_poll_us,
     };
-    if ((rc = kvp_server_create(d->loop, &sc, d->rpc, &d->server))) {
-        snprintf(err, sizeof(err), "cannot listen on %s: %s", d->cfg.socket, kvp_strerror(rc));
-        goto fail_rpc;
-    }
-    set_access(d);
     uv_timer_init(d->loop, &d->tick);
     d->tick.data = d;
     uv_timer_start(&d->tick, on_tick, 100, 100);
     uv_timer_init(d->loop, &d->watchdog);
     d->watchdog.data = d;
+    /* the metrics listener before the socket: once a client can connect, everything the
+     * daemon serves is up (a test, or an operator, that waits for the socket can scrape) */
     if (d->cfg.metrics_listen[0]) {
         /* asked for explicitly, so a port in use or a typo stops the start-up loudly */
         kvp_http_config_t hc = {
@@ -260,6 +257,11 @@ static int run(daemon_t *d)
             goto fail_server;
         }
     }
+    if ((rc = kvp_server_create(d->loop, &sc, d->rpc, &d->server))) {
+        snprintf(err, sizeof(err), "cannot listen on %s: %s", d->cfg.socket, kvp_strerror(rc));
+        goto fail_server;
+    }
+    set_access(d);
     kvp_notify_open(&d->notify);
     if (d->cfg.watchdog && kvp_notify_watchdog_usec(&d->watchdog_usec) == 0 && d->watchdog_usec) {
         uint64_t every_ms = d->watchdog_usec / 2000 ? d->watchdog_usec / 2000 : 1;
@@ -294,7 +296,6 @@ fail_server:
      * they point at goes away */
     close_handles(d);
     uv_run(d->loop, UV_RUN_DEFAULT);
-fail_rpc:
     kvp_rpc_destroy(d->rpc);
 fail:
     kvp_log(KVP_LOG_ERR, "startup failed reason=\"%s\"", err);
