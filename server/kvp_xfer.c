@@ -101,13 +101,6 @@ typedef struct {
 } wire_hdr_t;
 _Static_assert(sizeof(wire_hdr_t) == 64, "the header is 64 bytes on the wire");
 
-static inline uint64_t mono_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static uint64_t mono_ms(void)
 {
     struct timespec ts;
@@ -480,6 +473,13 @@ void kvp_xfer_counters(const kvp_xfer_t *x, uint64_t totals[2][2], uint64_t byte
 /* ---- the transfer itself (worker thread) ----------------------------------------------- */
 
 #ifdef KVP_HAVE_NCCL
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 static int job_fail(kvp_xfer_job_t *j, int rc, const char *fmt, const char *arg)
 {
