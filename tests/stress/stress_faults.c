@@ -16,16 +16,24 @@
  *              the daemon's CPU time over a second at the limit is checked); the others are
  *              served; once some leave, connecting works again; fds back to the baseline.
  *
+ *   sigterm    64 worker processes, each in its own namespace (lease 60 s), Append and
+ *              Reserve to 4 sequences as fast as they can, releasing a sequence when it is
+ *              full; each keeps the net token count of the calls it saw acknowledged in a
+ *              shared page. After 2 s the daemon gets SIGTERM: it must exit 0, and the token
+ *              count it logs at exit ("final ... tokens=") must equal the sum of the workers'
+ *              acknowledged counts: every acknowledged request applied, nothing else.
+ *
  *   stress_faults [SCENARIO...]   (default: all)   KVP_STRESS_SECONDS (kill: default 10)
  *
- * Pool exhaustion under load is in stress_load (RESOURCE_EXHAUSTED all-or-nothing, recovery)
- * and SIGTERM under load in tests/integration/test_daemon.c.
+ * Pool exhaustion under load is in stress_load (RESOURCE_EXHAUSTED all-or-nothing, recovery).
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -415,12 +423,108 @@ static void scenario_fds(void)
            NOFILE, cpu, fd1, fd0);
 }
 
+/* ---- sigterm ------------------------------------------------------------------------------ */
+
+enum { TERM_WORKERS = 64, TERM_SEQS = 4, TERM_MAX_TOKENS = 256 };
+
+/* One worker: its acknowledged net token count goes to *acked after every answer. Stops at
+ * the first error (the daemon draining, then gone). */
+static void term_worker(const kvp_daemon_t *d, int k, _Atomic uint64_t *acked,
+                        _Atomic uint32_t *calls)
+{
+    char ns[32];
+    snprintf(ns, sizeof(ns), "term%d", k);
+    kvp_client_t *c = s_connect(d, ns, 60000, 0);
+    void *stage;
+    uint32_t buf;
+    if (kvp_client_alloc_host_buffer(c, 64 << 10, &stage, &buf))
+        _exit(3);
+    memset(stage, k, 64 << 10);
+    uint32_t len[TERM_SEQS] = {0};
+    uint64_t total = 0;
+    for (uint64_t i = 0;; i++) {
+        uint64_t id = i % TERM_SEQS;
+        uint32_t n = 1 + (uint32_t)((i * 7 + (uint64_t)k) % 4);
+        int rc;
+        if (len[id] + n > TERM_MAX_TOKENS) {
+            uint32_t rel = 0;
+            rc = kvp_client_release(c, &id, 1, &rel);
+            if (rc)
+                break;
+            total -= len[id];
+            len[id] = 0;
+        } else {
+            kvp_source_t src = source(buf, n);
+            rc = i % 3 ? kvp_client_append(c, &id, &n, 1, &src, NULL)
+                       : kvp_client_reserve(c, &id, &n, 1, NULL);
+            if (rc)
+                break;
+            len[id] += n;
+            total += n;
+        }
+        atomic_store(acked, total);
+        atomic_fetch_add(calls, 1);
+    }
+    _exit(0); /* no close: the connection goes with the process, as a worker's would */
+}
+
+static void scenario_sigterm(void)
+{
+    kvp_daemon_t d;
+    s_start(&d, 20000, NULL, NULL); /* room for every sequence: no RESOURCE_EXHAUSTED here */
+    struct shared {
+        _Atomic uint64_t acked[TERM_WORKERS];
+        _Atomic uint32_t calls;
+    } *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    S_CHECK(sh != MAP_FAILED, "mmap");
+    memset((void *)sh, 0, sizeof(*sh));
+    pid_t p[TERM_WORKERS];
+    for (int k = 0; k < TERM_WORKERS; k++)
+        if ((p[k] = fork()) == 0)
+            term_worker(&d, k, &sh->acked[k], &sh->calls);
+    sleep(2);
+    uint32_t before = atomic_load(&sh->calls);
+    S_CHECK(kill(d.pid, SIGTERM) == 0, "SIGTERM");
+    int st;
+    S_CHECK(waitpid(d.pid, &st, 0) == d.pid, "waitpid kvpoold");
+    pid_t dpid = d.pid;
+    d.pid = 0; /* reaped here */
+    for (int k = 0; k < TERM_WORKERS; k++) {
+        int wst;
+        waitpid(p[k], &wst, 0);
+        S_CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "worker %d: status %d", k, wst);
+    }
+    S_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvpoold %d exit status %d", (int)dpid, st);
+    uint64_t acked = 0;
+    for (int k = 0; k < TERM_WORKERS; k++)
+        acked += atomic_load(&sh->acked[k]);
+    uint32_t calls = atomic_load(&sh->calls);
+    FILE *f = fopen(d.log, "r");
+    S_CHECK(f, "daemon log");
+    char line[1024];
+    unsigned long long tokens = ~0ull;
+    while (fgets(line, sizeof(line), f)) {
+        char *t = strstr(line, "final seqs=");
+        if (t && strstr(t, "tokens="))
+            S_CHECK(sscanf(strstr(t, "tokens="), "tokens=%llu", &tokens) == 1, "final line");
+    }
+    fclose(f);
+    S_CHECK(before > (uint32_t)TERM_WORKERS, "only %u calls before SIGTERM", before);
+    S_CHECK(tokens == acked, "the daemon ended with %llu tokens; the workers saw %llu acknowledged",
+            tokens, (unsigned long long)acked);
+    munmap((void *)sh, sizeof(*sh));
+    kvp_daemon_stop(&d, 0); /* removes its directory */
+    printf("sigterm: %d workers, %u acknowledged calls (%u before the signal), SIGTERM: exit 0, "
+           "final tokens %llu = %llu acknowledged\n",
+           TERM_WORKERS, calls, before, tokens, (unsigned long long)acked);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     unsigned seconds = s_env("KVP_STRESS_SECONDS", 10);
-    const char *all[] = {"kill", "noread", "slow", "fds"};
-    int nall = 4;
+    const char *all[] = {"kill", "noread", "slow", "fds", "sigterm"};
+    int nall = 5;
     const char **which = argc > 1 ? (const char **)argv + 1 : all;
     int n = argc > 1 ? argc - 1 : nall;
     for (int i = 0; i < n; i++) {
@@ -432,8 +536,10 @@ int main(int argc, char **argv)
             scenario_slow();
         else if (!strcmp(which[i], "fds"))
             scenario_fds();
+        else if (!strcmp(which[i], "sigterm"))
+            scenario_sigterm();
         else {
-            fprintf(stderr, "unknown scenario %s (kill, noread, slow, fds)\n", which[i]);
+            fprintf(stderr, "unknown scenario %s (kill, noread, slow, fds, sigterm)\n", which[i]);
             return 2;
         }
         fflush(stdout);
