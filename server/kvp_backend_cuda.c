@@ -12,11 +12,11 @@
  * while the daemon's stream waited on its event left that stream stalled for good, which
  * would stop every namespace on the device (DESIGN.md §8 wants only the dead worker's lease
  * affected), and a stream stalled that way would also hang every call that synchronises the
- * device. The worker's stream waits on our "done" event, recorded after the append; the reply
- * goes out as soon as the work is queued, so the worker's RPC returns once its own work before
- * the ready event has run. (Stream memory operations on a flag word both sides map would
- * remove that wait too; the daemon could then release a dead worker's wait by writing the
- * word itself.)
+ * device. We record our "done" event after the append, but the reply goes out only once the
+ * copy has completed (the pages it writes stay pinned just that long) and says so
+ * (AppendResponse.completed), so a current worker needs no wait on that event. (Stream memory
+ * operations on a flag word both sides map would give the GPU-side wait on the ready event
+ * back; the daemon could then release a dead worker's wait by writing the word itself.)
  *
  * Not here: the planner (the dispatch hands run() a validated plan) and the kernels. A CUDA
  * error inside run() or a sticky error seen by health() poisons the backend: health() then
@@ -46,23 +46,18 @@
 #include "kvp_cuda_util.h"
 #include "kvp_kernels_cuda.h"
 
-#define STAGE_SLOTS     4           /* plans staged per device at once (SYNC_EVENT runs) */
 #define STAGE_MIN_BYTES (64u << 10) /* first size of a staging slot and the device copy */
-#define RELEASE_WAIT_MS 10000       /* longest wait for a buffer's last append to finish */
 /* Longest wait for a worker's ready event (SYNC_EVENT); $KVPOOL_CUDA_READY_TIMEOUT_MS (1 ms ..
  * 1 hour) overrides it when the backend is created (tests use a short one). */
 #define READY_TIMEOUT_MS 30000
 
-/* Pinned host staging for one run's plan arrays. A slot is reused only after its event says
- * the previous run's upload (and error-word read-back) is done, since a SYNC_EVENT run returns
- * with that work still queued. */
+/* Pinned host staging for one run's plan arrays. One per device is enough: a run holds the
+ * device's lock and waits for its stream before it returns, so the next run finds the upload
+ * and the error-word read-back of the previous one done. */
 typedef struct {
     int32_t *host;
     size_t cap_bytes;
-    cudaEvent_t done; /* recorded after the last work of the run that used the slot */
-    int used;         /* done has been recorded */
-    int check_err;    /* the run returned before reading its error word: read at reuse */
-    size_t err_word;  /* index of that word in host[] */
+    size_t err_word; /* index of the run's error word in host[] */
 } stage_t;
 
 typedef struct {
@@ -72,8 +67,7 @@ typedef struct {
     cudaStream_t stream;
     pthread_mutex_t lock; /* everything below, and the order of work on stream */
     int lock_ready;
-    stage_t stage[STAGE_SLOTS];
-    unsigned next_stage;
+    stage_t stage;
     int32_t *dev_words; /* the plan arrays on the device: stream-ordered, so one suffices */
     size_t dev_cap_bytes;
 } cuda_dev_t;
@@ -97,8 +91,6 @@ typedef struct {
     const uint8_t *dptr;  /* where the kernels read */
     cudaEvent_t ready;    /* the worker's interprocess event, NULL if none */
     cudaEvent_t done;     /* ours, interprocess, NULL if none */
-    cudaEvent_t last_use; /* recorded after every append that read the buffer */
-    int used;
 } cuda_buf_t;
 
 static void poison(cuda_backend_t *cb, const char *why)
@@ -127,26 +119,6 @@ static int cuda_export(kvp_backend_t *b, int *fds, int max)
 
 /* ---- buffers ---------------------------------------------------------------------------- */
 
-/* Waits (bounded) until the GPU no longer reads buf. 0, or -1 when it did not finish. */
-static int wait_unused(cuda_backend_t *cb, cuda_buf_t *buf)
-{
-    if (!buf->used)
-        return 0;
-    for (int waited_ms = 0; waited_ms < RELEASE_WAIT_MS; waited_ms++) {
-        cudaError_t e = cudaEventQuery(buf->last_use);
-        if (e == cudaSuccess)
-            return 0;
-        if (e != cudaErrorNotReady) {
-            kvp_cuda_fail_rt(e, "cudaEventQuery(buf->last_use)", __FILE__, __LINE__);
-            poison(cb, "a buffer's last append failed");
-            return -1;
-        }
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    return -1;
-}
-
 static void buf_free(cuda_backend_t *cb, cuda_buf_t *buf)
 {
     int rc = 0;
@@ -154,14 +126,8 @@ static void buf_free(cuda_backend_t *cb, cuda_buf_t *buf)
         KVP_CUDA_CHECK(cudaSetDevice(cb->dev[buf->dev].ordinal), rc, unwind);
 unwind:
     (void)rc;
-    if (wait_unused(cb, buf)) {
-        /* a kernel may still read it: leaking the mapping is the only safe choice */
-        kvp_log(KVP_LOG_WARNING, "buffer still in use by the GPU; its mapping is leaked");
-        return;
-    }
-    if (buf->last_use)
-        KVP_CUDA_CHECK(cudaEventDestroy(buf->last_use), rc, ev_done);
-ev_done:
+    /* no kernel reads it any more: every run waits for its work before it returns, and the
+     * dispatch holds a buffer an Append uses until that Append's job is done */
     if (buf->done)
         KVP_CUDA_CHECK(cudaEventDestroy(buf->done), rc, ev_ready);
 ev_ready:
@@ -317,7 +283,6 @@ static int cuda_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_by
         KVP_CUDA_CHECK(cudaIpcGetEventHandle(&dh, buf->done), rc, fail);
         memcpy(done_event_out, &dh, sizeof(dh));
     }
-    KVP_CUDA_CHECK(cudaEventCreateWithFlags(&buf->last_use, cudaEventDisableTiming), rc, fail);
     if (fd >= 0)
         close(fd); /* ours on success; the mapping keeps the memory */
     if (event_len)
@@ -403,12 +368,9 @@ fail:
     return rc;
 }
 
-/* Reads a finished slot's error word; non-zero poisons. */
-static int stage_check(cuda_backend_t *cb, stage_t *st)
+/* Reads a finished run's error word; non-zero poisons. */
+static int stage_check(cuda_backend_t *cb, const stage_t *st)
 {
-    if (!st->check_err)
-        return 0;
-    st->check_err = 0;
     int32_t err = st->host[st->err_word];
     if (err == 0)
         return 0;
@@ -443,10 +405,10 @@ static uint64_t now_ns(void)
 }
 
 /* Queues e's copies on device dv and, when buf is not NULL, the append from buf (that device's
- * heads). The caller holds dv->lock; *st_out receives the staging slot finish_on_device checks.
- * Nothing is waited for here, so the devices of a group run their parts at the same time. */
+ * heads). The caller holds dv->lock. Nothing is waited for here, so the devices of a group
+ * run their parts at the same time. */
 static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e,
-                             cuda_buf_t *buf, stage_t **st_out)
+                             cuda_buf_t *buf)
 {
     kvp_backend_t *b = &cb->base;
     const uint32_t elem = b->derived.elem_bytes;
@@ -456,14 +418,7 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
     int rc = 0;
 
     KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
-    stage_t *st = &dv->stage[dv->next_stage];
-    dv->next_stage = (dv->next_stage + 1) % STAGE_SLOTS;
-    if (st->used) {
-        /* normally long finished: at most STAGE_SLOTS runs ago */
-        KVP_CUDA_CHECK(cudaEventSynchronize(st->done), rc, fail);
-        if ((rc = stage_check(cb, st)))
-            goto fail;
-    }
+    stage_t *st = &dv->stage;
     if ((rc = stage_reserve(st, bytes)) || (rc = dev_reserve(dv, bytes)))
         goto fail;
 
@@ -518,8 +473,6 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
                                    dv->stream),
                    rc, fail);
     st->err_word = pl.err;
-    st->check_err = 1;
-    *st_out = st;
     return 0;
 fail:
     return rc ? rc : KVP_EINTERNAL;
@@ -531,12 +484,12 @@ fail:
  * while the GPU still writes would let a concurrent Release hand those pages to another
  * sequence. SYNC_EVENT still orders the worker's stream after the copy on the GPU (the done
  * event), so the worker's stream never waits on the CPU. The caller holds dv->lock. */
-static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv, stage_t *st)
+static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv)
 {
     int rc = 0;
     KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
     KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
-    return stage_check(cb, st);
+    return stage_check(cb, &dv->stage);
 fail:
     return rc;
 }
@@ -627,7 +580,6 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
     /* page ids name the same slots on every device: copies run everywhere. Devices are locked
      * in index order (every run does the same, so two runs cannot deadlock), all of them are
      * given their work first and waited for after, so the group's devices work in parallel. */
-    stage_t *st[KVP_GEOM_MAX_DEVICES] = {0};
     int locked[KVP_GEOM_MAX_DEVICES] = {0};
     int rc = 0;
     for (uint32_t g = 0; g < cb->num_devices && !rc; g++) {
@@ -636,11 +588,11 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
             continue;
         pthread_mutex_lock(&cb->dev[g].lock);
         locked[g] = 1;
-        rc = enqueue_on_device(cb, &cb->dev[g], e, buf, &st[g]);
+        rc = enqueue_on_device(cb, &cb->dev[g], e, buf);
     }
     for (uint32_t g = 0; g < cb->num_devices && !rc; g++)
         if (locked[g])
-            rc = finish_on_device(cb, &cb->dev[g], st[g]);
+            rc = finish_on_device(cb, &cb->dev[g]);
     for (uint32_t g = cb->num_devices; g-- > 0;)
         if (locked[g])
             pthread_mutex_unlock(&cb->dev[g].lock);
@@ -670,18 +622,6 @@ static int cuda_health(kvp_backend_t *b)
             poison(cb, "the device's stream reports an error");
             return KVP_EINTERNAL;
         }
-        /* error words of finished SYNC_EVENT runs; skipped while a run holds the device */
-        if (pthread_mutex_trylock(&dv->lock) != 0)
-            continue;
-        int rc = 0;
-        for (unsigned s = 0; s < STAGE_SLOTS && !rc; s++) {
-            stage_t *st = &dv->stage[s];
-            if (st->check_err && cudaEventQuery(st->done) == cudaSuccess)
-                rc = stage_check(cb, st);
-        }
-        pthread_mutex_unlock(&dv->lock);
-        if (rc)
-            return KVP_EINTERNAL;
     }
     return 0;
 }
@@ -694,16 +634,10 @@ static void dev_destroy(cuda_dev_t *dv)
         KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, sync_done);
     }
 sync_done:
-    for (unsigned s = 0; s < STAGE_SLOTS; s++) {
-        stage_t *st = &dv->stage[s];
-        if (st->done)
-            KVP_CUDA_CHECK(cudaEventDestroy(st->done), rc, stage_host);
-    stage_host:
-        if (st->host)
-            KVP_CUDA_CHECK(cudaFreeHost(st->host), rc, stage_next);
-    stage_next:
-        memset(st, 0, sizeof(*st));
-    }
+    if (dv->stage.host)
+        KVP_CUDA_CHECK(cudaFreeHost(dv->stage.host), rc, stage_done);
+stage_done:
+    memset(&dv->stage, 0, sizeof(dv->stage));
     if (dv->dev_words) {
         KVP_CUDA_CHECK(cudaFreeAsync(dv->dev_words, dv->stream), rc, stream);
         KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, stream);
@@ -781,9 +715,6 @@ static int dev_create(cuda_dev_t *dv, size_t map_bytes)
         return kvp_cuda_fail_err(rc, &err, "pool export");
     KVP_CUDA_CHECK(cudaMemsetAsync((void *)(uintptr_t)dv->pool.ptr, 0, dv->pool.size, dv->stream),
                    rc, fail);
-    for (unsigned s = 0; s < STAGE_SLOTS; s++)
-        KVP_CUDA_CHECK(cudaEventCreateWithFlags(&dv->stage[s].done, cudaEventDisableTiming), rc,
-                       fail);
     if ((rc = dev_reserve(dv, STAGE_MIN_BYTES)))
         goto fail;
     KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
