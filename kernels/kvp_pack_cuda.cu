@@ -6,6 +6,8 @@
  * Three layers as in kvp_append_cuda.cu: the kernel, a static launcher with an explicit
  * stream, the exported C entry points that validate their arguments.
  */
+#include <stdlib.h>
+
 #include <cuda_runtime.h>
 
 #include "kvp_kernels_cuda.h"
@@ -125,11 +127,16 @@ template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
             sms <= 0)
             sms = 132;
     }
+    static uint64_t cap = 0;
+    if (!cap) { /* $KVP_PACK_BLOCKS: a tuning knob, the grid's cap (default 2 per SM) */
+        const char *e = getenv("KVP_PACK_BLOCKS");
+        cap = e && atoi(e) > 0 ? (uint64_t)atoi(e) : 2ull * (uint64_t)sms;
+    }
     const unsigned threads = 256;
     const uint64_t per_block = (uint64_t)threads * kIlp;
     uint64_t blocks = (a.vec_end - a.vec_begin + per_block - 1) / per_block;
-    if (blocks > 2ull * (uint64_t)sms)
-        blocks = 2ull * (uint64_t)sms; /* the grid-stride loop does the rest */
+    if (blocks > cap)
+        blocks = cap; /* the grid-stride loop does the rest */
     pack_kernel<unpack><<<(unsigned)blocks, threads, 0, s>>>(a);
     return cudaGetLastError() == cudaSuccess ? 0 : KVP_EINTERNAL;
 }

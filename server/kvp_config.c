@@ -110,6 +110,7 @@ static const setting_t settings[] = {
     S_FIELD(transfer, timeout_ms, transfer_timeout_ms, T_U32, 1, 3600000, true),
     S_FIELD(transfer, comm_idle_ms, transfer_comm_idle_ms, T_U32, 1000, UINT32_MAX, true),
     S_FIELD(transfer, max_in_flight, transfer_max_in_flight, T_U32, 1, 64, false),
+    S_FIELD(transfer, chunk_bytes, transfer_chunk_bytes, T_U32, 0, 1073741824, true),
 };
 
 #define NUM_SETTINGS (sizeof(settings) / sizeof(settings[0]))

@@ -100,8 +100,12 @@
  *                    stops reusing it after half). 1000..2^32-1. Default 300000.
  *   max_in_flight    transfers running at once (exports and imports; each holds a worker
  *                    thread of server.copy_threads while it runs). 1..64. Default 2.
- *                    transfer.timeout_ms and transfer.comm_idle_ms are reloadable,
- *                    transfer.max_in_flight needs a restart.
+ *   chunk_bytes      the staging chunk of an export (the importer stages in the exporter's
+ *                    chunks): the stream is packed, sent, received and unpacked in chunks,
+ *                    two per side in flight. 0: a sixteenth of the stream within 4..64 MiB.
+ *                    0..1073741824 (rounded up to 256 bytes). Default 0.
+ *                    transfer.timeout_ms, transfer.comm_idle_ms and transfer.chunk_bytes are
+ *                    reloadable, transfer.max_in_flight needs a restart.
  *
  * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
  * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
@@ -207,6 +211,7 @@ typedef struct {
     uint32_t transfer_timeout_ms;
     uint32_t transfer_comm_idle_ms;
     uint32_t transfer_max_in_flight;
+    uint32_t transfer_chunk_bytes;
 
     /* Where the settings came from: the last file loaded ("" for none) and the command-line
      * settings recorded by kvp_config_parse_args, in the order of first appearance. */

@@ -56,6 +56,15 @@ static void load(void)
     SYM(GroupStart, "ncclGroupStart");
     SYM(GroupEnd, "ncclGroupEnd");
     SYM(GetErrorString, "ncclGetErrorString");
+    if (!load_why[0]) { /* optional: registration needs all four */
+        *(void **)(&table.MemAlloc) = dlsym(lib, "ncclMemAlloc");
+        *(void **)(&table.MemFree) = dlsym(lib, "ncclMemFree");
+        *(void **)(&table.CommRegister) = dlsym(lib, "ncclCommRegister");
+        *(void **)(&table.CommDeregister) = dlsym(lib, "ncclCommDeregister");
+        if (!table.MemAlloc || !table.MemFree || !table.CommRegister || !table.CommDeregister)
+            table.MemAlloc = NULL, table.MemFree = NULL, table.CommRegister = NULL,
+            table.CommDeregister = NULL;
+    }
 #undef SYM
     if (load_why[0]) {
         dlclose(lib);

@@ -32,6 +32,12 @@ typedef struct {
     ncclResult_t (*GroupStart)(void);
     ncclResult_t (*GroupEnd)(void);
     const char *(*GetErrorString)(ncclResult_t result);
+    /* optional (NULL when the library lacks them, before 2.19): buffers NCCL can register, so
+     * point-to-point within a node copies straight between the two ranks' buffers */
+    ncclResult_t (*MemAlloc)(void **ptr, size_t size);
+    ncclResult_t (*MemFree)(void *ptr);
+    ncclResult_t (*CommRegister)(const ncclComm_t comm, void *buff, size_t size, void **handle);
+    ncclResult_t (*CommDeregister)(const ncclComm_t comm, void *handle);
 } kvp_nccl_t;
 
 /* Logs a failed NCCL call and returns its code: KVP_EUNAVAIL for a remote or system error (a

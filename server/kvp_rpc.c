@@ -198,7 +198,8 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
     kvp_xfer_config_t xc = {
         .timeout_ms = lim->transfer_timeout_ms ? lim->transfer_timeout_ms : 30000,
         .comm_idle_ms = lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000,
-        .max_in_flight = lim->transfer_max_in_flight ? lim->transfer_max_in_flight : 2};
+        .max_in_flight = lim->transfer_max_in_flight ? lim->transfer_max_in_flight : 2,
+        .chunk_bytes = lim->transfer_chunk_bytes};
     if ((rc = kvp_xfer_create(backend, &xc, &r->xfer)))
         goto fail;
     r->backend = backend;
@@ -252,7 +253,8 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
     r->lim.max_lease_ms = lim->max_lease_ms;
     kvp_xfer_config_t xc = {.timeout_ms = lim->transfer_timeout_ms,
                             .comm_idle_ms =
-                                lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000};
+                                lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000,
+                            .chunk_bytes = lim->transfer_chunk_bytes};
     kvp_xfer_set_config(r->xfer, &xc);
     r->lim.ns_max_seqs = lim->ns_max_seqs;
     r->lim.ns_max_pages = lim->ns_max_pages;

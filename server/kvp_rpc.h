@@ -38,6 +38,7 @@ typedef struct {
     uint32_t transfer_timeout_ms;
     uint32_t transfer_comm_idle_ms;
     uint32_t transfer_max_in_flight;
+    uint32_t transfer_chunk_bytes; /* 0: automatic */
     /* per-namespace quotas, 0 = none (kvp_config.h, limits.ns_max_*) */
     uint32_t ns_max_seqs;
     uint32_t ns_max_pages; /* page references */

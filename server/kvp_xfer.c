@@ -2,17 +2,23 @@
  * kvp_xfer.c - KV transfers between daemons over NCCL (see kvp_xfer.h for the contract).
  *
  * One transfer on its communicator, in order on both sides (so a cached communicator stays in
- * step): the exporter sends a 64-byte header (transfer id, tokens, layers, heads, head_dim,
- * element size, stream bytes); the importer checks it against its Import and sends back an
- * 8-byte answer (0 or the refusal's code); on 0 the stream moves in chunks through two staging
- * buffers per side, cached with the communicator: the exporter packs chunk c+1 (on a side
- * stream) while NCCL sends chunk c, the importer unpacks chunk c into its new pages while
- * chunk c+1 arrives, so the transfer runs at NCCL's point-to-point rate instead of pack + send
- * + unpack one after the other (measured on 2 x H200: 0.25 of NCCL's rate unpipelined). A
- * transfer that fails may have written some of the importer's new pages; the dispatch frees
- * them, so the pool is exactly as before. Every wait polls the streams and
- * ncclCommGetAsyncError against the deadline; on an error or the deadline the communicator is
- * aborted (ncclCommAbort) and dropped.
+ * step). Protocol version 2, one way until the end:
+ *   exporter: header (64 bytes: transfer id, tokens, layers, heads, head_dim, element size,
+ *             chunk bytes, stream bytes), then the stream in chunks, then it receives the
+ *             importer's 8-byte outcome (0 or the refusal's code);
+ *   importer: receives the header, checks it against its Import, receives the stream in the
+ *             exporter's chunks (unpacked into its new pages, or on a refusal dropped in the
+ *             staging chunks, so the communicator stays in step), sends the outcome.
+ * Version 1 waited for an answer before the stream: two more round trips on the critical path
+ * of every transfer. The stream moves through two staging buffers per side, cached with the
+ * communicator: the exporter packs chunk c+1 (on a side stream) while NCCL sends chunk c, the
+ * importer unpacks chunk c into its new pages while chunk c+1 arrives, so the transfer runs at
+ * NCCL's point-to-point rate instead of pack + send + unpack one after the other (measured on
+ * 2 x H200: 0.25 of NCCL's rate unpipelined). Everything is queued on the streams before the
+ * worker waits; the waits spin (poll_pause). A transfer that fails may have written some of
+ * the importer's new pages; the dispatch frees them, so the pool is exactly as before. Every
+ * wait polls the streams and ncclCommGetAsyncError against the deadline; on an error or the
+ * deadline the communicator is aborted (ncclCommAbort) and dropped.
  */
 #include "kvp_xfer.h"
 
@@ -34,10 +40,14 @@
 
 #define MAX_TIMEOUT_MS 3600000u
 #define HDR_MAGIC      0x5850564bu /* "KVPX" little-endian */
-#define HDR_VERSION    1u
+#define HDR_VERSION    2u
 #define DRAIN_MS       10000u /* longest wait for an aborted transfer's stream */
-#define CHUNK_MAX      (256u << 20) /* staging chunk: 2 per side per communicator */
-#define CHUNK_MIN      (4u << 20)
+#define CHUNK_AUTO_MAX (256u << 20) /* automatic largest chunk (staging: 2 per side per comm) */
+#define CHUNK_AUTO_MIN (4u << 20)
+#define CHUNK_TAIL     (4u << 20)   /* the schedule's smallest chunk (kvp_xfer_chunk_at) */
+#define CHUNK_LIMIT    (1u << 30) /* transfer.chunk_bytes's maximum; an importer refuses more */
+#define NSTAGE         4u         /* most staging chunks per side ($KVPOOL_XFER_STAGES: 2..4) */
+#define SPIN_US        20000u     /* a wait spins this long, then naps (see poll_pause) */
 
 typedef struct comm {
     struct comm *next;
@@ -51,9 +61,13 @@ typedef struct comm {
     ncclComm_t comm; /* NULL until the first transfer joins */
     cudaStream_t stream;
     cudaStream_t side;                 /* pack / unpack of the chunks */
-    cudaEvent_t filled[2], drained[2]; /* staging buffer b: packed or received; sent or unpacked */
-    uint8_t *stage[2];                 /* the staging chunks (device memory), stage_cap each */
+    cudaEvent_t filled[NSTAGE], drained[NSTAGE]; /* staging buffer b: packed or received; sent or
+                                                    unpacked */
+    uint8_t *stage[NSTAGE];            /* the staging chunks (device memory), stage_cap each */
+    int nstage;                        /* how many of them exist */
     size_t stage_cap;
+    int stage_reg;        /* the chunks come from ncclMemAlloc, registered with the comm */
+    void *reg_handle[NSTAGE]; /* their ncclCommRegister handles */
 #endif
 } comm_t;
 
@@ -68,7 +82,9 @@ struct kvp_xfer_job {
     uint64_t bytes;
     uint32_t timeout_ms;
     uint32_t stall_ms;    /* test hook, exporter only */
-    uint32_t chunk_test; /* test hook: staging chunk bytes instead of chunk_bytes() */
+    size_t chunk;         /* staging chunk bytes: the exporter's choice, the header's on import */
+    int reg;              /* staging registered with NCCL: the exporter's choice, the header's */
+    void *trace;          /* gpu_trace_t at debug level */
     uint64_t start_us;   /* when the worker thread took it (timing log) */
     int clean;         /* the failure was a refusal both sides agreed on: the communicator is
                           still in step and stays cached */
@@ -88,17 +104,22 @@ struct kvp_xfer {
     uint64_t totals[2][2], bytes[2];
     uint64_t next_id;
     uint32_t stall_ms;
-    uint32_t chunk_test; /* $KVPOOL_XFER_TEST_CHUNK_BYTES: tiny chunks that span layers */
+    uint32_t chunk_test; /* $KVPOOL_XFER_TEST_CHUNK_BYTES: overrides transfer.chunk_bytes */
+    int reg;             /* $KVPOOL_XFER_REGISTER: register the staging chunks with NCCL */
+    int prio;            /* $KVPOOL_XFER_PRIORITY: NCCL's stream high, pack's low */
+    int nstage;          /* staging chunks per side: $KVPOOL_XFER_STAGES, default 2 */
 };
 
 /* The first message of every transfer. */
 typedef struct {
     uint32_t magic, version;
     uint64_t transfer_id;
-    uint32_t num_tokens, num_layers, num_heads, head_dim, elem_bytes, pad;
+    uint32_t num_tokens, num_layers, num_heads, head_dim, elem_bytes, chunk_bytes;
     uint64_t stream_bytes;
-    uint8_t reserved[16];
+    uint32_t flags; /* HDR_REGISTERED: the importer registers its staging chunks too */
+    uint8_t reserved[12];
 } wire_hdr_t;
+#define HDR_REGISTERED 1u
 _Static_assert(sizeof(wire_hdr_t) == 64, "the header is 64 bytes on the wire");
 
 static uint64_t mono_ms(void)
@@ -109,6 +130,31 @@ static uint64_t mono_ms(void)
 }
 
 /* ---- pure parts --------------------------------------------------------------------------- */
+
+size_t kvp_xfer_chunk_bytes(uint32_t setting, uint64_t stream_bytes)
+{
+    uint64_t c = setting;
+    if (!c) { /* automatic: a quarter (the schedule ramps down from it at the end) */
+        c = stream_bytes / 4;
+        c = c < CHUNK_AUTO_MIN ? CHUNK_AUTO_MIN : c > CHUNK_AUTO_MAX ? CHUNK_AUTO_MAX : c;
+    }
+    c = c > CHUNK_LIMIT ? CHUNK_LIMIT : c;
+    const uint64_t whole = (stream_bytes + 255u) & ~(uint64_t)255u;
+    c = (c + 255u) & ~(uint64_t)255u;
+    return (size_t)(c < whole ? c : whole);
+}
+
+size_t kvp_xfer_chunk_at(size_t chunk_max, uint64_t off, uint64_t total)
+{
+    const uint64_t r = total - off, floor = chunk_max < CHUNK_TAIL ? chunk_max : CHUNK_TAIL;
+    uint64_t c = chunk_max;
+    const uint64_t up = off > chunk_max / 8 ? off : chunk_max / 8;
+    c = c > up ? up : c;         /* ramp up: the first pack is short */
+    c = c > r / 2 ? r / 2 : c;   /* ramp down: the last unpack is short */
+    c = c < floor ? floor : c;
+    c = (c + 255u) & ~(uint64_t)255u;
+    return (size_t)(c < r ? c : r);
+}
 
 uint64_t kvp_xfer_stream_bytes(const kvp_geom_t *g, uint32_t num_tokens)
 {
@@ -177,7 +223,12 @@ int kvp_xfer_create(kvp_backend_t *b, const kvp_xfer_config_t *cfg, kvp_xfer_t *
      * exchange and the payload, so a test can kill it mid-transfer */
     const char *chunk = getenv("KVPOOL_XFER_TEST_CHUNK_BYTES");
     if (chunk)
-        x->chunk_test = (uint32_t)((strtoul(chunk, NULL, 10) + 255u) & ~255ul);
+        x->chunk_test = (uint32_t)strtoul(chunk, NULL, 10);
+    const char *reg = getenv("KVPOOL_XFER_REGISTER"), *prio = getenv("KVPOOL_XFER_PRIORITY");
+    x->reg = reg && *reg == '1';
+    x->prio = prio && *prio == '1';
+    const char *st = getenv("KVPOOL_XFER_STAGES");
+    x->nstage = st && atoi(st) >= 2 && atoi(st) <= (int)NSTAGE ? atoi(st) : 2;
     const char *stall = getenv("KVPOOL_XFER_TEST_STALL_MS");
     if (stall && *stall)
         x->stall_ms = (uint32_t)strtoul(stall, NULL, 10);
@@ -189,6 +240,7 @@ void kvp_xfer_set_config(kvp_xfer_t *x, const kvp_xfer_config_t *cfg)
 {
     x->cfg.timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : x->cfg.timeout_ms;
     x->cfg.comm_idle_ms = cfg->comm_idle_ms;
+    x->cfg.chunk_bytes = cfg->chunk_bytes;
 }
 
 int kvp_xfer_check_ready(kvp_xfer_t *x, char *why, size_t why_len)
@@ -218,15 +270,38 @@ int kvp_xfer_check_ready(kvp_xfer_t *x, char *why, size_t why_len)
 
 /* ---- communicator cache (loop thread) -------------------------------------------------- */
 
+#ifdef KVP_HAVE_NCCL
+/* Frees the staging chunks (their streams have drained): deregistered and ncclMemFree'd when
+ * registered, else stream-ordered on the communicator's stream (leaked with a leaked stream). */
+static void stage_free(const kvp_nccl_t *n, comm_t *c)
+{
+    for (int b = 0; b < (int)NSTAGE; b++) {
+        if (!c->stage[b])
+            continue;
+        if (c->stage_reg) {
+            if (c->reg_handle[b] && c->comm)
+                (void)n->CommDeregister(c->comm, c->reg_handle[b]);
+            (void)n->MemFree(c->stage[b]);
+        } else if (c->stream) {
+            (void)cudaFreeAsync(c->stage[b], c->stream);
+        }
+        c->stage[b] = NULL;
+        c->reg_handle[b] = NULL;
+    }
+    c->stage_cap = 0;
+}
+#endif
+
 static void comm_free(comm_t *c)
 {
 #ifdef KVP_HAVE_NCCL
     const kvp_nccl_t *n;
-    if (c->comm && kvp_nccl_get(&n, NULL, 0) == 0)
-        (void)n->CommAbort(c->comm); /* local teardown; the peer drops its end on its own */
-    for (int b = 0; b < 2; b++) {
-        if (c->stage[b] && c->stream) /* stream-ordered: no device-wide synchronisation */
-            (void)cudaFreeAsync(c->stage[b], c->stream);
+    if (kvp_nccl_get(&n, NULL, 0) == 0) {
+        stage_free(n, c);
+        if (c->comm)
+            (void)n->CommAbort(c->comm); /* local teardown; the peer drops its end on its own */
+    }
+    for (int b = 0; b < (int)NSTAGE; b++) {
         if (c->filled[b])
             (void)cudaEventDestroy(c->filled[b]);
         if (c->drained[b])
@@ -307,7 +382,7 @@ static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t
     j->bytes = kvp_xfer_stream_bytes(&x->b->geom, num_tokens);
     j->timeout_ms = timeout_ms ? timeout_ms : x->cfg.timeout_ms;
     j->stall_ms = direction == KVP_XFER_EXPORT ? x->stall_ms : 0;
-    j->chunk_test = x->chunk_test;
+    j->chunk = kvp_xfer_chunk_bytes(x->chunk_test ? x->chunk_test : x->cfg.chunk_bytes, j->bytes);
     j->rc = KVP_EINTERNAL; /* until run: a job that never ran counts as failed */
     snprintf(j->msg, sizeof(j->msg), "the transfer never ran");
     kvp_xfer_info_t *in = &j->info;
@@ -488,11 +563,16 @@ static int job_fail(kvp_xfer_job_t *j, int rc, const char *fmt, const char *arg)
     return rc;
 }
 
-static void nap(unsigned *spins)
+/* The pause between two polls of a wait that started at since_us: none for the first SPIN_US
+ * (the waits of a transfer are on its critical path, and a nanosleep of 100 us costs ~150 on
+ * a VM: the handshake's few waits alone cost a millisecond that way, a third of a 1 GiB
+ * transfer over NVLink), then 200 us naps (a peer that has not joined yet, a long stream).
+ * A transfer keeps its worker thread busy anyway; the spin costs one core while it runs. */
+static void poll_pause(uint64_t since_us)
 {
-    if (++*spins < 200)
+    if (mono_us() - since_us < SPIN_US)
         return;
-    struct timespec ts = {0, 100 * 1000};
+    struct timespec ts = {0, 200 * 1000};
     nanosleep(&ts, NULL);
 }
 
@@ -500,7 +580,7 @@ static void nap(unsigned *spins)
  * progress. 0, the NCCL error's code, or KVP_ETIMEDOUT. */
 static int settle(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, const char *what)
 {
-    unsigned spins = 0;
+    const uint64_t t0 = mono_us();
     for (;;) {
         ncclResult_t st = ncclInProgress;
         int rc = 0;
@@ -512,7 +592,7 @@ static int settle(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, con
                             "NCCL reported an error while %s (peer gone?)", what);
         if (mono_ms() > deadline)
             return job_fail(j, KVP_ETIMEDOUT, "timed out while %s", what);
-        nap(&spins);
+        poll_pause(t0);
         continue;
     fail:
         return job_fail(j, rc, "ncclCommGetAsyncError failed while %s", what);
@@ -523,7 +603,7 @@ static int settle(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, con
 static int wait_on(const kvp_nccl_t *n, kvp_xfer_job_t *j, cudaStream_t s, uint64_t deadline,
                    const char *what)
 {
-    unsigned spins = 0;
+    const uint64_t t0 = mono_us();
     for (;;) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess)
@@ -538,22 +618,26 @@ static int wait_on(const kvp_nccl_t *n, kvp_xfer_job_t *j, cudaStream_t s, uint6
                             "NCCL reported an error while %s (peer gone?)", what);
         if (mono_ms() > deadline)
             return job_fail(j, KVP_ETIMEDOUT, "timed out while %s", what);
-        nap(&spins);
+        poll_pause(t0);
     }
 }
 
-/* Creates the stream and joins the communicator (rank 0 or 1 of 2). */
 /* Waits until the communicator's stream ran what was queued. */
 static int wait_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, const char *what)
 {
     return wait_on(n, j, j->comm->stream, deadline, what);
 }
 
+/* Creates the stream and joins the communicator (rank 0 or 1 of 2). */
 static int comm_join(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline)
 {
     comm_t *c = j->comm;
     int rc = 0;
-    KVP_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), rc, fail);
+    int least = 0, greatest = 0;
+    if (j->x->prio)
+        (void)cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    KVP_CUDA_CHECK(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, greatest), rc,
+                   fail);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* so a peer that never joins costs the deadline, not a thread forever */
     ncclUniqueId id;
@@ -564,24 +648,7 @@ fail:
     return job_fail(j, rc, "cannot %s the communicator", "create");
 }
 
-static int send_recv(const kvp_nccl_t *n, kvp_xfer_job_t *j, int send, void *buf, size_t bytes,
-                     uint64_t deadline, const char *what)
-{
-    comm_t *c = j->comm;
-    const int peer = 1 - c->rank;
-    int rc = 0;
-    if (send)
-        KVP_NCCL_CHECK(n, n->Send(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
-    else
-        KVP_NCCL_CHECK(n, n->Recv(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
-    if ((rc = settle(n, j, deadline, what)))
-        return rc;
-    return wait_stream(n, j, deadline, what);
-fail:
-    return job_fail(j, rc, "NCCL refused the call while %s", what);
-}
-
-/* Queues a send or receive of a chunk on the communicator's stream, without waiting for it. */
+/* Queues a send or receive on the communicator's stream, without waiting for it to run. */
 static int queue_send_recv(const kvp_nccl_t *n, kvp_xfer_job_t *j, int send, void *buf,
                            size_t bytes, uint64_t deadline, const char *what)
 {
@@ -597,47 +664,49 @@ fail:
     return job_fail(j, rc, "NCCL refused the call while %s", what);
 }
 
-/* The chunk size of a stream of `bytes`: about an eighth of it (so even a short stream
- * overlaps), within [CHUNK_MIN, CHUNK_MAX], a multiple of 256 bytes. */
-static size_t chunk_bytes(uint64_t bytes)
-{
-    uint64_t c = bytes / 8;
-    c = c < CHUNK_MIN ? CHUNK_MIN : c > CHUNK_MAX ? CHUNK_MAX : c;
-    c = (c + 255u) & ~(uint64_t)255u;
-    return (size_t)(c < bytes ? c : ((bytes + 255u) & ~(uint64_t)255u));
-}
-
-/* The side stream, the events and two staging buffers of at least `want` bytes, kept with the
- * communicator for its next transfers. */
-static int stage_ready(kvp_xfer_job_t *j, size_t want)
+/* The side stream, the events and two staging buffers of at least `want` bytes (registered
+ * with the communicator when j->reg), kept with the communicator for its next transfers. */
+static int stage_ready(const kvp_nccl_t *n, kvp_xfer_job_t *j, size_t want)
 {
     comm_t *c = j->comm;
     int rc = 0;
     if (!c->side) {
-        KVP_CUDA_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking), rc, fail);
-        for (int b = 0; b < 2; b++) {
+        int least = 0, greatest = 0;
+        if (j->x->prio)
+            (void)cudaDeviceGetStreamPriorityRange(&least, &greatest);
+        KVP_CUDA_CHECK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least), rc,
+                       fail);
+        for (int b = 0; b < (int)NSTAGE; b++) {
             KVP_CUDA_CHECK(cudaEventCreateWithFlags(&c->filled[b], cudaEventDisableTiming), rc,
                            fail);
             KVP_CUDA_CHECK(cudaEventCreateWithFlags(&c->drained[b], cudaEventDisableTiming), rc,
                            fail);
         }
     }
-    if (c->stage_cap >= want)
+    if (c->stage_cap >= want && c->stage_reg == j->reg && c->nstage == j->x->nstage)
         return 0;
-    for (int b = 0; b < 2; b++) {
-        if (c->stage[b]) {
-            KVP_CUDA_CHECK(cudaFreeAsync(c->stage[b], c->stream), rc, fail);
-            c->stage[b] = NULL;
+    stage_free(n, c); /* both streams are idle: the last transfer waited for them */
+    c->stage_reg = j->reg;
+    c->nstage = j->x->nstage;
+    for (int b = 0; b < c->nstage; b++) {
+        if (j->reg) {
+            KVP_NCCL_CHECK(n, n->MemAlloc((void **)&c->stage[b], want), rc, fail_alloc);
+            KVP_NCCL_CHECK(n, n->CommRegister(c->comm, c->stage[b], want, &c->reg_handle[b]), rc,
+                           fail_reg);
+            if ((rc = settle(n, j, mono_ms() + 60000, "registering the staging buffers")))
+                return rc;
+        } else {
+            KVP_CUDA_CHECK(cudaMallocAsync((void **)&c->stage[b], want, c->stream), rc,
+                           fail_alloc);
         }
     }
-    c->stage_cap = 0;
-    for (int b = 0; b < 2; b++)
-        KVP_CUDA_CHECK(cudaMallocAsync((void **)&c->stage[b], want, c->stream), rc, fail_alloc);
     /* allocated in the communicator stream's order: the side stream may use them only once
      * that has run (rare: the cache grows to the largest chunk once) */
     KVP_CUDA_CHECK(cudaStreamSynchronize(c->stream), rc, fail);
     c->stage_cap = want;
     return 0;
+fail_reg:
+    return job_fail(j, rc, "NCCL could not register the %s", "staging buffers");
 fail:
     return job_fail(j, rc, "CUDA call failed while setting up the %s", "staging buffers");
 fail_alloc:
@@ -669,72 +738,158 @@ static int queue_pack(kvp_xfer_job_t *j, void *pool, const int32_t *pages_dev, u
     return 0;
 }
 
-/* The chunked, double-buffered move of the stream (see the file header). Exporter: pack on
- * the side stream, send on the communicator's; importer: receive, then unpack on the side
- * stream. Waits for both streams. */
+/* Debug level only: timing events around every chunk's NCCL call and pack/unpack, so the log
+ * shows the GPU timeline of a transfer (where its time goes). */
+#define TRACE_MAX 64
+typedef struct {
+    int n;
+    cudaEvent_t t0, ev[TRACE_MAX][4]; /* NCCL begin, end; pack begin, end */
+} gpu_trace_t;
+
+static gpu_trace_t *trace_new(cudaStream_t s)
+{
+    gpu_trace_t *t = calloc(1, sizeof(*t));
+    if (t && (cudaEventCreate(&t->t0) != cudaSuccess || cudaEventRecord(t->t0, s) != cudaSuccess)) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static void trace_mark(gpu_trace_t *t, uint64_t k, int which, cudaStream_t s)
+{
+    if (!t || k >= TRACE_MAX)
+        return;
+    if (!t->ev[k][which] && cudaEventCreate(&t->ev[k][which]) != cudaSuccess)
+        return;
+    (void)cudaEventRecord(t->ev[k][which], s);
+    if ((int)k >= t->n)
+        t->n = (int)k + 1;
+}
+
+/* After both streams finished: logs (when the transfer succeeded) each chunk's [begin, end] in
+ * us from the start, NCCL call then pack/unpack, and frees the trace. */
+static void trace_done(gpu_trace_t *t, const kvp_xfer_job_t *j)
+{
+    if (!t)
+        return;
+    if (j->rc)
+        goto out;
+    char line[2048];
+    size_t o = 0;
+    for (int k = 0; k < t->n; k++) {
+        float v[4] = {0, 0, 0, 0};
+        for (int w = 0; w < 4; w++)
+            if (t->ev[k][w])
+                (void)cudaEventElapsedTime(&v[w], t->t0, t->ev[k][w]);
+        int m = snprintf(line + o, sizeof(line) - o, " %d:%.0f-%.0f/%.0f-%.0f", k, v[0] * 1e3,
+                         v[1] * 1e3, v[2] * 1e3, v[3] * 1e3);
+        if (m < 0 || (size_t)m >= sizeof(line) - o)
+            break;
+        o += (size_t)m;
+    }
+    kvp_log(KVP_LOG_DEBUG, "transfer gpu timeline dir=%s us(nccl/pack):%s",
+            j->direction == KVP_XFER_EXPORT ? "export" : "import", line);
+out:
+    for (int k = 0; k < t->n; k++)
+        for (int w = 0; w < 4; w++)
+            if (t->ev[k][w])
+                (void)cudaEventDestroy(t->ev[k][w]);
+    (void)cudaEventDestroy(t->t0);
+    free(t);
+}
+
+/* Queues the chunked, double-buffered move of a stream of `total` bytes in chunks of ch (see
+ * the file header); the caller waits for both streams. Exporter: pack on the side stream,
+ * send on the communicator's. Importer: receive, then unpack on the side stream; with
+ * unpack = 0 the chunks are received and dropped (a refused stream, drained so the
+ * communicator stays in step). */
 static int move_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *pool,
-                       const int32_t *pages_dev, uint64_t deadline)
+                       const int32_t *pages_dev, size_t ch, uint64_t total, int unpack,
+                       uint64_t deadline)
 {
     comm_t *c = j->comm;
     const int send = j->direction == KVP_XFER_EXPORT;
-    const size_t ch = j->chunk_test ? j->chunk_test : chunk_bytes(j->bytes);
-    const uint64_t t0 = mono_us();
-    int rc = stage_ready(j, ch);
+    int rc = stage_ready(n, j, ch);
     if (rc)
         return rc;
-    for (uint64_t off = 0, k = 0; off < j->bytes; off += ch, k++) {
-        const int b = (int)(k & 1);
-        const uint64_t len = j->bytes - off < ch ? j->bytes - off : ch;
+    gpu_trace_t *t = j->trace = kvp_log_enabled(KVP_LOG_DEBUG) ? trace_new(c->stream) : NULL;
+    uint64_t len = 0;
+    for (uint64_t off = 0, k = 0; off < total; off += len, k++) {
+        const int b = (int)(k % (uint64_t)c->nstage);
+        len = kvp_xfer_chunk_at(ch, off, total);
         if (send) {
-            if (k >= 2) /* the send of chunk k-2 is done with this buffer */
+            if (k >= (uint64_t)c->nstage) /* the send of an earlier chunk is done with it */
                 KVP_CUDA_CHECK(cudaStreamWaitEvent(c->side, c->drained[b], 0), rc, fail);
+            trace_mark(t, k, 2, c->side);
             if ((rc = queue_pack(j, pool, pages_dev, off, len, c->stage[b], 0, c->side)))
                 return rc;
+            trace_mark(t, k, 3, c->side);
             KVP_CUDA_CHECK(cudaEventRecord(c->filled[b], c->side), rc, fail);
             KVP_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->filled[b], 0), rc, fail);
+            trace_mark(t, k, 0, c->stream);
             if ((rc = queue_send_recv(n, j, 1, c->stage[b], len, deadline, "sending the KV")))
                 return rc;
+            trace_mark(t, k, 1, c->stream);
             KVP_CUDA_CHECK(cudaEventRecord(c->drained[b], c->stream), rc, fail);
-        } else {
-            if (k >= 2) /* the unpack of chunk k-2 is done with this buffer */
+        } else if (unpack) {
+            if (k >= (uint64_t)c->nstage) /* the unpack of an earlier chunk is done with it */
                 KVP_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->drained[b], 0), rc, fail);
+            trace_mark(t, k, 0, c->stream);
             if ((rc = queue_send_recv(n, j, 0, c->stage[b], len, deadline, "receiving the KV")))
                 return rc;
+            trace_mark(t, k, 1, c->stream);
             KVP_CUDA_CHECK(cudaEventRecord(c->filled[b], c->stream), rc, fail);
             KVP_CUDA_CHECK(cudaStreamWaitEvent(c->side, c->filled[b], 0), rc, fail);
+            trace_mark(t, k, 2, c->side);
             if ((rc = queue_pack(j, pool, pages_dev, off, len, c->stage[b], 1, c->side)))
                 return rc;
+            trace_mark(t, k, 3, c->side);
             KVP_CUDA_CHECK(cudaEventRecord(c->drained[b], c->side), rc, fail);
+        } else if ((rc = queue_send_recv(n, j, 0, c->stage[b], len, deadline,
+                                         "draining a refused stream"))) {
+            return rc;
         }
     }
-    const uint64_t t1 = mono_us();
-    if ((rc = wait_stream(n, j, deadline, send ? "sending the KV" : "receiving the KV")))
-        return rc;
-    rc = wait_on(n, j, c->side, deadline, send ? "packing" : "unpacking");
-    if (!rc && kvp_log_enabled(KVP_LOG_DEBUG)) /* where a transfer's time goes */
-        kvp_log(KVP_LOG_DEBUG,
-                "transfer timing dir=%s bytes=%llu chunk=%zu chunks=%llu since_start_us=%llu "
-                "enqueue_us=%llu wait_us=%llu",
-                send ? "export" : "import", (unsigned long long)j->bytes, ch,
-                (unsigned long long)((j->bytes + ch - 1) / ch),
-                (unsigned long long)(t0 - j->start_us), (unsigned long long)(t1 - t0),
-                (unsigned long long)(mono_us() - t1));
-    return rc;
+    return 0;
 fail:
     return job_fail(j, rc, "CUDA call failed while %s", send ? "sending" : "receiving");
 }
 
-/* Copies host <-> device on the stream and waits. */
-static int copy_wait(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *dst, const void *src,
-                     size_t bytes, enum cudaMemcpyKind kind, uint64_t deadline)
+/* Waits until both streams ran what was queued. */
+static int wait_both(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, const char *what)
+{
+    int rc = wait_stream(n, j, deadline, what);
+    if (!rc && j->comm->side)
+        rc = wait_on(n, j, j->comm->side, deadline, what);
+    return rc;
+}
+
+/* Copies device -> host on the communicator's stream and waits. (Host -> device copies are
+ * only queued: cudaMemcpyAsync from pageable memory has taken the bytes when it returns.) */
+static int copy_back(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *dst, const void *src,
+                     size_t bytes, uint64_t deadline)
 {
     int rc = 0;
-    KVP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, j->comm->stream), rc, fail);
+    KVP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, j->comm->stream), rc,
+                   fail);
     return wait_stream(n, j, deadline, "copying");
 fail:
     return job_fail(j, rc, "CUDA copy failed%s", "");
 }
 
+/* Queues a host -> device copy on the communicator's stream. */
+static int copy_to(kvp_xfer_job_t *j, void *dst, const void *src, size_t bytes)
+{
+    int rc = 0;
+    KVP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, j->comm->stream), rc,
+                   fail);
+    return 0;
+fail:
+    return job_fail(j, rc, "CUDA copy failed%s", "");
+}
+
+/* The transfer on its communicator (see the file header for the protocol). */
 static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_out)
 {
     kvp_backend_t *b = j->x->b;
@@ -746,14 +901,18 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
     KVP_CUDA_CHECK(cudaSetDevice(ordinal), rc, fail_cuda);
     if (!j->comm->comm && (rc = comm_join(n, j, deadline)))
         return rc;
-    /* one small device buffer: header, answer, then the page ids (the stream itself goes
-     * through the communicator's staging chunks) */
+    const uint64_t t_joined = mono_us();
+    /* one small device buffer: the header at 0, the outcome at 128, then the page ids (the
+     * stream itself goes through the communicator's staging chunks) */
     const size_t pages_off = 256;
     uint8_t *dev = NULL;
     KVP_CUDA_CHECK(cudaMallocAsync((void **)&dev, pages_off + j->num_pages * 4u, j->comm->stream),
                    rc, fail_alloc);
     *dev_out = dev;
+    const int32_t *pages_dev = (const int32_t *)(dev + pages_off);
     const kvp_geom_t *g = &b->geom;
+    if (j->direction == KVP_XFER_EXPORT)
+        j->reg = j->x->reg && n->CommRegister != NULL;
     wire_hdr_t hdr = {.magic = HDR_MAGIC,
                       .version = HDR_VERSION,
                       .transfer_id = j->transfer_id,
@@ -762,58 +921,90 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
                       .num_heads = g->num_kv_heads,
                       .head_dim = g->head_dim,
                       .elem_bytes = kvp_dtype_size(g->dtype),
-                      .stream_bytes = j->bytes};
-    int64_t answer = 0;
+                      .chunk_bytes = (uint32_t)j->chunk,
+                      .stream_bytes = j->bytes,
+                      .flags = j->reg ? HDR_REGISTERED : 0u};
+    int64_t outcome = 0;
+    uint64_t t_header = 0, t_queued = 0;
+    if ((rc = copy_to(j, dev + pages_off, j->pages, j->num_pages * 4u)))
+        return rc;
     if (j->direction == KVP_XFER_EXPORT) {
-        if ((rc = copy_wait(n, j, dev, &hdr, sizeof(hdr), cudaMemcpyHostToDevice, deadline)) ||
-            (rc = send_recv(n, j, 1, dev, sizeof(hdr), deadline, "sending the header")) ||
-            (rc = send_recv(n, j, 0, dev + 128, sizeof(answer), deadline,
-                            "waiting for the importer's answer")) ||
-            (rc = copy_wait(n, j, &answer, dev + 128, sizeof(answer), cudaMemcpyDeviceToHost,
-                            deadline)))
+        if ((rc = copy_to(j, dev, &hdr, sizeof(hdr))) ||
+            (rc = queue_send_recv(n, j, 1, dev, sizeof(hdr), deadline, "sending the header")))
             return rc;
-        if (answer != 0) {
-            j->clean = 1;
-            return job_fail(j, KVP_EINVAL, "the importer refused the transfer: %s",
-                            kvp_strerror((int)answer));
-        }
         if (j->stall_ms) {
             struct timespec ts = {j->stall_ms / 1000, (long)(j->stall_ms % 1000) * 1000000};
             nanosleep(&ts, NULL);
         }
-        if ((rc = copy_wait(n, j, dev + pages_off, j->pages, j->num_pages * 4u,
-                            cudaMemcpyHostToDevice, deadline)))
+        t_header = mono_us();
+        if ((rc = move_stream(n, j, pool, pages_dev, j->chunk, j->bytes, 1, deadline)) ||
+            (rc = queue_send_recv(n, j, 0, dev + 128, sizeof(outcome), deadline,
+                                  "waiting for the importer's outcome")))
             return rc;
-        return move_stream(n, j, pool, (const int32_t *)(dev + pages_off), deadline);
+        t_queued = mono_us();
+        if ((rc = wait_both(n, j, deadline, "sending the KV")) ||
+            (rc = copy_back(n, j, &outcome, dev + 128, sizeof(outcome), deadline)))
+            return rc;
+        if (outcome != 0) {
+            j->clean = 1; /* the importer drained the stream: still in step */
+            return job_fail(j, KVP_EINVAL, "the importer refused the transfer: %s",
+                            kvp_strerror((int)outcome));
+        }
+    } else {
+        wire_hdr_t got;
+        if ((rc = queue_send_recv(n, j, 0, dev, sizeof(hdr), deadline, "waiting for the header")) ||
+            (rc = copy_back(n, j, &got, dev, sizeof(got), deadline)))
+            return rc;
+        t_header = mono_us();
+        if (got.magic != HDR_MAGIC || got.version != HDR_VERSION || got.chunk_bytes == 0 ||
+            got.chunk_bytes > CHUNK_LIMIT || got.chunk_bytes % 256u || got.flags > 1u)
+            /* not clean: the communicator is out of step and is dropped */
+            return job_fail(j, KVP_EINVAL, "the exporter's header is not a kvpool %s",
+                            "version 2 stream");
+        j->reg = (got.flags & HDR_REGISTERED) != 0;
+        if (j->reg && !n->CommRegister) /* both sides register, or neither (NCCL's rule) */
+            return job_fail(j, KVP_EUNAVAIL, "the exporter registers its staging buffers and %s",
+                            "this NCCL cannot (ncclCommRegister, NCCL >= 2.19)");
+        const char *bad = got.transfer_id != hdr.transfer_id   ? "another transfer_id"
+                          : got.num_tokens != hdr.num_tokens   ? "another token count"
+                          : got.num_layers != hdr.num_layers   ? "another layer count"
+                          : got.num_heads != hdr.num_heads     ? "another number of kv heads"
+                          : got.head_dim != hdr.head_dim       ? "another head_dim"
+                          : got.elem_bytes != hdr.elem_bytes   ? "another element size"
+                          : got.stream_bytes != hdr.stream_bytes ? "another stream size"
+                                                                 : NULL;
+        /* a refused stream is still received (into the staging chunks, dropped there): the
+         * exporter sends without waiting for an answer, and the communicator stays in step */
+        j->chunk = got.chunk_bytes;
+        outcome = bad ? KVP_EINVAL : 0;
+        /* the outcome is copied before the stream is queued: a copy from pageable memory
+         * may wait for the stream's earlier work */
+        if ((rc = copy_to(j, dev + 128, &outcome, sizeof(outcome))) ||
+            (rc = move_stream(n, j, pool, pages_dev, j->chunk, got.stream_bytes, !bad,
+                              deadline)) ||
+            (rc = queue_send_recv(n, j, 1, dev + 128, sizeof(outcome), deadline,
+                                  "sending the outcome")))
+            return rc;
+        t_queued = mono_us();
+        if ((rc = wait_both(n, j, deadline, "receiving the KV")))
+            return rc;
+        if (bad) {
+            j->clean = 1;
+            return job_fail(j, KVP_EINVAL, "the exporter's stream does not match the Import: %s",
+                            bad);
+        }
     }
-    /* import */
-    if ((rc = send_recv(n, j, 0, dev, sizeof(hdr), deadline, "waiting for the header")))
-        return rc;
-    wire_hdr_t got;
-    if ((rc = copy_wait(n, j, &got, dev, sizeof(got), cudaMemcpyDeviceToHost, deadline)))
-        return rc;
-    const char *bad = got.magic != HDR_MAGIC || got.version != HDR_VERSION ? "not a kvpool stream"
-                      : got.transfer_id != hdr.transfer_id                 ? "another transfer_id"
-                      : got.num_tokens != hdr.num_tokens                   ? "another token count"
-                      : got.num_layers != hdr.num_layers                   ? "another layer count"
-                      : got.num_heads != hdr.num_heads       ? "another number of kv heads"
-                      : got.head_dim != hdr.head_dim         ? "another head_dim"
-                      : got.elem_bytes != hdr.elem_bytes     ? "another element size"
-                      : got.stream_bytes != hdr.stream_bytes ? "another stream size"
-                                                             : NULL;
-    answer = bad ? KVP_EINVAL : 0;
-    if ((rc = copy_wait(n, j, dev + 128, &answer, sizeof(answer), cudaMemcpyHostToDevice,
-                        deadline)) ||
-        (rc = send_recv(n, j, 1, dev + 128, sizeof(answer), deadline, "answering the exporter")))
-        return rc;
-    if (bad) {
-        j->clean = 1;
-        return job_fail(j, KVP_EINVAL, "the exporter's stream does not match the Import: %s", bad);
-    }
-    if ((rc = copy_wait(n, j, dev + pages_off, j->pages, j->num_pages * 4u, cudaMemcpyHostToDevice,
-                        deadline)))
-        return rc;
-    return move_stream(n, j, pool, (const int32_t *)(dev + pages_off), deadline);
+    if (kvp_log_enabled(KVP_LOG_DEBUG)) /* where a transfer's time goes */
+        kvp_log(KVP_LOG_DEBUG,
+                "transfer timing dir=%s bytes=%llu chunk=%zu join_us=%llu header_us=%llu "
+                "queue_us=%llu wait_us=%llu",
+                j->direction == KVP_XFER_EXPORT ? "export" : "import",
+                (unsigned long long)j->bytes, j->chunk,
+                (unsigned long long)(t_joined - j->start_us),
+                (unsigned long long)(t_header - t_joined),
+                (unsigned long long)(t_queued - t_header),
+                (unsigned long long)(mono_us() - t_queued));
+    return 0;
 fail_cuda:
     return job_fail(j, rc, "CUDA call failed%s", "");
 fail_alloc:
@@ -859,6 +1050,8 @@ void kvp_xfer_run(kvp_xfer_job_t *j)
     uint8_t *dev = NULL;
     j->start_us = mono_us();
     j->rc = run_transfer(n, j, &dev);
+    trace_done(j->trace, j);
+    j->trace = NULL;
     int can_free = 1;
     if (j->rc && !j->clean)
         can_free = abort_and_drain(n, j);
@@ -872,11 +1065,7 @@ void kvp_xfer_run(kvp_xfer_job_t *j)
     }
     if (c->broken && c->stream) {
         if (can_free) /* the streams drained: the staging chunks can go with the stream */
-            for (int b = 0; b < 2; b++)
-                if (c->stage[b]) {
-                    (void)cudaFreeAsync(c->stage[b], c->stream);
-                    c->stage[b] = NULL;
-                }
+            stage_free(n, c);
         c->stage_cap = 0;
         if (can_free)
             (void)cudaStreamSynchronize(c->stream);

@@ -2,9 +2,10 @@
  * kvp_xfer.h - KV transfers between daemons over NCCL point-to-point (DESIGN.md §6, the
  * ExportBegin / Import calls of kvpool.proto). The dispatch (kvp_rpc.c) validates a request,
  * allocates or pins the pages and asks this module for a transfer job; the job runs on a
- * worker thread (kvp_xfer_run: join or reuse the communicator, exchange a header and an
- * answer, move the packed stream with ncclSend/ncclRecv on the communicator's own stream, pack
- * or unpack it with the kernels of kernels/kvp_pack_cuda.cu) and is finished on the loop thread
+ * worker thread (kvp_xfer_run: join or reuse the communicator, send or receive a header, move
+ * the packed stream with ncclSend/ncclRecv on the communicator's own stream, pack
+ * or unpack it with the kernels of kernels/kvp_pack_cuda.cu, then the importer's outcome goes
+ * back) and is finished on the loop thread
  * (kvp_xfer_finish), where the dispatch unpins or releases the pages.
  *
  * Communicators (two ranks: 0 exports, 1 imports) are cached: the exporter reuses an idle one
@@ -36,6 +37,7 @@ typedef struct {
     uint32_t timeout_ms;    /* default per transfer (peer join included) */
     uint32_t comm_idle_ms;  /* an unused communicator is destroyed after this */
     uint32_t max_in_flight; /* transfers running at once (export and import together) */
+    uint32_t chunk_bytes;   /* staging chunk of an export; 0: kvp_xfer_chunk_bytes's choice */
 } kvp_xfer_config_t;
 
 enum { KVP_XFER_EXPORT = 0, KVP_XFER_IMPORT = 1 };
@@ -58,7 +60,7 @@ typedef struct {
 int kvp_xfer_create(kvp_backend_t *b, const kvp_xfer_config_t *cfg, kvp_xfer_t **out);
 /* Aborts the cached communicators; no job may be in flight. NULL: no-op. */
 void kvp_xfer_destroy(kvp_xfer_t *x);
-/* SIGHUP: timeout_ms and comm_idle_ms apply to later transfers. */
+/* SIGHUP: timeout_ms, comm_idle_ms and chunk_bytes apply to later transfers. */
 void kvp_xfer_set_config(kvp_xfer_t *x, const kvp_xfer_config_t *cfg);
 
 /* Whether this daemon can transfer: 0; KVP_EUNAVAIL (host backend, NCCL not loadable);
@@ -75,6 +77,20 @@ int kvp_xfer_check_export(const kvp_geom_t *g, uint32_t num_tokens, uint32_t tim
 int kvp_xfer_check_import(const kvp_geom_t *g, uint32_t id_len, uint64_t transfer_id,
                           uint32_t num_tokens, uint32_t max_tokens, uint32_t num_layers,
                           uint32_t timeout_ms, char *why, size_t why_len);
+
+/* The largest staging chunk of an export of stream_bytes: setting (transfer.chunk_bytes) or,
+ * when 0, a quarter of the stream within [4 MiB, 256 MiB]; at most 1 GiB and the whole
+ * stream; rounded up to a multiple of 256 bytes. The header carries it: the importer stages
+ * in the exporter's chunks. */
+size_t kvp_xfer_chunk_bytes(uint32_t setting, uint64_t stream_bytes);
+
+/* The schedule: the size of the chunk that starts at stream offset off (< total), given the
+ * largest chunk. Chunks ramp up from chunk_max / 8 (never more than what is already queued),
+ * so the first pack is short, and ramp down to halves of what is left, at least 4 MiB (or
+ * chunk_max when smaller), so the last unpack is short; in between they are chunk_max. Each
+ * NCCL call costs ~20 us over NVLink (measured on 2 x H200), so the middle chunks are large.
+ * Multiples of 256 bytes but the last; both sides compute the same schedule. */
+size_t kvp_xfer_chunk_at(size_t chunk_max, uint64_t off, uint64_t total);
 
 /* Bytes of the packed stream of num_tokens tokens of this geometry (all layers, K and V, all
  * heads of a one-device pool). */

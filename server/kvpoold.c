@@ -91,6 +91,7 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
         .transfer_timeout_ms = c->transfer_timeout_ms,
         .transfer_comm_idle_ms = c->transfer_comm_idle_ms,
         .transfer_max_in_flight = c->transfer_max_in_flight,
+        .transfer_chunk_bytes = c->transfer_chunk_bytes,
         .ns_max_seqs = c->ns_max_seqs,
         .ns_max_pages = c->ns_max_pages,
         .ns_max_buffer_bytes = c->ns_max_buffer_bytes,

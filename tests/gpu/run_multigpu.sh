@@ -62,8 +62,12 @@ if [ "$what" = xfer ] || [ "$what" = all ]; then
         "$B/tests/test_multigpu_xfer"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-    run bench_transfer "$B/tests/bench/bench_transfer"
+    # one transfer at a time, then two in flight (argv: largest chunk, 0 automatic; in flight)
+    run bench_transfer "$B/tests/bench/bench_transfer" 0 1
+    run bench_transfer_2 "$B/tests/bench/bench_transfer" 0 2
     run bench_transfer_net env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
-        "$B/tests/bench/bench_transfer"
+        "$B/tests/bench/bench_transfer" 0 1
+    run bench_transfer_net_2 env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+        "$B/tests/bench/bench_transfer" 0 2
 fi
 exit $rc

@@ -7,7 +7,8 @@
  * mapping must hold every row byte-exact, both ListTransfers report ok, both audits are clean.
  * Then the sending daemon is SIGKILLed mid-transfer (KVPOOL_XFER_TEST_STALL_MS holds it between
  * the header exchange and the payload): the Import fails, the receiver's usage and audit are
- * exactly as before, and it imports from a fresh sender afterwards. Run it again with
+ * exactly as before, and it imports from a fresh sender afterwards. A mismatched Import is
+ * refused and the communicator stays usable (refused_then_reused). Run it again with
  * NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 for the network transport (tests/gpu/run_multigpu.sh).
  * Needs libnccl.so.2 (or $KVPOOL_NCCL_LIB). Label multigpu: exits 77 with fewer than two GPUs.
  */
@@ -178,8 +179,9 @@ static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, 
     return 0;
 }
 
-/* Waits until the exporter's ListTransfers says transfer tid ended; 0 when ok. */
-static int export_outcome(kvp_client_t *c, uint64_t tid)
+/* Waits until the exporter's ListTransfers says transfer tid ended; 0 when it ended in state
+ * `want` with a message containing `msg`. */
+static int export_ended(kvp_client_t *c, uint64_t tid, const char *want, const char *msg)
 {
     for (int i = 0; i < 2000; i++) {
         kvp_transfer_info_t info[32];
@@ -188,14 +190,20 @@ static int export_outcome(kvp_client_t *c, uint64_t tid)
               kvp_client_last_error(c));
         for (uint32_t k = 0; k < n; k++)
             if (info[k].transfer_id == tid && strcmp(info[k].state, "running") != 0) {
-                CHECK(strcmp(info[k].state, "ok") == 0, "export ended %s: %s", info[k].state,
-                      info[k].message);
+                CHECK(strcmp(info[k].state, want) == 0 && strstr(info[k].message, msg),
+                      "export ended %s (%s), expected %s (%s)", info[k].state, info[k].message,
+                      want, msg);
                 return 0;
             }
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     CHECK(0, "export %llu still running after 20 s", (unsigned long long)tid);
+}
+
+static int export_outcome(kvp_client_t *c, uint64_t tid)
+{
+    return export_ended(c, tid, "ok", "");
 }
 
 static int transfer_pair(pool_t *a, pool_t *b, uint64_t seq, kvp_rng_t *rng)
@@ -241,6 +249,54 @@ static int transfer_pair(pool_t *a, pool_t *b, uint64_t seq, kvp_rng_t *rng)
     if (!rc)
         printf("ok   %s\n", what);
     return rc;
+}
+
+/* An Import whose token count does not match the exporter's header is refused: INVALID_ARGUMENT
+ * with the reason, the receiver's pool as before, the exporter reports the refusal. The
+ * refused stream was drained, so the communicator stays cached and in step: the next export
+ * to the same peer reuses it (the same unique id) and arrives byte-exact. */
+static int refused_then_reused(pool_t *a, pool_t *b, uint64_t seq, kvp_rng_t *rng)
+{
+    kvp_client_t *ca = connect_to(a, "prefill", 0), *cb = connect_to(b, "decode", 1);
+    CHECK(ca && cb, "connect");
+    uint8_t *expect = malloc((size_t)LAYERS * 2 * T_TOKENS * HEADS * ROW);
+    CHECK(expect && fill_sequence(ca, seq, expect, rng) == 0, "fill");
+    kvp_stats_summary_t before, after;
+    CHECK(kvp_client_stats(cb, &before) == 0, "stats");
+    kvp_transfer_ticket_t tk, bad;
+    CHECK(kvp_client_export_begin(ca, seq, b->name, 0, &tk) == 0, "export_begin: %s",
+          kvp_client_last_error(ca));
+    bad = tk;
+    bad.num_tokens = T_TOKENS - 1;
+    int irc = kvp_client_import(cb, &bad, seq + 1000, 0, NULL);
+    CHECK(irc == KVP_EINVAL && strstr(kvp_client_last_error(cb), "another token count"),
+          "a mismatched Import: %s (%s)", kvp_strerror(irc), kvp_client_last_error(cb));
+    CHECK(kvp_client_stats(cb, &after) == 0, "stats after");
+    CHECK(after.used_pages == before.used_pages && after.num_seqs == before.num_seqs &&
+              after.num_tokens == before.num_tokens,
+          "the refused Import changed the pool: used %u -> %u", before.used_pages,
+          after.used_pages);
+    CHECK(kvp_client_audit(cb) == 0, "audit: %s", kvp_client_last_error(cb));
+    CHECK(export_ended(ca, tk.transfer_id, "failed", "the importer refused") == 0,
+          "the exporter reports the refusal");
+    kvp_transfer_ticket_t tk2;
+    CHECK(kvp_client_export_begin(ca, seq, b->name, 0, &tk2) == 0, "export_begin again: %s",
+          kvp_client_last_error(ca));
+    CHECK(memcmp(tk2.nccl_id, tk.nccl_id, sizeof(tk.nccl_id)) == 0,
+          "the communicator was not reused after a clean refusal");
+    CHECK(kvp_client_import(cb, &tk2, seq + 1000, 0, NULL) == 0, "import: %s",
+          kvp_client_last_error(cb));
+    CHECK(check_received(cb, seq + 1000, expect, "after a refusal") == 0, "received");
+    CHECK(export_outcome(ca, tk2.transfer_id) == 0, "export outcome");
+    CHECK(kvp_client_audit(ca) == 0 && kvp_client_audit(cb) == 0, "audit after");
+    uint64_t s1 = seq + 1000;
+    kvp_client_release(ca, &seq, 1, NULL);
+    kvp_client_release(cb, &s1, 1, NULL);
+    kvp_client_close(ca);
+    kvp_client_close(cb);
+    free(expect);
+    printf("ok   refused Import (drained), then the same communicator reused\n");
+    return 0;
 }
 
 static void *killer(void *arg)
@@ -343,6 +399,8 @@ int main(void)
             transfer_pair(&send[i], &recv[j], seq++, &rng);
     /* a cached communicator is reused: the same pair again */
     transfer_pair(&send[0], &recv[3], seq++, &rng);
+    refused_then_reused(&send[1], &recv[2], seq, &rng);
+    seq += 2;
     sender_killed_mid_transfer(&recv[0], &rng);
     for (int v = 0; v < NV; v++) {
         int a = kvp_daemon_stop(&send[v].d, SIGTERM), b = kvp_daemon_stop(&recv[v].d, SIGTERM);

@@ -40,6 +40,53 @@ START_TEST(packed_format_math)
 }
 END_TEST
 
+/* The staging chunk: automatic (a sixteenth within 4..64 MiB), the setting, the limits. */
+START_TEST(chunk_sizes)
+{
+    const uint64_t MiB = 1u << 20, GiB = 1u << 30;
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, GiB), 256 * MiB);           /* 1/4 */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 4 * GiB), 256 * MiB);       /* capped */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 64 * MiB), 16 * MiB);       /* 1/4 */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 8 * MiB), 4 * MiB);         /* the floor */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 1000), 1024);               /* the whole stream */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 3 * MiB + 1), 3 * MiB + 256); /* rounded up */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(4096, GiB), 4096);
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(4000, GiB), 4096);             /* to 256 bytes */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(1, GiB), 256);
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(512 * MiB, 3 * GiB), 512 * MiB);
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(UINT32_MAX, 3 * GiB), GiB);    /* the limit */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(512 * MiB, 100 * MiB), 100 * MiB);
+
+    /* the schedule of 1 GiB in chunks of at most 256 MiB: up from 32, down to 4 */
+    const uint64_t want[] = {32, 32, 64, 128, 256, 256, 128, 64, 32, 16, 8, 4, 4};
+    uint64_t off = 0, k = 0;
+    for (; off < GiB; k++) {
+        ck_assert_uint_lt(k, sizeof(want) / sizeof(want[0]));
+        const size_t c = kvp_xfer_chunk_at(256 * MiB, off, GiB);
+        ck_assert_uint_eq(c, want[k] * MiB);
+        off += c;
+    }
+    ck_assert_uint_eq(k, sizeof(want) / sizeof(want[0]));
+    ck_assert_uint_eq(off, GiB);
+    /* any stream, any largest chunk: the chunks tile it exactly, none above the largest, all
+     * but the last a multiple of 256 */
+    const uint64_t totals[] = {1, 255, 256, 257, 4095, 1000000, 3 * MiB + 7, 77 * MiB + 13, GiB};
+    const size_t maxes[] = {256, 4096, 1000192, 4 * MiB, 64 * MiB, 256 * MiB};
+    for (size_t a = 0; a < sizeof(totals) / sizeof(totals[0]); a++)
+        for (size_t m = 0; m < sizeof(maxes) / sizeof(maxes[0]); m++) {
+            uint64_t o = 0, n = 0, bad = 0; /* plain checks: a ck_assert per chunk is slow */
+            while (o < totals[a] && n <= totals[a] / 256 + 64) {
+                const size_t c = kvp_xfer_chunk_at(maxes[m], o, totals[a]);
+                bad += c == 0 || c > maxes[m] || (o + c < totals[a] && c % 256 != 0);
+                o += c;
+                n++;
+            }
+            ck_assert_uint_eq(bad, 0);
+            ck_assert_uint_eq(o, totals[a]);
+        }
+}
+END_TEST
+
 typedef struct {
     kvp_geom_t g;
     kvp_geom_derived_t d;
@@ -305,6 +352,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, packed_format_math);
+    tcase_add_test(tc, chunk_sizes);
     tcase_add_loop_test(tc, pack_unpack_between_any_two_pools, 0, 3 * 3 * 4 * 4);
     tcase_add_test(tc, request_checks);
     tcase_add_test(tc, nccl_that_cannot_load_is_unavailable);
