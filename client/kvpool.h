@@ -193,12 +193,15 @@ int kvp_client_audit(kvp_client_t *c);
  * transfer (host backend, no NCCL). */
 
 #define KVP_TRANSFER_ID_BYTES 128
+#define KVP_TRANSFER_MAX_SEQS 64 /* sequences in one transfer (a set) */
 
 typedef struct {
     uint8_t nccl_id[KVP_TRANSFER_ID_BYTES]; /* the communicator's ncclUniqueId */
     uint64_t transfer_id;
-    uint32_t num_tokens, num_layers;
-    uint64_t bytes; /* of the packed stream */
+    uint32_t num_tokens, num_layers; /* num_tokens: of the whole set */
+    uint64_t bytes;                  /* of the packed stream */
+    uint32_t num_seqs;               /* 1, or a set's size */
+    uint32_t seq_tokens[KVP_TRANSFER_MAX_SEQS]; /* each sequence's tokens, in stream order */
 } kvp_transfer_ticket_t;
 
 /* Starts sending sequence seq_id (its tokens now) to the daemon named peer (the communicator
@@ -208,6 +211,13 @@ typedef struct {
 int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer, uint32_t timeout_ms,
                             kvp_transfer_ticket_t *ticket);
 
+/* The same for a set of n (1..KVP_TRANSFER_MAX_SEQS) distinct sequences moved as one transfer:
+ * one stream, the sequences one after the other, so the set pays one set-up and one pipeline
+ * fill and drain (the way to hand a batch of prefilled requests to a decode node). */
+int kvp_client_export_begin_set(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
+                                const char *peer, uint32_t timeout_ms,
+                                kvp_transfer_ticket_t *ticket);
+
 /* Receives the ticket's sequence as the new sequence seq_id of this namespace; returns once
  * the data is in the pool (this call waits up to timeout_ms, or the daemon's default, plus the
  * handle's own timeout). On failure (KVP_EUNAVAIL: the sender went away; KVP_ETIMEDOUT: the
@@ -216,9 +226,14 @@ int kvp_client_export_begin(kvp_client_t *c, uint64_t seq_id, const char *peer, 
 int kvp_client_import(kvp_client_t *c, const kvp_transfer_ticket_t *ticket, uint64_t seq_id,
                       uint32_t timeout_ms, uint32_t *num_pages);
 
+/* Receives a set's ticket as the new sequences seq_ids[ticket->num_seqs] (in the exporter's
+ * order), all or none: on failure none of them exists. *num_pages: of all of them. */
+int kvp_client_import_set(kvp_client_t *c, const kvp_transfer_ticket_t *ticket,
+                          const uint64_t *seq_ids, uint32_t timeout_ms, uint32_t *num_pages);
+
 typedef struct {
-    uint64_t transfer_id, seq_id, bytes, elapsed_ms;
-    uint32_t num_tokens;
+    uint64_t transfer_id, seq_id, bytes, elapsed_ms; /* seq_id: a set's first */
+    uint32_t num_tokens, num_seqs;
     char direction[8]; /* "export" | "import" */
     char state[8];     /* "running" | "ok" | "failed" */
     char peer[65], ns[65], message[128];

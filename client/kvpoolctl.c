@@ -891,6 +891,7 @@ static int cmd_transfers(ctl_t *x)
             j_str(&j, "peer", t->peer);
             j_str(&j, "namespace", t->namespace);
             j_u64(&j, "seq_id", t->seq_id);
+            j_u64(&j, "num_seqs", t->num_seqs);
             j_u64(&j, "num_tokens", t->num_tokens);
             j_u64(&j, "bytes", t->bytes);
             j_u64(&j, "elapsed_ms", t->elapsed_ms);
@@ -906,11 +907,16 @@ static int cmd_transfers(ctl_t *x)
     table_t t = {.ncols = 10, .header = hdr, .align = "rlllllrrrl"};
     for (pb_size_t i = 0; i < l->transfers_count; i++) {
         const kvpool_TransferInfo *ti = &l->transfers[i];
-        char b1[128], b2[128], b3[64], b4[32], b5[260];
+        char b1[128], b2[128], b3[64], b4[32], b5[260], b6[48];
+        /* a set: its first sequence and how many more */
+        if (ti->num_seqs > 1)
+            snprintf(b6, sizeof(b6), "%llu+%u", (unsigned long long)ti->seq_id, ti->num_seqs - 1);
+        else
+            snprintf(b6, sizeof(b6), "%llu", (unsigned long long)ti->seq_id);
         table_addf(
-            &t, "%llu\t%s\t%s\t%s\t%s\t%llu\t%u\t%s\t%s\t%s", (unsigned long long)ti->transfer_id,
+            &t, "%llu\t%s\t%s\t%s\t%s\t%s\t%u\t%s\t%s\t%s", (unsigned long long)ti->transfer_id,
             ti->direction, ti->state, ti->peer[0] ? safe(ti->peer, b1, sizeof(b1)) : "-",
-            safe(ti->namespace, b2, sizeof(b2)), (unsigned long long)ti->seq_id, ti->num_tokens,
+            safe(ti->namespace, b2, sizeof(b2)), b6, ti->num_tokens,
             fmt_bytes(ti->bytes, b3, sizeof(b3)), fmt_duration(ti->elapsed_ms, b4, sizeof(b4)),
             ti->message[0] ? safe(ti->message, b5, sizeof(b5)) : "-");
     }

@@ -77,7 +77,12 @@ struct kvp_xfer_job {
     comm_t *comm;
     int direction;
     uint64_t transfer_id;
-    uint32_t num_tokens, num_pages;
+    uint32_t num_tokens, num_pages; /* of the whole set */
+    uint32_t nseq;                  /* sequences in the set */
+    uint32_t *tokens;               /* [nseq] */
+    uint32_t *page_off;             /* [nseq + 1]: sequence i's pages start at pages[page_off[i]] */
+    uint64_t *stream_off;           /* [nseq + 1]: its stream bytes start at stream_off[i] */
+    uint32_t seq_hash;              /* kvp_xfer_set_hash of tokens */
     int32_t *pages;
     uint64_t bytes;
     uint32_t timeout_ms;
@@ -116,8 +121,10 @@ typedef struct {
     uint64_t transfer_id;
     uint32_t num_tokens, num_layers, num_heads, head_dim, elem_bytes, chunk_bytes;
     uint64_t stream_bytes;
-    uint32_t flags; /* HDR_REGISTERED: the importer registers its staging chunks too */
-    uint8_t reserved[12];
+    uint32_t flags;    /* HDR_REGISTERED: the importer registers its staging chunks too */
+    uint32_t num_seqs; /* a set: its sequences, one stream after the other */
+    uint32_t seq_hash; /* of their token counts (kvp_xfer_set_hash) */
+    uint8_t reserved[4];
 } wire_hdr_t;
 #define HDR_REGISTERED 1u
 _Static_assert(sizeof(wire_hdr_t) == 64, "the header is 64 bytes on the wire");
@@ -161,6 +168,15 @@ uint64_t kvp_xfer_stream_bytes(const kvp_geom_t *g, uint32_t num_tokens)
     return (uint64_t)g->num_layers * kvp_kv_packed_layer_bytes(num_tokens, g->num_kv_heads,
                                                                g->head_dim,
                                                                kvp_dtype_size(g->dtype));
+}
+
+uint32_t kvp_xfer_set_hash(const uint32_t *tokens, uint32_t n)
+{
+    uint32_t h = 2166136261u; /* FNV-1a over the counts' little-endian bytes */
+    for (uint32_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++)
+            h = (h ^ ((tokens[i] >> (8 * b)) & 0xffu)) * 16777619u;
+    return h;
 }
 
 int kvp_xfer_check_export(const kvp_geom_t *g, uint32_t num_tokens, uint32_t timeout_ms, char *why,
@@ -356,30 +372,57 @@ uint64_t kvp_xfer_sweep(kvp_xfer_t *x, uint64_t now_ms)
     return next;
 }
 
-static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t transfer_id,
-                               const char *peer, const char *ns, uint64_t seq_id,
-                               const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
-                               uint64_t now_ms)
+static void job_free(kvp_xfer_job_t *j)
 {
-    const uint32_t P = x->b->geom.page_size;
-    uint32_t np = kvp_geom_pages_for(P, num_tokens);
+    if (!j)
+        return;
+    free(j->pages);
+    free(j->tokens);
+    free(j->page_off);
+    free(j->stream_off);
+    free(j);
+}
+
+static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t transfer_id,
+                               const char *peer, const char *ns, const kvp_xfer_set_t *set,
+                               uint32_t timeout_ms, uint64_t now_ms)
+{
+    const uint32_t P = x->b->geom.page_size, n = set->n;
     kvp_xfer_job_t *j = calloc(1, sizeof(*j));
     if (!j)
         return NULL;
+    j->tokens = malloc((size_t)n * sizeof(uint32_t));
+    j->page_off = malloc(((size_t)n + 1) * sizeof(uint32_t));
+    j->stream_off = malloc(((size_t)n + 1) * sizeof(uint64_t));
+    uint64_t np = 0;
+    for (uint32_t i = 0; i < n; i++)
+        np += kvp_geom_pages_for(P, set->tokens[i]);
     j->pages = malloc((size_t)np * sizeof(int32_t) + 4);
-    if (!j->pages) {
-        free(j);
+    if (!j->tokens || !j->page_off || !j->stream_off || !j->pages) {
+        job_free(j);
         return NULL;
     }
-    for (uint32_t i = 0; i < np; i++)
-        j->pages[i] = (int32_t)pages[i];
+    j->nseq = n;
+    j->page_off[0] = 0;
+    j->stream_off[0] = 0;
+    uint64_t tokens = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t pi = kvp_geom_pages_for(P, set->tokens[i]);
+        for (uint32_t k = 0; k < pi; k++)
+            j->pages[j->page_off[i] + k] = (int32_t)set->pages[i][k];
+        j->tokens[i] = set->tokens[i];
+        j->page_off[i + 1] = j->page_off[i] + pi;
+        j->stream_off[i + 1] = j->stream_off[i] + kvp_xfer_stream_bytes(&x->b->geom, j->tokens[i]);
+        tokens += set->tokens[i];
+    }
     j->x = x;
     j->comm = c;
     j->direction = direction;
     j->transfer_id = transfer_id;
-    j->num_tokens = num_tokens;
-    j->num_pages = np;
-    j->bytes = kvp_xfer_stream_bytes(&x->b->geom, num_tokens);
+    j->num_tokens = (uint32_t)tokens; /* the dispatch bounds the sum */
+    j->num_pages = (uint32_t)np;
+    j->seq_hash = kvp_xfer_set_hash(j->tokens, n);
+    j->bytes = j->stream_off[n];
     j->timeout_ms = timeout_ms ? timeout_ms : x->cfg.timeout_ms;
     j->stall_ms = direction == KVP_XFER_EXPORT ? x->stall_ms : 0;
     j->chunk = kvp_xfer_chunk_bytes(x->chunk_test ? x->chunk_test : x->cfg.chunk_bytes, j->bytes);
@@ -390,8 +433,9 @@ static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t
     in->direction = direction;
     snprintf(in->peer, sizeof(in->peer), "%s", peer ? peer : "");
     snprintf(in->ns, sizeof(in->ns), "%s", ns ? ns : "");
-    in->seq_id = seq_id;
-    in->num_tokens = num_tokens;
+    in->seq_id = set->seq_ids[0];
+    in->num_seqs = n;
+    in->num_tokens = j->num_tokens;
     in->bytes = j->bytes;
     in->start_ms = now_ms;
     c->busy = 1;
@@ -401,8 +445,8 @@ static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t
     return j;
 }
 
-int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns, uint64_t seq_id,
-                          const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
+int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns,
+                          const kvp_xfer_set_t *set, uint32_t timeout_ms,
                           uint64_t now_ms, uint8_t id_out[KVP_XFER_ID_BYTES], uint64_t *transfer_id,
                           kvp_xfer_job_t **out)
 {
@@ -431,8 +475,7 @@ int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns, uint6
     }
     uint64_t tid = x->next_id;
     x->next_id += 2;
-    kvp_xfer_job_t *j = job_new(x, c, KVP_XFER_EXPORT, tid, peer, ns, seq_id, pages, num_tokens,
-                                timeout_ms, now_ms);
+    kvp_xfer_job_t *j = job_new(x, c, KVP_XFER_EXPORT, tid, peer, ns, set, timeout_ms, now_ms);
     if (!j) {
         c->busy = 0;
         return KVP_ENOMEM;
@@ -445,16 +488,15 @@ fail_new:
     free(c);
     return rc;
 #else
-    (void)x, (void)peer, (void)ns, (void)seq_id, (void)pages, (void)num_tokens;
+    (void)x, (void)peer, (void)ns, (void)set;
     (void)timeout_ms, (void)now_ms, (void)id_out, (void)transfer_id, (void)out;
     return KVP_EUNAVAIL;
 #endif
 }
 
 int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], uint64_t transfer_id,
-                          const char *ns, uint64_t seq_id, const uint32_t *pages,
-                          uint32_t num_tokens, uint32_t timeout_ms, uint64_t now_ms,
-                          kvp_xfer_job_t **out)
+                          const char *ns, const kvp_xfer_set_t *set, uint32_t timeout_ms,
+                          uint64_t now_ms, kvp_xfer_job_t **out)
 {
     kvp_xfer_sweep(x, now_ms);
     comm_t *c = NULL;
@@ -472,8 +514,8 @@ int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], ui
         c->next = x->comms;
         x->comms = c;
     }
-    kvp_xfer_job_t *j = job_new(x, c, KVP_XFER_IMPORT, transfer_id, "", ns, seq_id, pages,
-                                num_tokens, timeout_ms, now_ms);
+    kvp_xfer_job_t *j = job_new(x, c, KVP_XFER_IMPORT, transfer_id, "", ns, set, timeout_ms,
+                                now_ms);
     if (!j) {
         c->busy = 0;
         return KVP_ENOMEM;
@@ -510,16 +552,15 @@ int kvp_xfer_finish(kvp_xfer_t *x, kvp_xfer_job_t *j, uint64_t now_ms, char *msg
     if (x->hist_count < KVP_XFER_HISTORY)
         x->hist_count++;
     kvp_log(j->rc ? KVP_LOG_WARNING : KVP_LOG_INFO,
-            "transfer %s direction=%s transfer_id=%llu tokens=%u bytes=%llu ms=%llu%s%s%s",
+            "transfer %s direction=%s transfer_id=%llu seqs=%u tokens=%u bytes=%llu ms=%llu%s%s%s",
             j->rc ? "failed" : "done", d ? "import" : "export", (unsigned long long)j->transfer_id,
-            j->num_tokens, (unsigned long long)j->bytes,
+            j->nseq, j->num_tokens, (unsigned long long)j->bytes,
             (unsigned long long)(now_ms - in->start_ms), j->rc ? " reason=\"" : "",
             j->rc ? j->msg : "", j->rc ? "\"" : "");
     int rc = j->rc;
     if (msg && msg_len)
         snprintf(msg, msg_len, "%s", j->msg);
-    free(j->pages);
-    free(j);
+    job_free(j);
     return rc;
 }
 
@@ -714,21 +755,24 @@ fail_alloc:
 }
 
 /* Queues on stream s the pack (unpack = 0) or unpack of stream bytes [off, off + len) between
- * the pool's pages and buf: the range may span layers. */
+ * the pool's pages and buf: the range may span layers and sequences of the set. */
 static int queue_pack(kvp_xfer_job_t *j, void *pool, const int32_t *pages_dev, uint64_t off,
                       uint64_t len, uint8_t *buf, int unpack, cudaStream_t s)
 {
     kvp_backend_t *b = j->x->b;
-    const uint64_t lb = j->bytes / b->geom.num_layers;
+    uint32_t q = 0; /* the sequence holding off */
     while (len) {
-        const uint32_t l = (uint32_t)(off / lb);
-        const uint64_t o = off % lb, piece = len < lb - o ? len : lb - o;
+        while (off >= j->stream_off[q + 1])
+            q++;
+        const uint64_t lb = (j->stream_off[q + 1] - j->stream_off[q]) / b->geom.num_layers;
+        const uint64_t so = off - j->stream_off[q];
+        const uint32_t l = (uint32_t)(so / lb);
+        const uint64_t o = so % lb, piece = len < lb - o ? len : lb - o;
+        const int32_t *pg = pages_dev + j->page_off[q];
         kvp_paged_kv_t kv;
         kvp_backend_layer_view(b, pool, l, &kv);
-        int rc = unpack ? kvp_kv_unpack_range_cuda(&kv, pages_dev, j->num_tokens, o, o + piece,
-                                                   buf, s)
-                        : kvp_kv_pack_range_cuda(&kv, pages_dev, j->num_tokens, o, o + piece,
-                                                 buf, s);
+        int rc = unpack ? kvp_kv_unpack_range_cuda(&kv, pg, j->tokens[q], o, o + piece, buf, s)
+                        : kvp_kv_pack_range_cuda(&kv, pg, j->tokens[q], o, o + piece, buf, s);
         if (rc)
             return job_fail(j, rc, "pack kernel launch failed%s", "");
         buf += piece;
@@ -923,7 +967,9 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
                       .elem_bytes = kvp_dtype_size(g->dtype),
                       .chunk_bytes = (uint32_t)j->chunk,
                       .stream_bytes = j->bytes,
-                      .flags = j->reg ? HDR_REGISTERED : 0u};
+                      .flags = j->reg ? HDR_REGISTERED : 0u,
+                      .num_seqs = j->nseq,
+                      .seq_hash = j->seq_hash};
     int64_t outcome = 0;
     uint64_t t_header = 0, t_queued = 0;
     if ((rc = copy_to(j, dev + pages_off, j->pages, j->num_pages * 4u)))
@@ -967,6 +1013,8 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
                             "this NCCL cannot (ncclCommRegister, NCCL >= 2.19)");
         const char *bad = got.transfer_id != hdr.transfer_id   ? "another transfer_id"
                           : got.num_tokens != hdr.num_tokens   ? "another token count"
+                          : got.num_seqs != hdr.num_seqs       ? "another number of sequences"
+                          : got.seq_hash != hdr.seq_hash       ? "another split into sequences"
                           : got.num_layers != hdr.num_layers   ? "another layer count"
                           : got.num_heads != hdr.num_heads     ? "another number of kv heads"
                           : got.head_dim != hdr.head_dim       ? "another head_dim"

@@ -29,6 +29,16 @@
 
 #define KVP_XFER_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 #define KVP_XFER_HISTORY  16  /* finished transfers kept for ListTransfers */
+#define KVP_XFER_MAX_SEQS 64  /* sequences in one transfer (kvpool.options) */
+
+/* The sequences of one transfer, in stream order: sequence i has tokens[i] > 0 tokens in its
+ * first ceil(tokens[i] / page_size) pages pages[i][...]. */
+typedef struct {
+    uint32_t n; /* 1..KVP_XFER_MAX_SEQS */
+    const uint64_t *seq_ids;
+    const uint32_t *tokens;
+    const uint32_t *const *pages;
+} kvp_xfer_set_t;
 
 typedef struct kvp_xfer kvp_xfer_t;
 typedef struct kvp_xfer_job kvp_xfer_job_t;
@@ -48,8 +58,9 @@ typedef struct {
     int direction; /* KVP_XFER_EXPORT / _IMPORT */
     char peer[65];
     char ns[65];
-    uint64_t seq_id;
-    uint32_t num_tokens;
+    uint64_t seq_id; /* the first of the set */
+    uint32_t num_seqs;
+    uint32_t num_tokens; /* of the whole set */
     uint64_t bytes;
     int state; /* 0 running, 1 ok, 2 failed */
     char message[128];
@@ -96,22 +107,25 @@ size_t kvp_xfer_chunk_at(size_t chunk_max, uint64_t off, uint64_t total);
  * heads of a one-device pool). */
 uint64_t kvp_xfer_stream_bytes(const kvp_geom_t *g, uint32_t num_tokens);
 
-/* Starts an export of the sequence whose first ceil(num_tokens / page_size) pages are pages
- * (copied; the caller keeps them pinned until kvp_xfer_finish): picks or creates the
- * communicator of peer, writes its unique id to id_out and the new transfer's id to
- * *transfer_id. kvp_xfer_check_ready must have said 0. Returns 0, KVP_EUNAVAIL (NCCL),
+/* The header's check of a set's split into sequences: FNV-1a over the token counts. */
+uint32_t kvp_xfer_set_hash(const uint32_t *tokens, uint32_t n);
+
+/* Starts an export of the set (its pages copied; the caller keeps them pinned until
+ * kvp_xfer_finish): picks or creates the communicator of peer, writes its unique id to id_out
+ * and the new transfer's id to *transfer_id. The stream is the sequences' packed streams one
+ * after the other. kvp_xfer_check_ready must have said 0. Returns 0, KVP_EUNAVAIL (NCCL),
  * KVP_ENOMEM. */
-int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns, uint64_t seq_id,
-                          const uint32_t *pages, uint32_t num_tokens, uint32_t timeout_ms,
-                          uint64_t now_ms, uint8_t id_out[KVP_XFER_ID_BYTES], uint64_t *transfer_id,
+int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns,
+                          const kvp_xfer_set_t *set, uint32_t timeout_ms, uint64_t now_ms,
+                          uint8_t id_out[KVP_XFER_ID_BYTES], uint64_t *transfer_id,
                           kvp_xfer_job_t **out);
 
-/* Starts an import into pages (the new sequence's, pinned by the caller). Returns 0, KVP_EBUSY
- * (the communicator of that id is in use by another transfer), KVP_ENOMEM. */
+/* Starts an import of the set into its pages (the new sequences', pinned by the caller).
+ * Returns 0, KVP_EBUSY (the communicator of that id is in use by another transfer),
+ * KVP_ENOMEM. */
 int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], uint64_t transfer_id,
-                          const char *ns, uint64_t seq_id, const uint32_t *pages,
-                          uint32_t num_tokens, uint32_t timeout_ms, uint64_t now_ms,
-                          kvp_xfer_job_t **out);
+                          const char *ns, const kvp_xfer_set_t *set, uint32_t timeout_ms,
+                          uint64_t now_ms, kvp_xfer_job_t **out);
 
 /* Worker thread: runs the transfer to its end (success, error or deadline). */
 void kvp_xfer_run(kvp_xfer_job_t *j);

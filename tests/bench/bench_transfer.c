@@ -8,7 +8,8 @@
  * 1 GiB messages (also synchronised after each message, and as 64 MiB sends). argv[1]: the
  * largest staging chunk (transfer.chunk_bytes, 0: automatic); argv[2]: transfers in flight
  * (1: one sequence after the other; 2: two clients each moving every other sequence, so one
- * transfer's set-up overlaps the other's stream). Run it as is (default transports) and with NCCL_P2P_DISABLE=1
+ * transfer's set-up overlaps the other's stream), or "set": the four sequences as one transfer
+ * (ExportBegin of a set: one stream). Run it as is (default transports) and with NCCL_P2P_DISABLE=1
  * NCCL_SHM_DISABLE=1 (the network transport), as tests/gpu/run_multigpu.sh does. Needs two GPUs
  * and libnccl.so.2 (or $KVPOOL_NCCL_LIB). Prints figures; never asserts a time.
  */
@@ -186,6 +187,7 @@ static baseline_t nccl_baseline(size_t bytes)
 typedef struct {
     kvp_client_t *ca, *cb;
     int first, step, warm, rc, n;
+    int set; /* the NSEQ sequences as one transfer (ExportBegin of a set) */
     double t0, t1;
     uint64_t seq_bytes;
     /* per warm transfer, client side (us): the ExportBegin call, the Import call (it returns
@@ -197,17 +199,22 @@ static void *mover(void *arg)
 {
     mover_t *m = arg;
     m->t0 = now_s();
-    for (int i = m->first; i < NSEQ; i += m->step) {
+    for (int i = m->first; i < NSEQ; i += m->set ? NSEQ : m->step) {
         const double u0 = now_s();
         kvp_transfer_ticket_t tk;
-        if (kvp_client_export_begin(m->ca, (uint64_t)i + 1, "bench-receiver", 0, &tk)) {
+        uint64_t ids[NSEQ], got[NSEQ];
+        for (int k = 0; k < NSEQ; k++)
+            ids[k] = (uint64_t)k + 1, got[k] = 100 + (uint64_t)k;
+        if (m->set ? kvp_client_export_begin_set(m->ca, ids, NSEQ, "bench-receiver", 0, &tk)
+                   : kvp_client_export_begin(m->ca, (uint64_t)i + 1, "bench-receiver", 0, &tk)) {
             fprintf(stderr, "export_begin: %s\n", kvp_client_last_error(m->ca));
             m->rc = 1;
             return NULL;
         }
-        m->seq_bytes = tk.bytes;
+        m->seq_bytes = m->set ? tk.bytes / NSEQ : tk.bytes;
         const double u1 = now_s();
-        if (kvp_client_import(m->cb, &tk, 100 + (uint64_t)i, 0, NULL)) {
+        if (m->set ? kvp_client_import_set(m->cb, &tk, got, 0, NULL)
+                   : kvp_client_import(m->cb, &tk, 100 + (uint64_t)i, 0, NULL)) {
             fprintf(stderr, "import: %s\n", kvp_client_last_error(m->cb));
             m->rc = 1;
             return NULL;
@@ -242,8 +249,10 @@ int main(int argc, char **argv)
 {
     if (argc > 1) /* the largest staging chunk in bytes (transfer.chunk_bytes); 0: automatic */
         snprintf(chunk_set, sizeof(chunk_set), "transfer.chunk_bytes=%s", argv[1]);
-    const int in_flight = argc > 2 && atoi(argv[2]) >= 1 && atoi(argv[2]) <= NSEQ ? atoi(argv[2])
-                                                                                  : 1;
+    /* argv[2]: transfers in flight, or "set": the four sequences as one transfer */
+    const int set = argc > 2 && strcmp(argv[2], "set") == 0;
+    const int in_flight =
+        !set && argc > 2 && atoi(argv[2]) >= 1 && atoi(argv[2]) <= NSEQ ? atoi(argv[2]) : 1;
     const char *p2p = getenv("NCCL_P2P_DISABLE"), *shm = getenv("NCCL_SHM_DISABLE");
     const char *mode = p2p && shm
                            ? "network transport forced (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)"
@@ -270,7 +279,8 @@ int main(int argc, char **argv)
         mv[t] = (mover_t){.ca = t ? conn(&a, "prefill") : ca,
                           .cb = t ? conn(&b, "decode") : cb,
                           .first = t,
-                          .step = in_flight};
+                          .step = in_flight,
+                          .set = set};
     for (int r = 0; r < ROUNDS; r++) {
         pthread_t th[NSEQ];
         for (int t = 0; t < in_flight; t++) {
@@ -320,8 +330,14 @@ int main(int argc, char **argv)
         warm[r - 1] = total / secs[r] / 1e9;
     qsort(warm, ROUNDS - 1, sizeof(double), cmp_double);
     double med = (warm[(ROUNDS - 1) / 2] + warm[(ROUNDS - 2) / 2]) / 2;
-    printf("bench_transfer: %s, %s (0: automatic, %zu bytes here), %d transfer(s) in flight\n",
-           mode, chunk_set, kvp_xfer_chunk_bytes(0, seq_bytes), in_flight);
+    if (set)
+        printf("bench_transfer: %s, %s (0: automatic, %zu bytes here), the %d sequences as one "
+               "transfer (a set)\n",
+               mode, chunk_set, kvp_xfer_chunk_bytes(0, seq_bytes * NSEQ), NSEQ);
+    else
+        printf("bench_transfer: %s, %s (0: automatic, %zu bytes here), %d transfer(s) in "
+               "flight\n",
+               mode, chunk_set, kvp_xfer_chunk_bytes(0, seq_bytes), in_flight);
     printf("  set: %d sequences x %u tokens, 8 layers, H 32, D 128, fp16 = %.2f GiB\n", NSEQ,
            TOKENS, total / (1 << 30));
     printf("  | what | GB/s |\n  |---|---|\n");
@@ -338,8 +354,8 @@ int main(int argc, char **argv)
     qsort(t_imp, (size_t)nt, sizeof(double), cmp_double);
     qsort(t_end, (size_t)nt, sizeof(double), cmp_double);
     printf("  per warm transfer (%d), client side, median us: ExportBegin %.0f, Import %.0f, "
-           "sender's end seen after %.0f; 1 GiB at NCCL's rate: %.0f\n",
+           "sender's end seen after %.0f; its bytes at NCCL's rate: %.0f\n",
            nt, t_exp[nt / 2], t_imp[nt / 2], t_end[nt / 2],
-           base > 0 ? (double)seq_bytes / base / 1e3 : 0.0);
+           base > 0 ? (double)seq_bytes * (set ? NSEQ : 1) / base / 1e3 : 0.0);
     return 0;
 }

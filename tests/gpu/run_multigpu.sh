@@ -42,7 +42,7 @@ run() { # name, command...
     echo "== $name"
     "$@" > "$OUT/$name.log" 2>&1
     r=$?
-    tail -12 "$OUT/$name.log"
+    grep -v "^ok \|^20..-\|^NCCL version" "$OUT/$name.log" | tail -12
     echo "exit $r"
     [ $r -eq 0 ] || rc=1
 }
@@ -62,12 +62,14 @@ if [ "$what" = xfer ] || [ "$what" = all ]; then
         "$B/tests/test_multigpu_xfer"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-    # one transfer at a time, then two in flight (argv: largest chunk, 0 automatic; in flight)
+    # one transfer at a time, two in flight, the four as one set (argv: largest chunk, 0
+    # automatic; transfers in flight or "set")
     run bench_transfer "$B/tests/bench/bench_transfer" 0 1
     run bench_transfer_2 "$B/tests/bench/bench_transfer" 0 2
+    run bench_transfer_set "$B/tests/bench/bench_transfer" 0 set
     run bench_transfer_net env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
         "$B/tests/bench/bench_transfer" 0 1
-    run bench_transfer_net_2 env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
-        "$B/tests/bench/bench_transfer" 0 2
+    run bench_transfer_net_set env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+        "$B/tests/bench/bench_transfer" 0 set
 fi
 exit $rc

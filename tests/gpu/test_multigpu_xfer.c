@@ -8,7 +8,8 @@
  * Then the sending daemon is SIGKILLed mid-transfer (KVPOOL_XFER_TEST_STALL_MS holds it between
  * the header exchange and the payload): the Import fails, the receiver's usage and audit are
  * exactly as before, and it imports from a fresh sender afterwards. A mismatched Import is
- * refused and the communicator stays usable (refused_then_reused). Run it again with
+ * refused and the communicator stays usable (refused_then_reused); sets of sequences move as one
+ * transfer (set_transfer). Run it again with
  * NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 for the network transport (tests/gpu/run_multigpu.sh).
  * Needs libnccl.so.2 (or $KVPOOL_NCCL_LIB). Label multigpu: exits 77 with fewer than two GPUs.
  */
@@ -106,12 +107,12 @@ static kvp_client_t *connect_to(const pool_t *p, const char *ns, int map)
     return c;
 }
 
-/* Writes T_TOKENS tokens of random K/V as sequence seq of the sender (a daemon-run Append from
- * a memfd). host receives the staging bytes: per layer K [T, H, D] then V, which is exactly
- * the packed transfer form, so it is also what the receiver must hold. */
-static int fill_sequence(kvp_client_t *c, uint64_t seq, uint8_t *host, kvp_rng_t *rng)
+/* Writes T tokens of random K/V as sequence seq of the sender (a daemon-run Append from a
+ * memfd). host receives the staging bytes: per layer K [T, H, D] then V, which is exactly the
+ * packed transfer form, so it is also what the receiver must hold. */
+static int fill_n(kvp_client_t *c, uint64_t seq, uint32_t T, uint8_t *host, kvp_rng_t *rng)
 {
-    const uint64_t kv = (uint64_t)T_TOKENS * HEADS * ROW, bytes = LAYERS * 2 * kv;
+    const uint64_t kv = (uint64_t)T * HEADS * ROW, bytes = LAYERS * 2 * kv;
     void *stage;
     uint32_t id;
     CHECK(kvp_client_alloc_host_buffer(c, bytes, &stage, &id) == 0, "host buffer: %s",
@@ -125,15 +126,21 @@ static int fill_sequence(kvp_client_t *c, uint64_t seq, uint8_t *host, kvp_rng_t
                         .v_stride_n = HEADS * ROW,
                         .v_stride_h = ROW,
                         .layer_stride = 2 * kv};
-    uint32_t n = T_TOKENS;
+    uint32_t n = T;
     CHECK(kvp_client_append(c, &seq, &n, 1, &src, NULL) == 0, "append: %s",
           kvp_client_last_error(c));
     CHECK(kvp_client_unregister_buffer(c, id) == 0, "unregister");
     return 0;
 }
 
-/* Reads the receiver's pool and compares every row of sequence seq with expect. */
-static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, const char *what)
+static int fill_sequence(kvp_client_t *c, uint64_t seq, uint8_t *host, kvp_rng_t *rng)
+{
+    return fill_n(c, seq, T_TOKENS, host, rng);
+}
+
+/* Reads the receiver's pool and compares every row of sequence seq (T tokens) with expect. */
+static int check_n(kvp_client_t *c, uint64_t seq, uint32_t T, const uint8_t *expect,
+                   const char *what)
 {
     const kvp_pool_info_t *pi = kvp_client_pool_info(c);
     CHECK(kvp_client_cuda_map_pool(c) == 0, "map: %s", kvp_client_last_error(c));
@@ -144,7 +151,7 @@ static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, 
                           .cap_batch = 2,
                           .cap_indices = 64};
     CHECK(kvp_client_page_table(c, &seq, 1, &t) == 0, "page table: %s", kvp_client_last_error(c));
-    CHECK(t.num_indices == (T_TOKENS + pi->page_size - 1) / pi->page_size, "%s: %u pages", what,
+    CHECK(t.num_indices == (T + pi->page_size - 1) / pi->page_size, "%s: %u pages", what,
           t.num_indices);
     uint8_t *back = malloc(pi->pool_bytes);
     CHECK(back, "oom");
@@ -156,10 +163,10 @@ static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, 
         free(back);
         CHECK(0, "cudaMemcpy of the pool failed");
     }
-    const uint64_t kvb = (uint64_t)T_TOKENS * HEADS * ROW;
+    const uint64_t kvb = (uint64_t)T * HEADS * ROW;
     for (uint32_t l = 0; l < LAYERS; l++)
         for (uint32_t w = 0; w < 2; w++)
-            for (uint32_t tok = 0; tok < T_TOKENS; tok++)
+            for (uint32_t tok = 0; tok < T; tok++)
                 for (uint32_t h = 0; h < HEADS; h++) {
                     uint64_t page = (uint64_t)indices[tok / pi->page_size];
                     uint64_t elems = page * (uint64_t)pi->stride_page +
@@ -177,6 +184,11 @@ static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, 
                 }
     free(back);
     return 0;
+}
+
+static int check_received(kvp_client_t *c, uint64_t seq, const uint8_t *expect, const char *what)
+{
+    return check_n(c, seq, T_TOKENS, expect, what);
 }
 
 /* Waits until the exporter's ListTransfers says transfer tid ended; 0 when it ended in state
@@ -299,6 +311,63 @@ static int refused_then_reused(pool_t *a, pool_t *b, uint64_t seq, kvp_rng_t *rn
     return 0;
 }
 
+/* A set of four sequences of different lengths (one of a single token) moves as one transfer:
+ * the ticket names each one's tokens, the receiver creates all four, each byte-exact, both
+ * ListTransfers report the set, the audits are clean. */
+static int set_transfer(pool_t *a, pool_t *b, uint64_t base, kvp_rng_t *rng)
+{
+    enum { N = 4 };
+    const uint32_t T[N] = {77, 1, 150, 33};
+    char what[96];
+    snprintf(what, sizeof(what), "set of %d: %s -> %s", N, a->name, b->name);
+    kvp_client_t *ca = connect_to(a, "prefill", 0), *cb = connect_to(b, "decode", 1);
+    CHECK(ca && cb, "%s: connect", what);
+    uint8_t *expect[N];
+    uint64_t ids[N], got[N];
+    uint32_t total = 0;
+    for (int i = 0; i < N; i++) {
+        ids[i] = base + (uint64_t)i, got[i] = base + 1000 + (uint64_t)i;
+        expect[i] = malloc((size_t)LAYERS * 2 * T[i] * HEADS * ROW);
+        CHECK(expect[i] && fill_n(ca, ids[i], T[i], expect[i], rng) == 0, "%s: fill", what);
+        total += T[i];
+    }
+    kvp_transfer_ticket_t tk;
+    CHECK(kvp_client_export_begin_set(ca, ids, N, b->name, 0, &tk) == 0, "%s: export: %s", what,
+          kvp_client_last_error(ca));
+    CHECK(tk.num_seqs == N && tk.num_tokens == total &&
+              tk.bytes == (uint64_t)LAYERS * 2 * total * HEADS * ROW,
+          "%s: ticket (%u sequences, %u tokens)", what, tk.num_seqs, tk.num_tokens);
+    for (int i = 0; i < N; i++)
+        CHECK(tk.seq_tokens[i] == T[i], "%s: ticket tokens[%d] %u", what, i, tk.seq_tokens[i]);
+    CHECK(kvp_client_import(cb, &tk, got[0], 0, NULL) == KVP_EINVAL, "%s: a set through import",
+          what);
+    uint32_t np = 0;
+    CHECK(kvp_client_import_set(cb, &tk, got, 0, &np) == 0, "%s: import: %s", what,
+          kvp_client_last_error(cb));
+    uint32_t want_pages = 0;
+    for (int i = 0; i < N; i++) {
+        want_pages += (T[i] + b->page_size - 1) / b->page_size;
+        CHECK(check_n(cb, got[i], T[i], expect[i], what) == 0, "%s: sequence %d", what, i);
+    }
+    CHECK(np == want_pages, "%s: %u pages, expected %u", what, np, want_pages);
+    CHECK(export_outcome(ca, tk.transfer_id) == 0, "%s: export outcome", what);
+    kvp_transfer_info_t info[32];
+    uint32_t n = 0;
+    CHECK(kvp_client_list_transfers(cb, info, 32, &n) == 0 && n > 0 &&
+              info[0].transfer_id == tk.transfer_id && info[0].num_seqs == N &&
+              info[0].seq_id == got[0] && info[0].num_tokens == total,
+          "%s: the receiver's ListTransfers", what);
+    CHECK(kvp_client_audit(ca) == 0 && kvp_client_audit(cb) == 0, "%s: audit", what);
+    kvp_client_release(ca, ids, N, NULL);
+    kvp_client_release(cb, got, N, NULL);
+    kvp_client_close(ca);
+    kvp_client_close(cb);
+    for (int i = 0; i < N; i++)
+        free(expect[i]);
+    printf("ok   %s\n", what);
+    return 0;
+}
+
 static void *killer(void *arg)
 {
     pool_t *p = arg;
@@ -401,6 +470,9 @@ int main(void)
     transfer_pair(&send[0], &recv[3], seq++, &rng);
     refused_then_reused(&send[1], &recv[2], seq, &rng);
     seq += 2;
+    /* sets across page sizes, layouts and storages */
+    set_transfer(&send[0], &recv[7], 500, &rng);
+    set_transfer(&send[6], &recv[1], 600, &rng);
     sender_killed_mid_transfer(&recv[0], &rng);
     for (int v = 0; v < NV; v++) {
         int a = kvp_daemon_stop(&send[v].d, SIGTERM), b = kvp_daemon_stop(&recv[v].d, SIGTERM);

@@ -325,6 +325,55 @@ START_TEST(dispatch_validates_then_refuses_without_a_transfer_backend)
     ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
     im->num_tokens = 5;
     ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_UNAVAILABLE);
+
+    /* sets: each refusal with its status and reason, the valid set UNAVAILABLE here */
+    memset(&Q, 0, sizeof(Q));
+    seq_ids[0] = 10, num_tokens[0] = 3;
+    Q.body.reserve.has_batch = true;
+    ck_assert_int_eq(call(kvpool_Request_reserve_tag), kvpool_Code_OK);
+    stats(&used0, &seqs0); /* sequences 7 (5 tokens) and 10 (3) */
+    memset(&Q, 0, sizeof(Q));
+    kvpool_ExportBeginRequest *ex = &Q.body.export_begin;
+    snprintf(ex->peer, sizeof(ex->peer), "decode-0");
+    ex->seq_ids_count = 2;
+    ex->seq_ids[0] = 7, ex->seq_ids[1] = 10;
+    ex->seq_id = 7;
+    ck_assert_int_eq(call(kvpool_Request_export_begin_tag), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "beside seq_ids"));
+    ex->seq_id = 0;
+    ex->seq_ids[1] = 7;
+    ck_assert_int_eq(call(kvpool_Request_export_begin_tag), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "named twice"));
+    ex->seq_ids[1] = 11;
+    ck_assert_int_eq(call(kvpool_Request_export_begin_tag), kvpool_Code_NOT_FOUND);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "11"));
+    ex->seq_ids[1] = 10;
+    ck_assert_int_eq(call(kvpool_Request_export_begin_tag), kvpool_Code_UNAVAILABLE);
+    memset(&Q, 0, sizeof(Q));
+    im->nccl_id.size = 128;
+    im->transfer_id = 99;
+    im->num_layers = 2;
+    im->num_tokens = 8;
+    im->seq_ids_count = 2;
+    im->seq_ids[0] = 20, im->seq_ids[1] = 21;
+    im->seq_tokens_count = 1;
+    im->seq_tokens[0] = 5;
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "seq_tokens"));
+    im->seq_tokens_count = 2;
+    im->seq_tokens[1] = 4; /* 9, not 8 */
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    im->seq_tokens[1] = 3;
+    im->seq_ids[1] = 20;
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    im->seq_ids[1] = 10; /* exists */
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_ALREADY_EXISTS);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "10"));
+    im->seq_ids[1] = 21;
+    im->seq_tokens[0] = 0, im->seq_tokens[1] = 8; /* an empty member */
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    im->seq_tokens[0] = 5, im->seq_tokens[1] = 3;
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_UNAVAILABLE);
     stats(&used, &seqs);
     ck_assert_uint_eq(used, used0);
     ck_assert_uint_eq(seqs, seqs0);
