@@ -1100,6 +1100,8 @@ static int export_begin(kvp_client_t *c, uint64_t seq_id, const uint64_t *seq_id
     ticket->num_layers = r->num_layers;
     ticket->bytes = r->bytes;
     ticket->num_seqs = r->seq_tokens_count;
+    ticket->chunk_bytes = r->chunk_bytes;
+    ticket->flags = r->flags;
     memcpy(ticket->seq_tokens, r->seq_tokens, r->seq_tokens_count * sizeof(uint32_t));
     return 0;
 }
@@ -1144,6 +1146,9 @@ static int import(kvp_client_t *c, const kvp_transfer_ticket_t *ticket, uint64_t
     }
     q->num_tokens = ticket->num_tokens;
     q->num_layers = ticket->num_layers;
+    q->bytes = ticket->bytes;
+    q->chunk_bytes = ticket->chunk_bytes;
+    q->flags = ticket->flags;
     q->timeout_ms = timeout_ms;
     /* the daemon answers when the transfer ends: wait for its deadline, then ours */
     const uint32_t saved = c->timeout_ms;

@@ -201,6 +201,7 @@ typedef struct {
     uint32_t num_tokens, num_layers; /* num_tokens: of the whole set */
     uint64_t bytes;                  /* of the packed stream */
     uint32_t num_seqs;               /* 1, or a set's size */
+    uint32_t chunk_bytes, flags;     /* the stream's shape: pass the ticket on unchanged */
     uint32_t seq_tokens[KVP_TRANSFER_MAX_SEQS]; /* each sequence's tokens, in stream order */
 } kvp_transfer_ticket_t;
 

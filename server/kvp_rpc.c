@@ -1400,8 +1400,9 @@ static int do_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ExportBe
     uint8_t nid[KVP_XFER_ID_BYTES];
     uint64_t tid = 0;
     const kvp_xfer_set_t set = {.n = n, .seq_ids = ids, .tokens = toks, .pages = pages};
+    kvp_xfer_stream_t st;
     rc = j ? kvp_xfer_export_begin(r->xfer, q->peer, s->ns_name, &set, q->timeout_ms, now_ms, nid,
-                                   &tid, &j->xfer)
+                                   &tid, &st, &j->xfer)
            : KVP_ENOMEM;
     if (rc) {
         kvp_rpc_job_free(j);
@@ -1423,6 +1424,8 @@ static int do_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ExportBe
     er->num_tokens = (uint32_t)total;
     er->num_layers = r->backend->geom.num_layers;
     er->bytes = bytes;
+    er->chunk_bytes = st.chunk_bytes;
+    er->flags = st.flags;
     er->seq_tokens_count = n;
     memcpy(er->seq_tokens, toks, (size_t)n * sizeof(uint32_t));
     io->bg_job = j;
@@ -1470,6 +1473,10 @@ static int do_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ImportRequest 
         rc = kvp_xfer_check_import(g, q->nccl_id.size, q->transfer_id, toks[i], max_tokens,
                                    q->num_layers, q->timeout_ms, why, sizeof(why));
     }
+    const kvp_xfer_stream_t st = {
+        .bytes = q->bytes, .chunk_bytes = q->chunk_bytes, .flags = q->flags};
+    if (!rc)
+        rc = kvp_xfer_check_stream(&st, why, sizeof(why));
     if (!rc && n > r->lim.max_batch) {
         snprintf(why, sizeof(why), "a set of %u sequences is above limits.max_batch (%u)", n,
                  r->lim.max_batch);
@@ -1504,7 +1511,7 @@ static int do_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ImportRequest 
     kvp_rpc_job_t *j = xfer_job_new(np, n, ids);
     const kvp_xfer_set_t set = {.n = n, .seq_ids = ids, .tokens = toks, .pages = pages};
     rc = j ? kvp_xfer_import_begin(r->xfer, q->nccl_id.bytes, q->transfer_id, s->ns_name, &set,
-                                   q->timeout_ms, now_ms, &j->xfer)
+                                   &st, q->timeout_ms, now_ms, &j->xfer)
            : KVP_ENOMEM;
     if (rc) {
         kvp_rpc_job_free(j);

@@ -31,6 +31,20 @@
 #define KVP_XFER_HISTORY  16  /* finished transfers kept for ListTransfers */
 #define KVP_XFER_MAX_SEQS 64  /* sequences in one transfer (kvpool.options) */
 
+/* The shape of a transfer's stream, decided by the exporter: the ticket carries it to Import,
+ * so the importer queues the whole stream at once (the header still comes first, and is
+ * checked against the Import at the end). */
+typedef struct {
+    uint64_t bytes;       /* the whole stream */
+    uint32_t chunk_bytes; /* the largest chunk (kvp_xfer_chunk_at's schedule) */
+    uint32_t flags;       /* KVP_XFER_REGISTERED */
+} kvp_xfer_stream_t;
+#define KVP_XFER_REGISTERED 1u /* the staging buffers are registered with NCCL on both sides */
+
+/* Checks an Import's stream shape (as ExportBegin answered): bytes > 0, chunk_bytes a multiple
+ * of 256 in 256..1 GiB, flags known. 0 or KVP_EINVAL with why. */
+int kvp_xfer_check_stream(const kvp_xfer_stream_t *st, char *why, size_t why_len);
+
 /* The sequences of one transfer, in stream order: sequence i has tokens[i] > 0 tokens in its
  * first ceil(tokens[i] / page_size) pages pages[i][...]. */
 typedef struct {
@@ -118,14 +132,15 @@ uint32_t kvp_xfer_set_hash(const uint32_t *tokens, uint32_t n);
 int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns,
                           const kvp_xfer_set_t *set, uint32_t timeout_ms, uint64_t now_ms,
                           uint8_t id_out[KVP_XFER_ID_BYTES], uint64_t *transfer_id,
-                          kvp_xfer_job_t **out);
+                          kvp_xfer_stream_t *stream, kvp_xfer_job_t **out);
 
 /* Starts an import of the set into its pages (the new sequences', pinned by the caller).
  * Returns 0, KVP_EBUSY (the communicator of that id is in use by another transfer),
  * KVP_ENOMEM. */
 int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], uint64_t transfer_id,
-                          const char *ns, const kvp_xfer_set_t *set, uint32_t timeout_ms,
-                          uint64_t now_ms, kvp_xfer_job_t **out);
+                          const char *ns, const kvp_xfer_set_t *set,
+                          const kvp_xfer_stream_t *stream, uint32_t timeout_ms, uint64_t now_ms,
+                          kvp_xfer_job_t **out);
 
 /* Worker thread: runs the transfer to its end (success, error or deadline). */
 void kvp_xfer_run(kvp_xfer_job_t *j);

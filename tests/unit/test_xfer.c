@@ -324,6 +324,20 @@ START_TEST(dispatch_validates_then_refuses_without_a_transfer_backend)
     im->num_tokens = 65; /* the pool holds 64 tokens */
     ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
     im->num_tokens = 5;
+    /* the stream's shape, as ExportBegin answered */
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "bytes 0"));
+    im->bytes = 2 * 2 * 5 * 2 * 8 * 2;
+    im->chunk_bytes = 100;
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "chunk_bytes 100"));
+    im->chunk_bytes = (1u << 30) + 256;
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    im->chunk_bytes = 768;
+    im->flags = 2;
+    ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "flags"));
+    im->flags = 1;
     ck_assert_int_eq(call(kvpool_Request_import_tag), kvpool_Code_UNAVAILABLE);
 
     /* sets: each refusal with its status and reason, the valid set UNAVAILABLE here */
@@ -354,6 +368,8 @@ START_TEST(dispatch_validates_then_refuses_without_a_transfer_backend)
     im->transfer_id = 99;
     im->num_layers = 2;
     im->num_tokens = 8;
+    im->bytes = 2 * 2 * 8 * 2 * 8 * 2;
+    im->chunk_bytes = 1024;
     im->seq_ids_count = 2;
     im->seq_ids[0] = 20, im->seq_ids[1] = 21;
     im->seq_tokens_count = 1;
