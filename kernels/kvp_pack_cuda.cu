@@ -16,13 +16,13 @@ namespace
 {
 
 struct pack_args {
-    uint8_t *k, *v;       /* the layer's K and V tensors */
-    const int32_t *pages; /* [ceil(tokens / page_size)] */
-    uint8_t *stream;      /* the layer's packed part */
-    uint64_t total_vecs;  /* 2 * tokens * heads * vecs_per_row */
+    uint8_t *k, *v;              /* the layer's K and V tensors */
+    const int32_t *pages;        /* [ceil(tokens / page_size)] */
+    uint8_t *stream;             /* the layer's packed part */
+    uint64_t total_vecs;         /* 2 * tokens * heads * vecs_per_row */
     uint64_t vec_begin, vec_end; /* the part of the layer's stream this call moves; the stream
                                     pointer is that part's first byte */
-    uint64_t sp, sn, sh;  /* page, slot and head strides in bytes */
+    uint64_t sp, sn, sh;         /* page, slot and head strides in bytes */
     uint32_t tokens, heads, vecs_per_row, page_size, num_pages;
 };
 
@@ -44,8 +44,8 @@ __device__ __forceinline__ uint4 *pool_vec(const pack_args &a, uint64_t i)
     const int32_t page = a.pages[t / a.page_size];
     if (page < 0 || (uint32_t)page >= a.num_pages)
         return nullptr; /* never out of bounds; the caller checked its pages */
-    uint8_t *row = (which ? a.v : a.k) + (uint64_t)page * a.sp + (uint64_t)(t % a.page_size) * a.sn +
-                   (uint64_t)h * a.sh;
+    uint8_t *row = (which ? a.v : a.k) + (uint64_t)page * a.sp +
+                   (uint64_t)(t % a.page_size) * a.sn + (uint64_t)h * a.sh;
     return reinterpret_cast<uint4 *>(row) + c;
 }
 

@@ -100,9 +100,10 @@
  *                    stops reusing it after half). 1000..2^32-1. Default 300000.
  *   max_in_flight    transfers running at once (exports and imports; each holds a worker
  *                    thread of server.copy_threads while it runs). 1..64. Default 2.
- *   chunk_bytes      the staging chunk of an export (the importer stages in the exporter's
- *                    chunks): the stream is packed, sent, received and unpacked in chunks,
- *                    two per side in flight. 0: a sixteenth of the stream within 4..64 MiB.
+ *   chunk_bytes      the largest staging chunk of an export (the importer stages in the
+ *                    exporter's chunks): the stream is packed, sent, received and unpacked in
+ *                    chunks, two per side in flight, ramping up from an eighth of it and down
+ *                    to 4 MiB at the end. 0: a quarter of the stream within 4..256 MiB.
  *                    0..1073741824 (rounded up to 256 bytes). Default 0.
  *                    transfer.timeout_ms, transfer.comm_idle_ms and transfer.chunk_bytes are
  *                    reloadable, transfer.max_in_flight needs a restart.

@@ -1329,12 +1329,14 @@ static void xfer_unpin(kvp_rpc_t *r, kvp_rpc_job_t *j)
 
 /* The sequences a transfer request names: the set seq_ids, else the one seq_id. 0, or an
  * error answered (seq_id beside a set, a sequence named twice). */
-static int xfer_ids(kvpool_Response *resp, uint64_t id, const uint64_t *seq_id,
-                    const uint64_t *set, uint32_t set_count, const uint64_t **ids, uint32_t *n)
+static int xfer_ids(kvpool_Response *resp, uint64_t id, const uint64_t *seq_id, const uint64_t *set,
+                    uint32_t set_count, const uint64_t **ids, uint32_t *n)
 {
     if (set_count && *seq_id) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "seq_id %llu beside seq_ids: name a set in seq_ids "
-                      "only", (unsigned long long)*seq_id);
+        kvp_rpc_error(resp, id, KVP_EINVAL,
+                      "seq_id %llu beside seq_ids: name a set in seq_ids "
+                      "only",
+                      (unsigned long long)*seq_id);
         return KVP_EINVAL;
     }
     *ids = set_count ? set : seq_id; /* the request's own field: it outlives the call */
@@ -1453,8 +1455,7 @@ static int do_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ImportRequest 
             kvp_rpc_error(resp, id, KVP_EINVAL,
                           "seq_tokens (%u entries, %llu tokens) must give each of the %u seq_ids "
                           "its tokens, num_tokens (%u) in all, as ExportBegin answered",
-                          (unsigned)q->seq_tokens_count, (unsigned long long)sum, n,
-                          q->num_tokens);
+                          (unsigned)q->seq_tokens_count, (unsigned long long)sum, n, q->num_tokens);
             return KVP_RPC_DONE;
         }
     }
@@ -1510,8 +1511,8 @@ static int do_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_ImportRequest 
     }
     kvp_rpc_job_t *j = xfer_job_new(np, n, ids);
     const kvp_xfer_set_t set = {.n = n, .seq_ids = ids, .tokens = toks, .pages = pages};
-    rc = j ? kvp_xfer_import_begin(r->xfer, q->nccl_id.bytes, q->transfer_id, s->ns_name, &set,
-                                   &st, q->timeout_ms, now_ms, &j->xfer)
+    rc = j ? kvp_xfer_import_begin(r->xfer, q->nccl_id.bytes, q->transfer_id, s->ns_name, &set, &st,
+                                   q->timeout_ms, now_ms, &j->xfer)
            : KVP_ENOMEM;
     if (rc) {
         kvp_rpc_job_free(j);

@@ -49,10 +49,10 @@
 #define MAX_TIMEOUT_MS 3600000u
 #define HDR_MAGIC      0x5850564bu /* "KVPX" little-endian */
 #define HDR_VERSION    2u
-#define DRAIN_MS       10000u /* longest wait for an aborted transfer's stream */
+#define DRAIN_MS       10000u       /* longest wait for an aborted transfer's stream */
 #define CHUNK_AUTO_MAX (256u << 20) /* automatic largest chunk (staging: 2 per side per comm) */
 #define CHUNK_AUTO_MIN (4u << 20)
-#define CHUNK_TAIL     (4u << 20)   /* the schedule's smallest chunk (kvp_xfer_chunk_at) */
+#define CHUNK_TAIL     (4u << 20) /* the schedule's smallest chunk (kvp_xfer_chunk_at) */
 #define CHUNK_LIMIT    (1u << 30) /* transfer.chunk_bytes's maximum; an importer refuses more */
 #define NSTAGE         4u         /* most staging chunks per side ($KVPOOL_XFER_STAGES: 2..4) */
 #define SPIN_US        20000u     /* a wait spins this long, then naps (see poll_pause) */
@@ -68,13 +68,13 @@ typedef struct comm {
 #ifdef KVP_HAVE_NCCL
     ncclComm_t comm; /* NULL until the first transfer joins */
     cudaStream_t stream;
-    cudaStream_t side;                 /* pack / unpack of the chunks */
+    cudaStream_t side;                           /* pack / unpack of the chunks */
     cudaEvent_t filled[NSTAGE], drained[NSTAGE]; /* staging buffer b: packed or received; sent or
                                                     unpacked */
-    uint8_t *stage[NSTAGE];            /* the staging chunks (device memory), stage_cap each */
-    int nstage;                        /* how many of them exist */
+    uint8_t *stage[NSTAGE]; /* the staging chunks (device memory), stage_cap each */
+    int nstage;             /* how many of them exist */
     size_t stage_cap;
-    int stage_reg;        /* the chunks come from ncclMemAlloc, registered with the comm */
+    int stage_reg;            /* the chunks come from ncclMemAlloc, registered with the comm */
     void *reg_handle[NSTAGE]; /* their ncclCommRegister handles */
 #endif
 } comm_t;
@@ -94,14 +94,14 @@ struct kvp_xfer_job {
     int32_t *pages;
     uint64_t bytes;
     uint32_t timeout_ms;
-    uint32_t stall_ms;    /* test hook, exporter only */
-    size_t chunk;         /* staging chunk bytes: the exporter's choice, the header's on import */
-    int reg;              /* staging registered with NCCL: the exporter's choice, the ticket's */
+    uint32_t stall_ms;      /* test hook, exporter only */
+    size_t chunk;           /* staging chunk bytes: the exporter's choice, the header's on import */
+    int reg;                /* staging registered with NCCL: the exporter's choice, the ticket's */
     kvp_xfer_stream_t wire; /* import: the stream's shape as the ticket gives it */
-    void *trace;          /* gpu_trace_t at debug level */
-    uint64_t start_us;   /* when the worker thread took it (timing log) */
-    int clean;         /* the failure was a refusal both sides agreed on: the communicator is
-                          still in step and stays cached */
+    void *trace;            /* gpu_trace_t at debug level */
+    uint64_t start_us;      /* when the worker thread took it (timing log) */
+    int clean;              /* the failure was a refusal both sides agreed on: the communicator is
+                               still in step and stays cached */
     int rc;
     char msg[128];
     kvp_xfer_info_t info;
@@ -165,8 +165,8 @@ size_t kvp_xfer_chunk_at(size_t chunk_max, uint64_t off, uint64_t total)
     const uint64_t r = total - off, floor = chunk_max < CHUNK_TAIL ? chunk_max : CHUNK_TAIL;
     uint64_t c = chunk_max;
     const uint64_t up = off > chunk_max / 8 ? off : chunk_max / 8;
-    c = c > up ? up : c;         /* ramp up: the first pack is short */
-    c = c > r / 2 ? r / 2 : c;   /* ramp down: the last unpack is short */
+    c = c > up ? up : c;       /* ramp up: the first pack is short */
+    c = c > r / 2 ? r / 2 : c; /* ramp down: the last unpack is short */
     c = c < floor ? floor : c;
     c = (c + 255u) & ~(uint64_t)255u;
     return (size_t)(c < r ? c : r);
@@ -548,8 +548,8 @@ int kvp_xfer_import_begin(kvp_xfer_t *x, const uint8_t id[KVP_XFER_ID_BYTES], ui
         c->next = x->comms;
         x->comms = c;
     }
-    kvp_xfer_job_t *j = job_new(x, c, KVP_XFER_IMPORT, transfer_id, "", ns, set, timeout_ms,
-                                now_ms);
+    kvp_xfer_job_t *j =
+        job_new(x, c, KVP_XFER_IMPORT, transfer_id, "", ns, set, timeout_ms, now_ms);
     if (!j) {
         c->busy = 0;
         return KVP_ENOMEM;
@@ -774,8 +774,7 @@ static int stage_ready(const kvp_nccl_t *n, kvp_xfer_job_t *j, size_t want)
             if ((rc = settle(n, j, mono_ms() + 60000, "registering the staging buffers")))
                 return rc;
         } else {
-            KVP_CUDA_CHECK(cudaMallocAsync((void **)&c->stage[b], want, c->stream), rc,
-                           fail_alloc);
+            KVP_CUDA_CHECK(cudaMallocAsync((void **)&c->stage[b], want, c->stream), rc, fail_alloc);
         }
     }
     /* allocated in the communicator stream's order: the side stream may use them only once
@@ -885,9 +884,8 @@ out:
  * send on the communicator's. Importer: receive, then unpack on the side stream; with
  * unpack = 0 the chunks are received and dropped (a refused stream, drained so the
  * communicator stays in step). */
-static int move_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *pool,
-                       const int32_t *pages_dev, size_t ch, uint64_t total, int unpack,
-                       uint64_t deadline)
+static int move_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *pool, const int32_t *pages_dev,
+                       size_t ch, uint64_t total, int unpack, uint64_t deadline)
 {
     comm_t *c = j->comm;
     const int send = j->direction == KVP_XFER_EXPORT;
@@ -1055,16 +1053,16 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
             /* not clean: the ticket was altered, the two sides' calls may not have matched */
             return job_fail(j, KVP_EINVAL, "the exporter's header does not match the %s",
                             "ticket's stream (pass the ticket on unchanged)");
-        const char *bad = got.transfer_id != hdr.transfer_id   ? "another transfer_id"
-                          : got.num_tokens != hdr.num_tokens   ? "another token count"
-                          : got.num_seqs != hdr.num_seqs       ? "another number of sequences"
-                          : got.seq_hash != hdr.seq_hash       ? "another split into sequences"
-                          : got.num_layers != hdr.num_layers   ? "another layer count"
-                          : got.num_heads != hdr.num_heads     ? "another number of kv heads"
-                          : got.head_dim != hdr.head_dim       ? "another head_dim"
-                          : got.elem_bytes != hdr.elem_bytes   ? "another element size"
-                          : !fits                              ? "another stream size"
-                                                               : NULL;
+        const char *bad = got.transfer_id != hdr.transfer_id ? "another transfer_id"
+                          : got.num_tokens != hdr.num_tokens ? "another token count"
+                          : got.num_seqs != hdr.num_seqs     ? "another number of sequences"
+                          : got.seq_hash != hdr.seq_hash     ? "another split into sequences"
+                          : got.num_layers != hdr.num_layers ? "another layer count"
+                          : got.num_heads != hdr.num_heads   ? "another number of kv heads"
+                          : got.head_dim != hdr.head_dim     ? "another head_dim"
+                          : got.elem_bytes != hdr.elem_bytes ? "another element size"
+                          : !fits                            ? "another stream size"
+                                                             : NULL;
         /* both streams are idle: the pageable copy does not wait */
         outcome = bad ? KVP_EINVAL : 0;
         if ((rc = copy_to(j, dev + 128, &outcome, sizeof(outcome))) ||
@@ -1082,9 +1080,8 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
         kvp_log(KVP_LOG_DEBUG,
                 "transfer timing dir=%s bytes=%llu chunk=%zu join_us=%llu header_us=%llu "
                 "queue_us=%llu wait_us=%llu",
-                j->direction == KVP_XFER_EXPORT ? "export" : "import",
-                (unsigned long long)j->bytes, j->chunk,
-                (unsigned long long)(t_joined - j->start_us),
+                j->direction == KVP_XFER_EXPORT ? "export" : "import", (unsigned long long)j->bytes,
+                j->chunk, (unsigned long long)(t_joined - j->start_us),
                 (unsigned long long)(t_header - t_joined),
                 (unsigned long long)(t_queued - t_header),
                 (unsigned long long)(mono_us() - t_queued));

@@ -40,21 +40,22 @@ START_TEST(packed_format_math)
 }
 END_TEST
 
-/* The staging chunk: automatic (a sixteenth within 4..64 MiB), the setting, the limits. */
+/* The largest staging chunk: automatic (a quarter within 4..256 MiB), the setting, the limits;
+ * the schedule of chunks around it. */
 START_TEST(chunk_sizes)
 {
     const uint64_t MiB = 1u << 20, GiB = 1u << 30;
-    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, GiB), 256 * MiB);           /* 1/4 */
-    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 4 * GiB), 256 * MiB);       /* capped */
-    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 64 * MiB), 16 * MiB);       /* 1/4 */
-    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 8 * MiB), 4 * MiB);         /* the floor */
-    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 1000), 1024);               /* the whole stream */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, GiB), 256 * MiB);             /* 1/4 */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 4 * GiB), 256 * MiB);         /* capped */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 64 * MiB), 16 * MiB);         /* 1/4 */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 8 * MiB), 4 * MiB);           /* the floor */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 1000), 1024);                 /* the whole stream */
     ck_assert_uint_eq(kvp_xfer_chunk_bytes(0, 3 * MiB + 1), 3 * MiB + 256); /* rounded up */
     ck_assert_uint_eq(kvp_xfer_chunk_bytes(4096, GiB), 4096);
-    ck_assert_uint_eq(kvp_xfer_chunk_bytes(4000, GiB), 4096);             /* to 256 bytes */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(4000, GiB), 4096); /* to 256 bytes */
     ck_assert_uint_eq(kvp_xfer_chunk_bytes(1, GiB), 256);
     ck_assert_uint_eq(kvp_xfer_chunk_bytes(512 * MiB, 3 * GiB), 512 * MiB);
-    ck_assert_uint_eq(kvp_xfer_chunk_bytes(UINT32_MAX, 3 * GiB), GiB);    /* the limit */
+    ck_assert_uint_eq(kvp_xfer_chunk_bytes(UINT32_MAX, 3 * GiB), GiB); /* the limit */
     ck_assert_uint_eq(kvp_xfer_chunk_bytes(512 * MiB, 100 * MiB), 100 * MiB);
 
     /* the schedule of 1 GiB in chunks of at most 256 MiB: up from 32, down to 4 */
