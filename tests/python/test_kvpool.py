@@ -4,6 +4,7 @@ Needs numpy and pytest. The daemon is $KVPOOLD, else $BUILD_DIR/server/kvpoold, 
 build/server/kvpoold of this source tree; libkvpool is found by the package ($KVPOOL_LIB, ...).
 tests/python/run.sh sets everything up.
 """
+import dataclasses
 import os
 import socket as pysocket
 import subprocess
@@ -447,3 +448,71 @@ def test_append_paged_kv_cache_numpy(layout):
     kvpool.append_paged_kv_cache(key[:0], val[:0], bi[:0], pos[:0], (k, v), kv_indices,
                                  kv_indptr, last, layout)  # nnz 0: no-op
     np.testing.assert_array_equal(k, before)
+
+
+# ---- transfers (the cuda backend moves the data; here every check before that) -------------
+
+def test_transfers_validated_then_unavailable_on_the_host_backend(small, request):
+    c = small.client(nsname(request))
+    assert c.list_transfers() == []
+    c.reserve([1, 2], [5, 3])
+    before = c.stats()
+    with pytest.raises(kvpool.Unavailable, match="cuda backend"):
+        c.export_begin(1, "decode-0")
+    with pytest.raises(kvpool.Unavailable, match="cuda backend"):
+        c.export_begin([1, 2], "decode-0")  # a set: validated, then refused here
+    with pytest.raises(kvpool.InvalidArgument, match="named twice"):
+        c.export_begin([1, 1], "decode-0")
+    with pytest.raises(kvpool.NotFound, match="no sequence 9"):
+        c.export_begin([1, 9], "decode-0")
+    with pytest.raises(kvpool.InvalidArgument, match="a set of 65"):
+        c.export_begin(list(range(100, 165)), "decode-0")
+    per_token = 2 * 2 * 2 * 16 * 4  # layers x K,V x heads x head_dim x fp32
+    t = kvpool.Ticket(nccl_id=bytes(128), transfer_id=99, num_tokens=8, num_layers=2,
+                      bytes=8 * per_token, seq_tokens=(5, 3), chunk_bytes=1024, flags=0)
+    assert t.num_seqs == 2
+    with pytest.raises(kvpool.Unavailable, match="cuda backend"):
+        c.import_transfer(t, [20, 21])  # every field passed the daemon's checks
+    with pytest.raises(kvpool.Unavailable, match="cuda backend"):
+        c.import_transfer(t.to_bytes(), [20, 21])  # as carried between engines
+    with pytest.raises(kvpool.InvalidArgument, match="named twice"):
+        c.import_transfer(t, [20, 20])
+    with pytest.raises(kvpool.AlreadyExists, match="sequence 2 already exists"):
+        c.import_transfer(t, [20, 2])
+    with pytest.raises(ValueError, match="1 seq_ids for a ticket of 2"):
+        c.import_transfer(t, [20])
+    bad = dataclasses.replace(t, chunk_bytes=100)
+    with pytest.raises(kvpool.InvalidArgument, match="chunk_bytes 100"):
+        c.import_transfer(bad, [20, 21])
+    bad = dataclasses.replace(t, seq_tokens=(5, 4))  # 9, not num_tokens 8
+    with pytest.raises(kvpool.InvalidArgument, match="seq_tokens"):
+        c.import_transfer(bad, [20, 21])
+    bad = dataclasses.replace(t, num_layers=3)
+    with pytest.raises(kvpool.InvalidArgument, match="num_layers 3"):
+        c.import_transfer(bad, [20, 21])
+    one = dataclasses.replace(t, num_tokens=5, bytes=5 * per_token, seq_tokens=(5,))
+    with pytest.raises(kvpool.Unavailable, match="cuda backend"):
+        c.import_transfer(one, 30)
+    with pytest.raises(kvpool.AlreadyExists):
+        c.import_transfer(one, 1)
+    after = c.stats()  # nothing changed
+    assert (after.used_pages, after.num_seqs, after.num_tokens) == \
+        (before.used_pages, before.num_seqs, before.num_tokens)
+    assert c.list_transfers() == []
+    c.audit()
+    c.close()
+
+
+def test_ticket_bytes_round_trip():
+    t = kvpool.Ticket(nccl_id=bytes(range(128)), transfer_id=2**63 + 5, num_tokens=300,
+                      num_layers=32, bytes=123456789012, seq_tokens=(100, 1, 199),
+                      chunk_bytes=256 << 20, flags=1)
+    b = t.to_bytes()
+    assert len(b) == 4 + 4 + 128 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 3 * 4
+    assert kvpool.Ticket.from_bytes(b) == t
+    with pytest.raises(ValueError, match="not a kvpool ticket"):
+        kvpool.Ticket.from_bytes(b"XXXX" + b[4:])
+    with pytest.raises(ValueError, match="naming 3 sequences"):
+        kvpool.Ticket.from_bytes(b[:-1])
+    with pytest.raises(ValueError, match="at least"):
+        kvpool.Ticket.from_bytes(b[:10])

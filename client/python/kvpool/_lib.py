@@ -139,6 +139,40 @@ class kvp_stats_summary_t(ctypes.Structure):
     ]
 
 
+KVP_TRANSFER_ID_BYTES = 128
+KVP_TRANSFER_MAX_SEQS = 64
+
+
+class kvp_transfer_ticket_t(ctypes.Structure):
+    _fields_ = [
+        ("nccl_id", ctypes.c_uint8 * KVP_TRANSFER_ID_BYTES),
+        ("transfer_id", _u64),
+        ("num_tokens", _u32),
+        ("num_layers", _u32),
+        ("bytes", _u64),
+        ("num_seqs", _u32),
+        ("chunk_bytes", _u32),
+        ("flags", _u32),
+        ("seq_tokens", _u32 * KVP_TRANSFER_MAX_SEQS),
+    ]
+
+
+class kvp_transfer_info_t(ctypes.Structure):
+    _fields_ = [
+        ("transfer_id", _u64),
+        ("seq_id", _u64),
+        ("bytes", _u64),
+        ("elapsed_ms", _u64),
+        ("num_tokens", _u32),
+        ("num_seqs", _u32),
+        ("direction", ctypes.c_char * 8),
+        ("state", ctypes.c_char * 8),
+        ("peer", ctypes.c_char * 65),
+        ("ns", ctypes.c_char * 65),
+        ("message", ctypes.c_char * 128),
+    ]
+
+
 _c = ctypes.c_void_p  # kvp_client_t *
 _int = ctypes.c_int
 
@@ -174,6 +208,16 @@ _PROTOTYPES = {
     "kvp_client_page_table": (_int, [_c, _p_u64, _u32, ctypes.POINTER(kvp_page_table_t)]),
     "kvp_client_stats": (_int, [_c, ctypes.POINTER(kvp_stats_summary_t)]),
     "kvp_client_audit": (_int, [_c]),
+    "kvp_client_export_begin": (
+        _int, [_c, _u64, ctypes.c_char_p, _u32, ctypes.POINTER(kvp_transfer_ticket_t)]),
+    "kvp_client_export_begin_set": (
+        _int, [_c, _p_u64, _u32, ctypes.c_char_p, _u32, ctypes.POINTER(kvp_transfer_ticket_t)]),
+    "kvp_client_import": (
+        _int, [_c, ctypes.POINTER(kvp_transfer_ticket_t), _u64, _u32, _p_u32]),
+    "kvp_client_import_set": (
+        _int, [_c, ctypes.POINTER(kvp_transfer_ticket_t), _p_u64, _u32, _p_u32]),
+    "kvp_client_list_transfers": (
+        _int, [_c, ctypes.POINTER(kvp_transfer_info_t), _u32, _p_u32]),
     "kvp_strerror": (ctypes.c_char_p, [_int]),
     "kvp_errname": (ctypes.c_char_p, [_int]),
     # the CUDA section (stubs answering KVP_EUNAVAIL in a build without CUDA)

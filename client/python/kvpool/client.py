@@ -2,6 +2,7 @@
 import ctypes
 import dataclasses
 import os
+import struct
 import threading
 from typing import NamedTuple, Optional, Tuple
 
@@ -111,6 +112,90 @@ class Stats:
     uptime_ms: int
     requests_total: int
     append_bytes_total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Ticket:
+    """What ExportBegin answers and Import needs (kvp_transfer_ticket_t): the sending engine hands
+    it to the receiving one over its own channel, unchanged (to_bytes / from_bytes)."""
+
+    nccl_id: bytes  # the communicator's ncclUniqueId, 128 bytes
+    transfer_id: int
+    num_tokens: int  # of the whole set
+    num_layers: int
+    bytes: int  # of the packed stream
+    seq_tokens: Tuple[int, ...]  # each sequence's tokens, in stream order
+    chunk_bytes: int
+    flags: int
+
+    _MAGIC = b"KVPT"
+    _HEAD = struct.Struct("<4sI128sQIIQIII")  # magic, version, then the fields, num_seqs
+
+    @property
+    def num_seqs(self):
+        return len(self.seq_tokens)
+
+    def to_bytes(self) -> bytes:
+        """A portable form (little-endian, versioned) to carry between engines."""
+        n = len(self.seq_tokens)
+        return self._HEAD.pack(self._MAGIC, 1, self.nccl_id, self.transfer_id, self.num_tokens,
+                               self.num_layers, self.bytes, self.chunk_bytes, self.flags,
+                               n) + struct.pack("<%dI" % n, *self.seq_tokens)
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> "Ticket":
+        b = bytes(b)
+        h = cls._HEAD
+        if len(b) < h.size:
+            raise ValueError("a ticket is at least %d bytes, got %d" % (h.size, len(b)))
+        magic, version, nid, tid, tokens, layers, nbytes, chunk, flags, n = h.unpack_from(b)
+        if magic != cls._MAGIC or version != 1:
+            raise ValueError("not a kvpool ticket (magic %r, version %d)" % (magic, version))
+        if not 1 <= n <= _lib.KVP_TRANSFER_MAX_SEQS or len(b) != h.size + 4 * n:
+            raise ValueError("a ticket of %d bytes naming %d sequences" % (len(b), n))
+        return cls(nid, tid, tokens, layers, nbytes, struct.unpack_from("<%dI" % n, b, h.size),
+                   chunk, flags)
+
+    @classmethod
+    def _from_c(cls, t):
+        n = int(t.num_seqs)
+        return cls(bytes(t.nccl_id), int(t.transfer_id), int(t.num_tokens), int(t.num_layers),
+                   int(t.bytes), tuple(int(x) for x in t.seq_tokens[:n]), int(t.chunk_bytes),
+                   int(t.flags))
+
+    def _to_c(self):
+        if len(self.nccl_id) != _lib.KVP_TRANSFER_ID_BYTES:
+            raise ValueError("nccl_id has %d bytes, must be %d" %
+                             (len(self.nccl_id), _lib.KVP_TRANSFER_ID_BYTES))
+        if not 1 <= len(self.seq_tokens) <= _lib.KVP_TRANSFER_MAX_SEQS:
+            raise ValueError("a ticket names 1..%d sequences, not %d" %
+                             (_lib.KVP_TRANSFER_MAX_SEQS, len(self.seq_tokens)))
+        t = _lib.kvp_transfer_ticket_t()
+        ctypes.memmove(t.nccl_id, self.nccl_id, len(self.nccl_id))
+        t.transfer_id, t.num_tokens, t.num_layers = self.transfer_id, self.num_tokens, \
+            self.num_layers
+        t.bytes, t.chunk_bytes, t.flags = self.bytes, self.chunk_bytes, self.flags
+        t.num_seqs = len(self.seq_tokens)
+        for i, v in enumerate(self.seq_tokens):
+            t.seq_tokens[i] = v
+        return t
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferInfo:
+    """One transfer as ListTransfers reports it (kvp_transfer_info_t)."""
+
+    transfer_id: int
+    direction: str  # "export" | "import"
+    state: str  # "running" | "ok" | "failed"
+    peer: str
+    namespace: str
+    seq_id: int  # a set's first
+    num_seqs: int
+    num_tokens: int
+    bytes: int
+    elapsed_ms: int
+    message: str
 
 
 class _Memory:
@@ -513,6 +598,55 @@ class Client:
         self._call(self._lib.kvp_client_release, _ptr(seq, ctypes.c_uint64), seq.size,
                    ctypes.byref(released))
         return int(released.value)
+
+    # ---- transfers between daemons (ExportBegin / Import, over NCCL) -----------------------
+
+    def export_begin(self, seq_ids, peer, timeout_ms=0) -> Ticket:
+        """Starts sending seq_ids (one id, or a set: a list of up to 64 distinct ids, moved as
+        one stream) to the daemon named `peer`; returns the ticket at once. The outcome is in
+        list_transfers(). Needs the cuda backend and NCCL on both daemons."""
+        if not isinstance(peer, str):
+            raise TypeError("peer must be a str")
+        t = _lib.kvp_transfer_ticket_t()
+        if np.ndim(seq_ids) == 0:
+            self._call(self._lib.kvp_client_export_begin, int(seq_ids), peer.encode(),
+                       int(timeout_ms), ctypes.byref(t))
+        else:
+            seq = _u64_array(seq_ids, "seq_ids")
+            self._call(self._lib.kvp_client_export_begin_set, _ptr(seq, ctypes.c_uint64),
+                       seq.size, peer.encode(), int(timeout_ms), ctypes.byref(t))
+        return Ticket._from_c(t)
+
+    def import_transfer(self, ticket: Ticket, seq_ids, timeout_ms=0) -> int:
+        """Receives the ticket's sequences as the new seq_ids of this namespace (one id, or a
+        list in the exporter's order, one per ticket sequence), all or none; returns once the
+        data is in the pool, with the number of pages they took."""
+        if isinstance(ticket, (bytes, bytearray, memoryview)):
+            ticket = Ticket.from_bytes(ticket)
+        t = ticket._to_c()
+        pages = ctypes.c_uint32()
+        if np.ndim(seq_ids) == 0 and ticket.num_seqs == 1:
+            self._call(self._lib.kvp_client_import, ctypes.byref(t), int(seq_ids),
+                       int(timeout_ms), ctypes.byref(pages))
+        else:
+            seq = _u64_array(seq_ids, "seq_ids")
+            if seq.size != ticket.num_seqs:
+                raise ValueError("%d seq_ids for a ticket of %d sequences" %
+                                 (seq.size, ticket.num_seqs))
+            self._call(self._lib.kvp_client_import_set, ctypes.byref(t),
+                       _ptr(seq, ctypes.c_uint64), int(timeout_ms), ctypes.byref(pages))
+        return int(pages.value)
+
+    def list_transfers(self):
+        """Transfers in flight, then the newest finished ones (at most 32)."""
+        out = (_lib.kvp_transfer_info_t * 32)()
+        n = ctypes.c_uint32()
+        self._call(self._lib.kvp_client_list_transfers, out, 32, ctypes.byref(n))
+        dec = lambda b: b.decode(errors="replace")  # noqa: E731
+        return [TransferInfo(int(i.transfer_id), dec(i.direction), dec(i.state), dec(i.peer),
+                             dec(i.ns), int(i.seq_id), int(i.num_seqs), int(i.num_tokens),
+                             int(i.bytes), int(i.elapsed_ms), dec(i.message))
+                for i in out[:n.value]]
 
     def _source(self, source):
         if isinstance(source, _lib.kvp_source_t):
