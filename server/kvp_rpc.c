@@ -1767,6 +1767,26 @@ static void put_header(sbuf_t *b, const char *name, const char *type, const char
     put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+enum { NS_SEQS, NS_TOKENS, NS_PAGE_REFS };
+
+/* One gauge family with a sample per namespace in use: its sequences, tokens or page refs. */
+static void put_ns_family(sbuf_t *b, kvp_rpc_t *r, const char *name, const char *help, int what)
+{
+    char esc[2 * KVP_NS_NAME_MAX + 2];
+    put_header(b, name, "gauge", help);
+    for (uint32_t i = 0; i < r->ns.max; i++) {
+        if (!r->ns.ns[i].in_use)
+            continue;
+        kvp_ns_stats_t ns;
+        kvp_seqtab_ns_stats(r->seqs, i, &ns);
+        kvp__rpc_label_escape(r->ns.ns[i].name, esc, sizeof(esc));
+        const uint64_t v = what == NS_SEQS     ? ns.num_seqs
+                           : what == NS_TOKENS ? ns.num_tokens
+                                               : ns.page_refs;
+        put(b, "%s{namespace=\"%s\"} %llu\n", name, esc, (unsigned long long)v);
+    }
+}
+
 /* A namespace name is chosen by a client: escape it as a label value (backslash, quote and
  * newline as the format says; other control bytes and invalid UTF-8 become '?') so that no
  * name can break or forge a line. out holds at least 2 * KVP_NS_NAME_MAX + 1 bytes. */
@@ -1876,35 +1896,11 @@ size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms
     put(&b, "kvpool_live_sequences %u\n", s.num_seqs);
     put_header(&b, "kvpool_live_tokens", "gauge", "Tokens held over all namespaces.");
     put(&b, "kvpool_live_tokens %llu\n", (unsigned long long)s.num_tokens);
-    char esc[2 * KVP_NS_NAME_MAX + 2];
-    put_header(&b, "kvpool_sequences", "gauge", "Live sequences per namespace.");
-    for (uint32_t i = 0; i < r->ns.max; i++) {
-        if (!r->ns.ns[i].in_use)
-            continue;
-        kvp_ns_stats_t ns;
-        kvp_seqtab_ns_stats(r->seqs, i, &ns);
-        kvp__rpc_label_escape(r->ns.ns[i].name, esc, sizeof(esc));
-        put(&b, "kvpool_sequences{namespace=\"%s\"} %u\n", esc, ns.num_seqs);
-    }
-    put_header(&b, "kvpool_tokens", "gauge", "Tokens held per namespace.");
-    for (uint32_t i = 0; i < r->ns.max; i++) {
-        if (!r->ns.ns[i].in_use)
-            continue;
-        kvp_ns_stats_t ns;
-        kvp_seqtab_ns_stats(r->seqs, i, &ns);
-        kvp__rpc_label_escape(r->ns.ns[i].name, esc, sizeof(esc));
-        put(&b, "kvpool_tokens{namespace=\"%s\"} %llu\n", esc, (unsigned long long)ns.num_tokens);
-    }
-    put_header(&b, "kvpool_page_refs", "gauge",
-               "Page references held per namespace (a shared page counts once per holder).");
-    for (uint32_t i = 0; i < r->ns.max; i++) {
-        if (!r->ns.ns[i].in_use)
-            continue;
-        kvp_ns_stats_t ns;
-        kvp_seqtab_ns_stats(r->seqs, i, &ns);
-        kvp__rpc_label_escape(r->ns.ns[i].name, esc, sizeof(esc));
-        put(&b, "kvpool_page_refs{namespace=\"%s\"} %llu\n", esc, (unsigned long long)ns.page_refs);
-    }
+    put_ns_family(&b, r, "kvpool_sequences", "Live sequences per namespace.", NS_SEQS);
+    put_ns_family(&b, r, "kvpool_tokens", "Tokens held per namespace.", NS_TOKENS);
+    put_ns_family(&b, r, "kvpool_page_refs",
+                  "Page references held per namespace (a shared page counts once per holder).",
+                  NS_PAGE_REFS);
     put_header(&b, "kvpool_connected_clients", "gauge", "Open client connections (sessions).");
     put(&b, "kvpool_connected_clients %u\n", r->num_clients);
 

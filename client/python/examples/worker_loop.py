@@ -150,25 +150,37 @@ class Model:
 # ---- the reference: a contiguous per-sequence cache ------------------------------------------
 
 class ContiguousKV:
+    """One contiguous [len, Hkv, D] array per sequence and layer. The array operations are the
+    three methods below; worker_loop_torch.ContiguousKV overrides them for torch tensors."""
+
     def __init__(self, num_layers):
         self.L = num_layers
         self.k = {}  # seq -> [L] arrays [len, Hkv, D]
         self.v = {}
+
+    def _empty(self):
+        return np.zeros((0, NUM_KV_HEADS, HEAD_DIM), np.float32)
+
+    def _cat(self, parts):
+        return np.concatenate(parts)
+
+    def _copy(self, a):
+        return a.copy()
 
     def begin_step(self, seqs, ntoks):
         self.seqs = list(seqs)
         self.ind = np.concatenate([[0], np.cumsum(ntoks)]).astype(np.int64)
         for s in self.seqs:
             if s not in self.k:
-                empty = np.zeros((0, NUM_KV_HEADS, HEAD_DIM), np.float32)
+                empty = self._empty()
                 self.k[s] = [empty] * self.L
                 self.v[s] = [empty] * self.L
 
     def write(self, layer, k, v):
         for b, s in enumerate(self.seqs):
             lo, hi = self.ind[b], self.ind[b + 1]
-            self.k[s][layer] = np.concatenate([self.k[s][layer], k[lo:hi]])
-            self.v[s][layer] = np.concatenate([self.v[s][layer], v[lo:hi]])
+            self.k[s][layer] = self._cat([self.k[s][layer], k[lo:hi]])
+            self.v[s][layer] = self._cat([self.v[s][layer], v[lo:hi]])
 
     def read(self, layer, b):
         s = self.seqs[b]
@@ -181,8 +193,8 @@ class ContiguousKV:
         return self.k[s][0].shape[0]
 
     def fork(self, parent, child):
-        self.k[child] = [a.copy() for a in self.k[parent]]
-        self.v[child] = [a.copy() for a in self.v[parent]]
+        self.k[child] = [self._copy(a) for a in self.k[parent]]
+        self.v[child] = [self._copy(a) for a in self.v[parent]]
 
     def truncate(self, s, n):
         self.k[s] = [a[:n] for a in self.k[s]]

@@ -110,41 +110,21 @@ class Model:
         return outs, [int(t) for t in torch.argmax(logits, dim=-1).tolist()]
 
 
-class ContiguousKV:
+class ContiguousKV(worker_loop.ContiguousKV):
     """The reference: one contiguous [len, Hkv, D] tensor per sequence and layer."""
 
     def __init__(self, num_layers, dtype, device):
-        self.L, self.dtype, self.device = num_layers, dtype, device
-        self.k, self.v = {}, {}
+        super().__init__(num_layers)
+        self.dtype, self.device = dtype, device
 
-    def begin_step(self, seqs, ntoks):
-        self.seqs = list(seqs)
-        self.ind = np.concatenate([[0], np.cumsum(ntoks)]).astype(np.int64)
-        for s in self.seqs:
-            if s not in self.k:
-                e = torch.zeros(0, NUM_KV_HEADS, HEAD_DIM, dtype=self.dtype, device=self.device)
-                self.k[s], self.v[s] = [e] * self.L, [e] * self.L
+    def _empty(self):
+        return torch.zeros(0, NUM_KV_HEADS, HEAD_DIM, dtype=self.dtype, device=self.device)
 
-    def write(self, layer, k, v):
-        for b, s in enumerate(self.seqs):
-            lo, hi = self.ind[b], self.ind[b + 1]
-            self.k[s][layer] = torch.cat([self.k[s][layer], k[lo:hi]])
-            self.v[s][layer] = torch.cat([self.v[s][layer], v[lo:hi]])
+    def _cat(self, parts):
+        return torch.cat(parts)
 
-    def read(self, layer, b):
-        s = self.seqs[b]
-        return self.k[s][layer], self.v[s][layer]
-
-    def length(self, s):
-        return self.k[s][0].shape[0]
-
-    def fork(self, parent, child):
-        self.k[child] = [a.clone() for a in self.k[parent]]
-        self.v[child] = [a.clone() for a in self.v[parent]]
-
-    def truncate(self, s, n):
-        self.k[s] = [a[:n] for a in self.k[s]]
-        self.v[s] = [a[:n] for a in self.v[s]]
+    def _copy(self, a):
+        return a.clone()
 
 
 def _tensor(a):
