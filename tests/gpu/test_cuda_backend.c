@@ -28,6 +28,7 @@
 #include "kvp_cuda_drv.h"
 #include "kvp_error.h"
 #include "kvp_geom.h"
+#include "kvp_gpu_test.h"
 #include "kvp_harness.h"
 #include "kvp_kernels.h"
 #include "kvp_kernels_cuda.h"
@@ -950,11 +951,9 @@ END_TEST
 
 /* ---- two devices (tensor parallelism): skipped with fewer ------------------------------- */
 
-static int gpu_count(void);
-
 START_TEST(two_devices_copy_everywhere_append_where_the_buffer_lives)
 {
-    if (gpu_count() < 2)
+    if (kvp_gpu_count() < 2)
         return;
     kvp_geom_t g = GEOMS[0];
     g.num_devices = 2; /* 4 heads: 2 per device */
@@ -1034,7 +1033,7 @@ END_TEST
 
 START_TEST(e2e_two_devices_worker_on_the_second)
 {
-    if (gpu_count() < 2)
+    if (kvp_gpu_count() < 2)
         return;
     start_daemon_on("0,1");
     pid_t pid = fork();
@@ -1050,35 +1049,9 @@ START_TEST(e2e_two_devices_worker_on_the_second)
 }
 END_TEST
 
-/* Visible GPUs, counted in a child so that this process may still fork CUDA workers. */
-static int gpu_count(void)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return 0;
-    if (pid == 0) {
-        int n = 0;
-        _exit(cudaGetDeviceCount(&n) == cudaSuccess ? (n < 100 ? n : 100) : 0);
-    }
-    return wait_child(pid);
-}
-
-/* A GPU is usable: asked in a child, so this process never initialises CUDA before forking. */
-static int gpu_present(void)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return 0;
-    if (pid == 0) {
-        int n = 0;
-        _exit(cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 0 : 1);
-    }
-    return wait_child(pid) == 0;
-}
-
 int main(void)
 {
-    if (!gpu_present()) {
+    if (kvp_gpu_count() < 1) {
         printf("no usable GPU: skipped\n");
         return 77;
     }

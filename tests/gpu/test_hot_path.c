@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kvp_bench_kernels.h"
+#include "kvp_gpu_test.h"
 #include "kvp_harness.h"
 #include "kvp_kernels_cuda.h"
 #include "kvp_test_util.h"
@@ -115,23 +116,9 @@ static void on_alarm(int sig)
     _exit(1);
 }
 
-/* CUDA does not survive fork: probe for a GPU in a child, so the parent forks worker B before
- * its own first CUDA call. */
-static int gpu_present(void)
-{
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        _exit(cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 0 : 77);
-    }
-    int st;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
 int main(void)
 {
-    if (!gpu_present()) {
+    if (kvp_gpu_count() < 1) {
         printf("no usable GPU: skipped\n");
         return 77;
     }

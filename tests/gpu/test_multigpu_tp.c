@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kvp_gpu_test.h"
 #include "kvp_harness.h"
 #include "kvp_kernels.h"
 #include "kvp_test_util.h"
@@ -304,21 +305,9 @@ static int wait_child(pid_t pid)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static int gpu_count(void)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return 0;
-    if (pid == 0) {
-        int n = 0;
-        _exit(cudaGetDeviceCount(&n) == cudaSuccess ? (n < 100 ? n : 100) : 0);
-    }
-    return wait_child(pid);
-}
-
 int main(void)
 {
-    if (gpu_count() < 2) {
+    if (kvp_gpu_count() < 2) {
         printf("fewer than two usable GPUs: skipped\n");
         return 77;
     }

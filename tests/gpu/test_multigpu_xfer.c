@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvp_gpu_test.h"
 #include "kvp_harness.h"
 #include "kvp_test_util.h"
 #include "kvpool.h"
@@ -425,23 +426,9 @@ static int sender_killed_mid_transfer(pool_t *recv, kvp_rng_t *rng)
     return rc;
 }
 
-static int gpu_count(void)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return 0;
-    if (pid == 0) {
-        int n = 0;
-        _exit(cudaGetDeviceCount(&n) == cudaSuccess ? (n < 100 ? n : 100) : 0);
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-}
-
 int main(void)
 {
-    if (gpu_count() < 2) {
+    if (kvp_gpu_count() < 2) {
         printf("fewer than two usable GPUs: skipped\n");
         return 77;
     }
