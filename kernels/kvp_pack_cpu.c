@@ -39,34 +39,36 @@ static uint8_t *row_at(const kvp_paged_kv_t *kv, const int32_t *pages, int which
     return (uint8_t *)(which ? kv->v_data : kv->k_data) + elems * kv->elem_bytes;
 }
 
-int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens, void *out)
+/* Copies every row between the pages and the packed stream buf: into buf, or out of it. */
+static int copy_rows(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
+                     uint8_t *buf, int unpack)
 {
-    int rc = check(kv, pages, num_tokens, out);
+    int rc = check(kv, pages, num_tokens, buf);
     if (rc)
         return rc;
     const uint64_t row = (uint64_t)kv->head_dim * kv->elem_bytes;
     for (int which = 0; which < 2; which++)
         for (uint32_t t = 0; t < num_tokens; t++)
-            for (uint32_t h = 0; h < kv->num_heads; h++)
-                memcpy((uint8_t *)out +
-                           kvp_kv_packed_offset(num_tokens, kv->num_heads, row, which, t, h),
-                       row_at(kv, pages, which, t, h), row);
+            for (uint32_t h = 0; h < kv->num_heads; h++) {
+                uint8_t *packed =
+                    buf + kvp_kv_packed_offset(num_tokens, kv->num_heads, row, which, t, h);
+                uint8_t *paged = row_at(kv, pages, which, t, h);
+                if (unpack)
+                    memcpy(paged, packed, row);
+                else
+                    memcpy(packed, paged, row);
+            }
     return 0;
+}
+
+int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens, void *out)
+{
+    return copy_rows(kv, pages, num_tokens, out, 0);
 }
 
 int kvp_kv_unpack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
                       const void *in)
 {
-    int rc = check(kv, pages, num_tokens, in);
-    if (rc)
-        return rc;
-    const uint64_t row = (uint64_t)kv->head_dim * kv->elem_bytes;
-    for (int which = 0; which < 2; which++)
-        for (uint32_t t = 0; t < num_tokens; t++)
-            for (uint32_t h = 0; h < kv->num_heads; h++)
-                memcpy(row_at(kv, pages, which, t, h),
-                       (const uint8_t *)in +
-                           kvp_kv_packed_offset(num_tokens, kv->num_heads, row, which, t, h),
-                       row);
-    return 0;
+    /* the stream is only read: the cast lets one loop serve both directions */
+    return copy_rows(kv, pages, num_tokens, (uint8_t *)(uintptr_t)in, 1);
 }

@@ -130,12 +130,11 @@ typedef struct {
     uint64_t transfer_id;
     uint32_t num_tokens, num_layers, num_heads, head_dim, elem_bytes, chunk_bytes;
     uint64_t stream_bytes;
-    uint32_t flags;    /* HDR_REGISTERED: the importer registers its staging chunks too */
+    uint32_t flags;    /* KVP_XFER_REGISTERED: the importer registers its staging chunks too */
     uint32_t num_seqs; /* a set: its sequences, one stream after the other */
     uint32_t seq_hash; /* of their token counts (kvp_xfer_set_hash) */
     uint8_t reserved[4];
 } wire_hdr_t;
-#define HDR_REGISTERED KVP_XFER_REGISTERED
 _Static_assert(sizeof(wire_hdr_t) == 64, "the header is 64 bytes on the wire");
 
 static uint64_t mono_ms(void)
@@ -1000,7 +999,7 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
                       .elem_bytes = kvp_dtype_size(g->dtype),
                       .chunk_bytes = (uint32_t)j->chunk,
                       .stream_bytes = j->bytes,
-                      .flags = j->reg ? HDR_REGISTERED : 0u,
+                      .flags = j->reg ? KVP_XFER_REGISTERED : 0u,
                       .num_seqs = j->nseq,
                       .seq_hash = j->seq_hash};
     int64_t outcome = 0;
