@@ -118,16 +118,6 @@ static uint32_t parse_u32(const char *what, const char *s, uint32_t lo, uint32_t
     return (uint32_t)v;
 }
 
-/* A copy of s safe for a terminal: control characters become '?'. */
-static const char *safe(const char *s, char *buf, size_t len)
-{
-    size_t i = 0;
-    for (; s[i] && i + 1 < len; i++)
-        buf[i] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
-    buf[i] = '\0';
-    return buf;
-}
-
 static const char *fmt_bytes(uint64_t b, char *buf, size_t len)
 {
     static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -520,10 +510,10 @@ static int cmd_status(ctl_t *x)
         j_close(&j, '}');
     } else {
         const char *ver = kvp_client_server_version(x->c);
-        printf("socket       %s\n", safe(x->o->socket_path, b3, sizeof(b3)));
+        printf("socket       %s\n", kvp_ctl_safe(x->o->socket_path, b3, sizeof(b3)));
         printf("daemon       kvpoold %s, protocol %u, session %llu\n",
-               ver[0] ? safe(ver, b1, sizeof(b1)) : "(unknown version)", KVP_PROTOCOL_VERSION,
-               (unsigned long long)kvp_client_session_id(x->c));
+               ver[0] ? kvp_ctl_safe(ver, b1, sizeof(b1)) : "(unknown version)",
+               KVP_PROTOCOL_VERSION, (unsigned long long)kvp_client_session_id(x->c));
         printf("backend      %s, %u device%s\n", backend_name(p->backend), p->num_devices,
                p->num_devices == 1 ? "" : "s");
         printf("geometry     %u layers, %u pages x %u tokens, %u kv heads x %u, %s, %s, %s\n",
@@ -624,7 +614,7 @@ static int cmd_stats(ctl_t *x)
                 snprintf(exp, sizeof(exp), "-");
             else
                 fmt_duration(n->lease_expires_in_ms, exp, sizeof(exp));
-            table_addf(&t, "%s\t%u\t%llu\t%llu\t%u\t%s\t%s", safe(n->name, b2, sizeof(b2)),
+            table_addf(&t, "%s\t%u\t%llu\t%llu\t%u\t%s\t%s", kvp_ctl_safe(n->name, b2, sizeof(b2)),
                        n->num_seqs, (unsigned long long)n->num_tokens,
                        (unsigned long long)n->page_refs, n->sessions, lease, exp);
         }
@@ -796,12 +786,12 @@ static int cmd_seqs(ctl_t *x)
         j_close(&j, '}');
     } else if (nrows == 0) {
         fprintf(stderr, "no sequences%s%s\n", x->o->list_ns ? " in namespace " : "",
-                x->o->list_ns ? safe(x->o->list_ns, b1, sizeof(b1)) : "");
+                x->o->list_ns ? kvp_ctl_safe(x->o->list_ns, b1, sizeof(b1)) : "");
     } else {
         static const char *hdr[] = {"NAMESPACE", "SEQ_ID", "TOKENS", "PAGES", "SHARED", "IDLE"};
         table_t t = {.ncols = 6, .header = hdr, .align = "lrrrrr"};
         for (size_t r = 0; r < nrows; r++)
-            table_addf(&t, "%s\t%llu\t%u\t%u\t%u\t%s", safe(rows[r].ns, b1, sizeof(b1)),
+            table_addf(&t, "%s\t%llu\t%u\t%u\t%u\t%s", kvp_ctl_safe(rows[r].ns, b1, sizeof(b1)),
                        (unsigned long long)rows[r].info.seq_id, rows[r].info.num_tokens,
                        rows[r].info.num_pages, rows[r].info.shared_pages,
                        fmt_duration(rows[r].info.idle_ms, b2, sizeof(b2)));
@@ -859,8 +849,9 @@ static int cmd_clients(ctl_t *x)
         table_addf(&t, "%llu%s\t%s\t%s\t%d\t%u\t%u\t%llu\t%u\t%s",
                    (unsigned long long)ci->session_id,
                    ci->session_id == kvp_client_session_id(x->c) ? "*" : "",
-                   safe(ci->namespace, b1, sizeof(b1)), safe(ci->client_name, b2, sizeof(b2)),
-                   ci->pid, ci->uid, ci->gid, (unsigned long long)ci->requests, ci->buffers,
+                   kvp_ctl_safe(ci->namespace, b1, sizeof(b1)),
+                   kvp_ctl_safe(ci->client_name, b2, sizeof(b2)), ci->pid, ci->uid, ci->gid,
+                   (unsigned long long)ci->requests, ci->buffers,
                    fmt_duration(ci->connected_ms, b3, sizeof(b3)));
     }
     table_print(&t, stdout);
@@ -915,10 +906,10 @@ static int cmd_transfers(ctl_t *x)
             snprintf(b6, sizeof(b6), "%llu", (unsigned long long)ti->seq_id);
         table_addf(
             &t, "%llu\t%s\t%s\t%s\t%s\t%s\t%u\t%s\t%s\t%s", (unsigned long long)ti->transfer_id,
-            ti->direction, ti->state, ti->peer[0] ? safe(ti->peer, b1, sizeof(b1)) : "-",
-            safe(ti->namespace, b2, sizeof(b2)), b6, ti->num_tokens,
+            ti->direction, ti->state, ti->peer[0] ? kvp_ctl_safe(ti->peer, b1, sizeof(b1)) : "-",
+            kvp_ctl_safe(ti->namespace, b2, sizeof(b2)), b6, ti->num_tokens,
             fmt_bytes(ti->bytes, b3, sizeof(b3)), fmt_duration(ti->elapsed_ms, b4, sizeof(b4)),
-            ti->message[0] ? safe(ti->message, b5, sizeof(b5)) : "-");
+            ti->message[0] ? kvp_ctl_safe(ti->message, b5, sizeof(b5)) : "-");
     }
     table_print(&t, stdout);
     table_free(&t);
@@ -945,7 +936,8 @@ static int cmd_audit(ctl_t *x)
     } else if (a->ok) {
         printf("ok\n");
     } else {
-        printf("audit failed: %s\n", a->message[0] ? safe(a->message, b1, sizeof(b1)) : "?");
+        printf("audit failed: %s\n",
+               a->message[0] ? kvp_ctl_safe(a->message, b1, sizeof(b1)) : "?");
     }
     return a->ok ? EXIT_OK : EXIT_SERVER;
 }
@@ -1023,7 +1015,7 @@ static int cmd_health(ctl_t *x)
         printf("ok\n");
     } else {
         char b[600];
-        printf("unhealthy: %s\n", safe(why, b, sizeof(b)));
+        printf("unhealthy: %s\n", kvp_ctl_safe(why, b, sizeof(b)));
     }
     return healthy ? EXIT_OK : EXIT_SERVER;
 }

@@ -263,7 +263,8 @@ static const char *fmt_lat(double s, char *buf, size_t len)
     return buf;
 }
 
-static const char *safe(const char *s, char *buf, size_t len)
+/* A copy of s safe for a terminal: control characters become '?' (kvpoolctl_top.h). */
+const char *kvp_ctl_safe(const char *s, char *buf, size_t len)
 {
     size_t i = 0;
     for (; s[i] && i + 1 < len; i++)
@@ -357,7 +358,7 @@ static void draw_screen(const kvp_top_opts_t *o, const snap_t *cur, const snap_t
     int n = top_namespaces(cur, idx, TOP_NS_SHOWN);
     printf("\n%-32s %10s %12s\n", "NAMESPACE", "SEQS", "TOKENS");
     for (int i = 0; i < n; i++)
-        printf("%-32.32s %10.0f %12.0f\n", safe(cur->ns[idx[i]].name, b4, sizeof(b4)),
+        printf("%-32.32s %10.0f %12.0f\n", kvp_ctl_safe(cur->ns[idx[i]].name, b4, sizeof(b4)),
                cur->ns[idx[i]].seqs, cur->ns[idx[i]].tokens);
     if (cur->nns > n)
         printf("(%d more)\n", cur->nns - n);

@@ -19,6 +19,9 @@ typedef struct {
     uint32_t count;          /* refreshes before exiting; 0: until 'q' or a signal */
 } kvp_top_opts_t;
 
+/* A copy of s safe for a terminal, in buf (len bytes): control characters become '?'. */
+const char *kvp_ctl_safe(const char *s, char *buf, size_t len);
+
 /* Runs the view on the connected client c (borrowed). Returns the process exit status:
  * 0 (quit or count reached), 3 (the daemon stopped answering), 1 (another failure). */
 int kvp_ctl_top(kvp_client_t *c, const kvp_top_opts_t *o);
