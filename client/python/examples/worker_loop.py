@@ -309,11 +309,15 @@ class PagedKV:
 
 # ---- the loop ----------------------------------------------------------------------------------
 
+def geometry_problems(info, **want):
+    """The PoolInfo fields that differ from what the model needs, as sentences."""
+    return ["%s is %r, the model needs %r" % (k, getattr(info, k), v)
+            for k, v in want.items() if getattr(info, k) != v]
+
+
 def check_geometry(info, num_layers):
-    want = dict(num_layers=num_layers, heads_per_device=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                dtype_name="fp32", backend_name="host")
-    bad = ["%s is %r, the model needs %r" % (k, getattr(info, k), v)
-           for k, v in want.items() if getattr(info, k) != v]
+    bad = geometry_problems(info, num_layers=num_layers, heads_per_device=NUM_KV_HEADS,
+                            head_dim=HEAD_DIM, dtype_name="fp32", backend_name="host")
     if bad:
         raise GeometryMismatch(
             "the daemon's pool does not match the model (%s); start it with: kvpoold --backend "

@@ -240,9 +240,8 @@ class PagedKV:
 
 
 def check_geometry(info, dtype_name):
-    want = dict(heads_per_device=NUM_KV_HEADS, head_dim=HEAD_DIM, dtype_name=dtype_name)
-    bad = ["%s is %r, the model needs %r" % (k, getattr(info, k), v)
-           for k, v in want.items() if getattr(info, k) != v]
+    bad = worker_loop.geometry_problems(info, heads_per_device=NUM_KV_HEADS, head_dim=HEAD_DIM,
+                                        dtype_name=dtype_name)
     if info.backend_name == "host" and dtype_name != "fp32":
         bad.append("a host pool runs this example in fp32 only")
     if bad:
