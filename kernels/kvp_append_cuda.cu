@@ -46,9 +46,9 @@ __device__ __forceinline__ void set_err(int32_t *err, int32_t code)
 
 /* Launch options carried into the copy kernels (uniform branches). */
 enum : uint32_t {
-    kPdl = 1u,       /* launched with programmatic stream serialization (KVP_CUDA_APPEND_PDL) */
-    kStreamLd = 2u,  /* source loads with the evict-first hint (ld.global.cs) */
-    kStreamSt = 4u,  /* pool stores with the evict-first hint (st.global.cs) */
+    kPdl = 1u,      /* launched with programmatic stream serialization (KVP_CUDA_APPEND_PDL) */
+    kStreamLd = 2u, /* source loads with the evict-first hint (ld.global.cs) */
+    kStreamSt = 4u, /* pool stores with the evict-first hint (st.global.cs) */
 };
 
 /* Programmatic dependent launch (sm_90): let the next kernel of the stream start its
@@ -196,8 +196,8 @@ __global__ void __launch_bounds__(kThreads)
         const uint32_t nitems = ntok * per_tok;
         if (!waited) {
             if (threadIdx.x < ntok)
-                s_dst[threadIdx.x] = token_dst<FUSED>(g, (uint32_t)(tok0 + threadIdx.x), nnz, bi,
-                                                      pos_arr, aip, err);
+                s_dst[threadIdx.x] =
+                    token_dst<FUSED>(g, (uint32_t)(tok0 + threadIdx.x), nnz, bi, pos_arr, aip, err);
             pdl_wait();
         }
         for (uint32_t base = 0; base < nitems; base += blockDim.x * kItems) {
@@ -309,6 +309,63 @@ __global__ void __launch_bounds__(32 * kMaxWarpTokens)
                 uint32_t h = r / vecs, vec = r - h * vecs;
                 store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k],
                           flags);
+            }
+        }
+    }
+}
+
+/*
+ * The daemon's append (kvp_append_slots_cuda): each token's destination slot was computed on
+ * the host by the planner, so the kernel does no page-table lookup at all, and the slots
+ * travel inside the launch (a __grid_constant__ parameter, read through the constant cache:
+ * every lane of a warp reads its token's slot at one address, a broadcast), so a small Append
+ * needs no upload before its kernel and no error word after it. One warp per token, one
+ * grid row (blockIdx.y) per layer: a whole multi-layer Append is one launch.
+ */
+constexpr int kSlotWarps = 4; /* tokens (warps) per block */
+
+template <uint32_t CAP> struct InlineSlots {
+    int32_t slot[CAP];
+};
+
+template <int VECS, uint32_t CAP>
+__global__ void __launch_bounds__(32 * kSlotWarps)
+    slots_kernel(const __grid_constant__ Geo g, const __grid_constant__ InlineSlots<CAP> s,
+                 uint32_t nnz, int64_t layer_stride, int64_t src_layer_stride)
+{
+    const uint32_t lane = threadIdx.x & 31;
+    const uint32_t i = blockIdx.x * kSlotWarps + (threadIdx.x >> 5);
+    if (i >= nnz)
+        return;
+    const int32_t slot = s.slot[i];
+    if (slot < 0)
+        return; /* padding */
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
+    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+    const int64_t layer = blockIdx.y;
+    const int64_t dst = layer * layer_stride + (int64_t)(slot / g.page_size) * g.page_stride +
+                        (int64_t)(slot % g.page_size) * g.slot_stride;
+    const uint8_t *sk = g.sk + layer * src_layer_stride + (int64_t)i * g.sk_n;
+    const uint8_t *sv = g.sv + layer * src_layer_stride + (int64_t)i * g.sv_n;
+    for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
+        uint4 v[kItems];
+#pragma unroll
+        for (int k = 0; k < kItems; k++) {
+            uint32_t it = base + k * 32 + lane;
+            if (it < per_tok) {
+                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+                uint32_t h = r / vecs, vec = r - h * vecs;
+                v[k] = load_src(
+                    (kv ? sv + (int64_t)h * g.sv_h : sk + (int64_t)h * g.sk_h) + vec * 16, 0);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < kItems; k++) {
+            uint32_t it = base + k * 32 + lane;
+            if (it < per_tok) {
+                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+                uint32_t h = r / vecs, vec = r - h * vecs;
+                store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k], 0);
             }
         }
     }
@@ -516,10 +573,10 @@ bool device_has_pdl(void)
     static int has = -1;
     if (has < 0) {
         int dev = 0, major = 0;
-        has = cudaGetDevice(&dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                  cudaSuccess &&
-              major >= 9;
+        has =
+            cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major >= 9;
     }
     return has == 1;
 }
@@ -561,8 +618,7 @@ void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, bool pdl, cud
 
 template <int VECS, bool FUSED>
 void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
-                   uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags,
-                   cudaStream_t s)
+                   uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, cudaStream_t s)
 {
     const Knobs &kn = knobs();
     flags |= kn.hints;
@@ -609,6 +665,57 @@ void launch_copy(const Geo &g, const int32_t *bi, const int32_t *pos, const int3
     }
 }
 
+/* The two inline capacities: a decode step of up to 256 sequences sends 1 KiB of slots, up
+ * to KVP_APPEND_SLOTS_MAX 4 KiB (the launch copies the whole parameter block, so the small
+ * one keeps the common case cheap). */
+constexpr uint32_t kSlotsSmall = 256;
+static_assert(KVP_APPEND_SLOTS_MAX > kSlotsSmall, "two capacities");
+
+template <int VECS, uint32_t CAP>
+void launch_slots_t(const Geo &g, const int32_t *slots, uint32_t nnz, uint32_t num_layers,
+                    int64_t layer_stride, int64_t src_layer_stride, cudaStream_t s)
+{
+    InlineSlots<CAP> in;
+    memcpy(in.slot, slots, (size_t)nnz * sizeof(int32_t));
+    dim3 grid((nnz + kSlotWarps - 1) / kSlotWarps, num_layers);
+    slots_kernel<VECS, CAP>
+        <<<grid, 32 * kSlotWarps, 0, s>>>(g, in, nnz, layer_stride, src_layer_stride);
+}
+
+template <int VECS>
+void launch_slots_v(const Geo &g, const int32_t *slots, uint32_t nnz, uint32_t num_layers,
+                    int64_t layer_stride, int64_t src_layer_stride, cudaStream_t s)
+{
+    if (nnz <= kSlotsSmall)
+        launch_slots_t<VECS, kSlotsSmall>(g, slots, nnz, num_layers, layer_stride, src_layer_stride,
+                                          s);
+    else
+        launch_slots_t<VECS, KVP_APPEND_SLOTS_MAX>(g, slots, nnz, num_layers, layer_stride,
+                                                   src_layer_stride, s);
+}
+
+void launch_slots(const Geo &g, const int32_t *slots, uint32_t nnz, uint32_t num_layers,
+                  int64_t layer_stride, int64_t src_layer_stride, cudaStream_t s)
+{
+    switch (g.vecs) {
+    case 4:
+        launch_slots_v<4>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
+        break;
+    case 8:
+        launch_slots_v<8>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
+        break;
+    case 16:
+        launch_slots_v<16>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
+        break;
+    case 32:
+        launch_slots_v<32>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
+        break;
+    default:
+        launch_slots_v<0>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
+        break;
+    }
+}
+
 } // namespace
 
 extern "C" int kvp_cuda_available(void)
@@ -642,6 +749,16 @@ extern "C" int kvp_cuda_kernels_preload(void)
         reinterpret_cast<const void *>(copy_warp_kernel<8, true>),
         reinterpret_cast<const void *>(copy_warp_kernel<16, true>),
         reinterpret_cast<const void *>(copy_warp_kernel<32, true>),
+        reinterpret_cast<const void *>(slots_kernel<0, kSlotsSmall>),
+        reinterpret_cast<const void *>(slots_kernel<4, kSlotsSmall>),
+        reinterpret_cast<const void *>(slots_kernel<8, kSlotsSmall>),
+        reinterpret_cast<const void *>(slots_kernel<16, kSlotsSmall>),
+        reinterpret_cast<const void *>(slots_kernel<32, kSlotsSmall>),
+        reinterpret_cast<const void *>(slots_kernel<0, KVP_APPEND_SLOTS_MAX>),
+        reinterpret_cast<const void *>(slots_kernel<4, KVP_APPEND_SLOTS_MAX>),
+        reinterpret_cast<const void *>(slots_kernel<8, KVP_APPEND_SLOTS_MAX>),
+        reinterpret_cast<const void *>(slots_kernel<16, KVP_APPEND_SLOTS_MAX>),
+        reinterpret_cast<const void *>(slots_kernel<32, KVP_APPEND_SLOTS_MAX>),
         reinterpret_cast<const void *>(validate_kernel),
         reinterpret_cast<const void *>(seq_lens_kernel),
         reinterpret_cast<const void *>(batch_positions_kernel),
@@ -729,6 +846,32 @@ extern "C" int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv,
                                                     int32_t *err_dev, void *stream)
 {
     return kvp_append_paged_kv_cache_fused_cuda_ex(kv, src, append_indptr, nnz, err_dev, 0, stream);
+}
+
+extern "C" int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                     const int32_t *slots, uint32_t nnz, uint32_t num_layers,
+                                     uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
+                                     void *stream)
+{
+    if (nnz == 0)
+        return 0;
+    Geo g;
+    int rc = make_geo(kv, src, &g);
+    if (rc)
+        return rc;
+    if (!slots || nnz > KVP_APPEND_SLOTS_MAX || num_layers == 0 || num_layers > 65535u ||
+        layer_stride_bytes % 16 || src_layer_stride_bytes % 16 ||
+        layer_stride_bytes > (uint64_t)INT64_MAX || src_layer_stride_bytes > (uint64_t)INT64_MAX)
+        return KVP_EINVAL;
+    if (num_layers > 1 && !layer_stride_bytes)
+        return KVP_EINVAL; /* every layer would write the same slots */
+    const int64_t cap = (int64_t)kv->num_pages * kv->page_size;
+    for (uint32_t i = 0; i < nnz; i++)
+        if (slots[i] >= cap)
+            return KVP_ERANGE; /* checked before anything is queued */
+    launch_slots(g, slots, nnz, num_layers, (int64_t)layer_stride_bytes,
+                 (int64_t)src_layer_stride_bytes, static_cast<cudaStream_t>(stream));
+    return launched();
 }
 
 extern "C" int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,

@@ -50,6 +50,16 @@ int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_
     return KVP_EUNAVAIL;
 }
 
+int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                          const int32_t *slots, uint32_t nnz, uint32_t num_layers,
+                          uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
+                          void *stream)
+{
+    (void)kv, (void)src, (void)slots, (void)nnz, (void)num_layers, (void)layer_stride_bytes;
+    (void)src_layer_stride_bytes, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
 int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
                           uint32_t batch_size, uint32_t page_size, int32_t *seq_lens, void *stream)
 {
@@ -88,9 +98,8 @@ int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint3
     return KVP_EUNAVAIL;
 }
 
-int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
-                           uint32_t num_tokens, uint64_t begin, uint64_t end, void *out_dev,
-                           void *stream)
+int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
+                           uint64_t begin, uint64_t end, void *out_dev, void *stream)
 {
     (void)kv, (void)pages_dev, (void)num_tokens, (void)begin, (void)end, (void)out_dev;
     (void)stream;
@@ -98,8 +107,8 @@ int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
 }
 
 int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
-                             uint32_t num_tokens, uint64_t begin, uint64_t end,
-                             const void *in_dev, void *stream)
+                             uint32_t num_tokens, uint64_t begin, uint64_t end, const void *in_dev,
+                             void *stream)
 {
     (void)kv, (void)pages_dev, (void)num_tokens, (void)begin, (void)end, (void)in_dev;
     (void)stream;

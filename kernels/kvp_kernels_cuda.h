@@ -48,9 +48,8 @@ int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_sr
  * libkvpool after a Reserve): per-row guards (padding skipped, rows with an out-of-range page
  * skipped and reported in *err_dev when err_dev is not NULL), one launch. */
 int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                             const int32_t *batch_indices,
-                                             const int32_t *positions, uint32_t nnz,
-                                             int32_t *err_dev, void *stream);
+                                             const int32_t *batch_indices, const int32_t *positions,
+                                             uint32_t nnz, int32_t *err_dev, void *stream);
 
 /* Fused append: token i belongs to the request b with append_indptr[b] <= i <
  * append_indptr[b+1] (binary search) and goes to position seq_len[b] - append_len[b] +
@@ -78,19 +77,35 @@ int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_
                                             const int32_t *append_indptr, uint32_t nnz,
                                             int32_t *err_dev, unsigned flags, void *stream);
 
-int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
-                          uint32_t batch_size, uint32_t page_size, int32_t *seq_lens,
+/* Most tokens kvp_append_slots_cuda takes in one call. */
+#define KVP_APPEND_SLOTS_MAX 1024u
+
+/* The append with every token's destination given by the caller: slots[i] is the pool slot
+ * (page id * page_size + position % page_size) token i goes to, or < 0 to skip it. For the
+ * daemon, whose planner already knows each slot: no page-table lookup on the device, and
+ * slots is a HOST array (read during this call and carried inside the launch), so nothing is
+ * uploaded first. Layers [0, num_layers) in one launch: layer l writes kv's pool advanced by
+ * l * layer_stride_bytes (non-zero when num_layers > 1) and reads src advanced by
+ * l * src_layer_stride_bytes (0: every layer gets the same rows). kv's page-table fields are
+ * not used. Returns 0, KVP_EINVAL (host
+ * checks, nnz > KVP_APPEND_SLOTS_MAX) or KVP_ERANGE (a slot >= num_pages * page_size),
+ * before anything is queued; KVP_EINTERNAL for a launch failure. */
+int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                          const int32_t *slots, uint32_t nnz, uint32_t num_layers,
+                          uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
                           void *stream);
 
+int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
+                          uint32_t batch_size, uint32_t page_size, int32_t *seq_lens, void *stream);
+
 int kvp_get_batch_indices_positions_cuda(const int32_t *append_indptr, const int32_t *seq_lens,
-                                         uint32_t batch_size, uint32_t nnz,
-                                         int32_t *batch_indices, int32_t *positions,
-                                         void *stream);
+                                         uint32_t batch_size, uint32_t nnz, int32_t *batch_indices,
+                                         int32_t *positions, void *stream);
 
 /* Whole-page copies (K and V) inside one layer; copies is a device array. Ids are checked on
  * the device: a bad pair is skipped and reported in *err_dev (may be NULL). */
-int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies,
-                       uint32_t num_copies, int32_t *err_dev, void *stream);
+int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies, uint32_t num_copies,
+                       int32_t *err_dev, void *stream);
 
 /* The packed transfer form (kvp_kernels.h, kvp_kv_pack_cpu) on the device: one layer per
  * call, pages_dev a device array of ceil(num_tokens / page_size) page ids (an id >= num_pages
@@ -105,12 +120,11 @@ int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint3
 /* The same for the byte range [begin, end) of the layer's packed part (both multiples of 16,
  * end <= kvp_kv_packed_layer_bytes): out_dev / in_dev hold just that range. KVP_EINVAL for a
  * bad range. The transfer engine moves a stream in chunks with these. */
-int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
-                           uint32_t num_tokens, uint64_t begin, uint64_t end, void *out_dev,
-                           void *stream);
+int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
+                           uint64_t begin, uint64_t end, void *out_dev, void *stream);
 int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
-                             uint32_t num_tokens, uint64_t begin, uint64_t end,
-                             const void *in_dev, void *stream);
+                             uint32_t num_tokens, uint64_t begin, uint64_t end, const void *in_dev,
+                             void *stream);
 
 #ifdef __cplusplus
 }

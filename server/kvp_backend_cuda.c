@@ -78,19 +78,22 @@ typedef struct {
     cuda_dev_t *dev;
     atomic_int poisoned;
     uint64_t ready_timeout_ms;
+    int plan_upload; /* $KVPOOL_CUDA_PLAN_UPLOAD=1: every Append uploads its plan and runs the
+                        page-table kernels (the path of batches over KVP_APPEND_SLOTS_MAX or with
+                        copies), to compare the two in one build */
 } cuda_backend_t;
 
 /* A worker buffer as the daemon holds it (kvp_buffer_t.priv). */
 typedef struct {
     uint32_t dev; /* index into cuda_backend_t.dev */
     uint32_t kind;
-    kvp_cuda_vmm_t vmm;   /* BUFFER_CUDA_VMM_FD */
-    void *ipc_ptr;        /* BUFFER_CUDA_IPC: from cudaIpcOpenMemHandle */
-    void *host_map;       /* BUFFER_MEMFD: the mapping, registered with CUDA */
-    size_t host_bytes;    /* its length */
-    const uint8_t *dptr;  /* where the kernels read */
-    cudaEvent_t ready;    /* the worker's interprocess event, NULL if none */
-    cudaEvent_t done;     /* ours, interprocess, NULL if none */
+    kvp_cuda_vmm_t vmm;  /* BUFFER_CUDA_VMM_FD */
+    void *ipc_ptr;       /* BUFFER_CUDA_IPC: from cudaIpcOpenMemHandle */
+    void *host_map;      /* BUFFER_MEMFD: the mapping, registered with CUDA */
+    size_t host_bytes;   /* its length */
+    const uint8_t *dptr; /* where the kernels read */
+    cudaEvent_t ready;   /* the worker's interprocess event, NULL if none */
+    cudaEvent_t done;    /* ours, interprocess, NULL if none */
 } cuda_buf_t;
 
 static void poison(cuda_backend_t *cb, const char *why)
@@ -371,6 +374,8 @@ fail:
 /* Reads a finished run's error word; non-zero poisons. */
 static int stage_check(cuda_backend_t *cb, const stage_t *st)
 {
+    if (st->err_word == SIZE_MAX)
+        return 0; /* the run had no error word (enqueue_slots) */
     int32_t err = st->host[st->err_word];
     if (err == 0)
         return 0;
@@ -473,6 +478,51 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
                                    dv->stream),
                    rc, fail);
     st->err_word = pl.err;
+    return 0;
+fail:
+    return rc ? rc : KVP_EINTERNAL;
+}
+
+/* Where every token of e goes, as pool slots (page id * page_size + position % page_size; -1
+ * for padding), from the plan's own page table: the form kvp_append_slots_cuda takes. */
+static void plan_slots(const kvp_backend_t *b, const kvp_exec_t *e, int32_t *slots)
+{
+    const int32_t ps = (int32_t)b->geom.page_size;
+    for (uint32_t i = 0; i < e->nnz; i++) {
+        int32_t bi = e->batch_indices[i], pos = e->positions[i];
+        slots[i] = bi < 0 ? -1 : e->kv_indices[e->kv_indptr[bi] + pos / ps] * ps + pos % ps;
+    }
+}
+
+/* The small-Append path: one launch of the slot kernel for every layer of the range, the
+ * slots inside the launch, so nothing is uploaded before it and no error word is read back
+ * after it (the slots come from our own planner and are range-checked on the host). Used
+ * when there are no copy-on-write copies and the batch fits one launch; decode steps are
+ * that case. The caller holds dv->lock. */
+static int enqueue_slots(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e, cuda_buf_t *buf,
+                         const int32_t *slots)
+{
+    kvp_backend_t *b = &cb->base;
+    const uint32_t elem = b->derived.elem_bytes;
+    int rc = 0;
+    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
+    kvp_paged_kv_t kv;
+    kvp_backend_layer_view(b, (void *)(uintptr_t)dv->pool.ptr, e->layer_begin, &kv);
+    const uint8_t *base = buf->dptr;
+    kvp_append_src_t src = {
+        .key = base + e->k_offset,
+        .value = base + e->v_offset,
+        .k_stride_n = (int64_t)(e->k_stride_n / elem),
+        .k_stride_h = (int64_t)(e->k_stride_h / elem),
+        .v_stride_n = (int64_t)(e->v_stride_n / elem),
+        .v_stride_h = (int64_t)(e->v_stride_h / elem),
+    };
+    KVP_KERNEL_CHECK(kvp_append_slots_cuda(&kv, &src, slots, e->nnz, e->layer_end - e->layer_begin,
+                                           b->derived.layer_bytes, e->layer_stride, dv->stream),
+                     rc, fail);
+    if (buf->done)
+        KVP_CUDA_CHECK(cudaEventRecord(buf->done, dv->stream), rc, fail);
+    dv->stage.err_word = SIZE_MAX; /* nothing to read back */
     return 0;
 fail:
     return rc ? rc : KVP_EINTERNAL;
@@ -582,13 +632,19 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
      * given their work first and waited for after, so the group's devices work in parallel. */
     int locked[KVP_GEOM_MAX_DEVICES] = {0};
     int rc = 0;
+    int32_t slots[KVP_APPEND_SLOTS_MAX];
+    const int small =
+        !refused && !e->num_copies && e->nnz && e->nnz <= KVP_APPEND_SLOTS_MAX && !cb->plan_upload;
+    if (small)
+        plan_slots(b, e, slots);
     for (uint32_t g = 0; g < cb->num_devices && !rc; g++) {
         cuda_buf_t *buf = refused ? NULL : feed[g];
         if (!buf && !e->num_copies)
             continue;
         pthread_mutex_lock(&cb->dev[g].lock);
         locked[g] = 1;
-        rc = enqueue_on_device(cb, &cb->dev[g], e, buf);
+        rc = small ? enqueue_slots(cb, &cb->dev[g], e, buf, slots)
+                   : enqueue_on_device(cb, &cb->dev[g], e, buf);
     }
     for (uint32_t g = 0; g < cb->num_devices && !rc; g++)
         if (locked[g])
@@ -784,6 +840,8 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
         else
             kvp_log(KVP_LOG_WARNING, "ignored KVPOOL_CUDA_READY_TIMEOUT_MS=%s (1..3600000)", env);
     }
+    const char *up = getenv("KVPOOL_CUDA_PLAN_UPLOAD");
+    cb->plan_upload = up && !strcmp(up, "1");
     for (int i = 0; i < num_devices; i++) {
         cb->dev[i].ordinal = devices[i];
         cb->dev[i].export_fd = -1;

@@ -4,9 +4,10 @@
  * sizes x combined/split x contiguous/strided sources) with several prefill/decode rounds, the
  * pool poisoned beforehand and compared whole (so bytes outside the written slots are checked
  * unchanged). Each round runs one of the four forms (checked, unchecked with explicit
- * positions, fused with append_indptr, fused under programmatic dependent launch). Also: fused positions equal get_batch_indices_positions,
- * padding and nnz = 0, a bad position writes nothing, graph capture and replay give the same
- * bytes, page copies. Exits 77 where no GPU is usable (CI).
+ * positions, fused with append_indptr, fused under programmatic dependent launch). Also: fused
+ * positions equal get_batch_indices_positions, padding and nnz = 0, a bad position writes nothing,
+ * graph capture and replay give the same bytes, page copies, the slot form (the daemon's
+ * small-Append path). Exits 77 where no GPU is usable (CI).
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
@@ -451,9 +452,9 @@ static void pdl_round_trip(int B, uint32_t ps)
                                  .kv_indptr = d_ip,
                                  .kv_indices = d_idx,
                                  .kv_last_page_len = d_last};
-            ck_assert_int_eq(kvp_bench_spin_fill_cuda(src, (size_t)2 * B * H * row,
-                                                      (uint8_t)(j + 1), 20000, S),
-                             0);
+            ck_assert_int_eq(
+                kvp_bench_spin_fill_cuda(src, (size_t)2 * B * H * row, (uint8_t)(j + 1), 20000, S),
+                0);
             ck_assert_int_eq(kvp_append_paged_kv_cache_fused_cuda_ex(&kv, &as, d_aip, B, d_err,
                                                                      KVP_CUDA_APPEND_PDL, S),
                              0);
@@ -551,6 +552,124 @@ START_TEST(page_copy_matches_cpu)
 }
 END_TEST
 
+/* The slot form (kvp_append_slots_cuda, the daemon's small-Append path) against a reference
+ * written from the geometry alone: every layout, storage and row shape (4, 8, 16, 32 and a
+ * generic 6 vectors), both inline capacities and their edges, three layers in one launch,
+ * strided sources, padding; the rest of the pool (poisoned) must be unchanged. */
+static void slots_case(kvp_layout_t lay, kvp_storage_t sto, uint32_t D, uint32_t nnz, kvp_rng_t *r)
+{
+    const uint32_t L = 3, H = 4, P = 80, ps = 16;
+    kvp_geom_t g = {.num_layers = L,
+                    .num_pages = P,
+                    .page_size = ps,
+                    .num_kv_heads = H,
+                    .head_dim = D,
+                    .dtype = KVP_DTYPE_FP16,
+                    .layout = lay,
+                    .storage = sto,
+                    .num_devices = 1};
+    kvp_geom_derived_t d;
+    ck_assert_int_eq(kvp_geom_derive(&g, &d), 0);
+    const uint64_t row = d.row_bytes, es = d.elem_bytes;
+    /* source: [L][nnz][H] rows, each token padded by one row, each layer by 16 bytes */
+    const uint64_t tok_stride = (H + 1) * row, layer_src = nnz * tok_stride * 2 + 16;
+    const uint64_t src_bytes = L * layer_src;
+    uint8_t *hsrc = malloc(src_bytes), *ref = malloc(d.pool_bytes), *back = malloc(d.pool_bytes);
+    kvp_rng_fill(r, hsrc, src_bytes);
+    kvp_rng_fill(r, ref, d.pool_bytes);
+    /* distinct slots from a shuffled [0, P*ps), one in seven padding */
+    int32_t *slots = malloc(nnz * sizeof(int32_t)), *all = malloc(P * ps * sizeof(int32_t));
+    for (uint32_t i = 0; i < P * ps; i++)
+        all[i] = (int32_t)i;
+    for (uint32_t i = P * ps - 1; i > 0; i--) {
+        uint32_t j = kvp_rng_below(r, i + 1);
+        int32_t t = all[i];
+        all[i] = all[j], all[j] = t;
+    }
+    for (uint32_t i = 0; i < nnz; i++)
+        slots[i] = kvp_rng_below(r, 7) == 0 ? -1 : all[i];
+    uint8_t *dsrc = dalloc(src_bytes), *dp = dalloc(d.pool_bytes);
+    CK(cudaMemcpy(dsrc, hsrc, src_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dp, ref, d.pool_bytes, cudaMemcpyHostToDevice));
+    /* K rows at token offset 0, V rows at nnz * tok_stride */
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t i = 0; i < nnz; i++) {
+            if (slots[i] < 0)
+                continue;
+            uint64_t page = (uint64_t)slots[i] / ps, slot = (uint64_t)slots[i] % ps;
+            for (uint32_t h = 0; h < H; h++) {
+                uint64_t dst = kvp_geom_layer_offset(&d, l) + page * d.stride_page * es +
+                               slot * d.stride_n * es + h * d.stride_h * es;
+                const uint8_t *sk = hsrc + l * layer_src + i * tok_stride + h * row;
+                memcpy(ref + dst, sk, row);
+                memcpy(ref + dst + d.v_offset_bytes, sk + nnz * tok_stride, row);
+            }
+        }
+    kvp_paged_kv_t kv = {.k_data = dp,
+                         .v_data = dp + d.v_offset_bytes,
+                         .elem_bytes = 2,
+                         .num_pages = P,
+                         .page_size = ps,
+                         .num_heads = H,
+                         .head_dim = D,
+                         .stride_page = d.stride_page,
+                         .stride_n = d.stride_n,
+                         .stride_h = d.stride_h};
+    kvp_append_src_t src = {.key = dsrc,
+                            .value = dsrc + nnz * tok_stride,
+                            .k_stride_n = (int64_t)(tok_stride / es),
+                            .k_stride_h = (int64_t)(row / es),
+                            .v_stride_n = (int64_t)(tok_stride / es),
+                            .v_stride_h = (int64_t)(row / es)};
+    ck_assert_int_eq(kvp_append_slots_cuda(&kv, &src, slots, nnz, L, d.layer_bytes, layer_src, S),
+                     0);
+    CK(cudaStreamSynchronize(S));
+    CK(cudaMemcpy(back, dp, d.pool_bytes, cudaMemcpyDeviceToHost));
+    ck_assert_msg(memcmp(back, ref, d.pool_bytes) == 0,
+                  "slots append differs: layout %d storage %d D %u nnz %u", (int)lay, (int)sto, D,
+                  nnz);
+    free(hsrc), free(ref), free(back), free(slots), free(all);
+    CK(cudaFree(dsrc));
+    CK(cudaFree(dp));
+}
+
+START_TEST(slots_append_matches_reference)
+{
+    static const uint32_t dims[] = {32, 48, 64, 128, 256};
+    static const uint32_t counts[] = {1, 37, 256, 257, 1000, KVP_APPEND_SLOTS_MAX};
+    kvp_rng_t r;
+    kvp_rng_seed(&r, 20261201);
+    for (int lay = 0; lay < 2; lay++)
+        for (int sto = 0; sto < 2; sto++)
+            for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+                for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+                    slots_case((kvp_layout_t)lay, (kvp_storage_t)sto, dims[di], counts[ci], &r);
+}
+END_TEST
+
+/* Bad arguments are refused before anything is queued: the pool keeps every byte. */
+START_TEST(slots_append_refuses_before_writing)
+{
+    small_t s;
+    small_init(&s, NULL, NULL, 0);
+    int32_t slots[KVP_APPEND_SLOTS_MAX + 1];
+    for (uint32_t i = 0; i <= KVP_APPEND_SLOTS_MAX; i++)
+        slots[i] = (int32_t)(i % (s.kv.num_pages * s.kv.page_size));
+    const uint32_t cap = s.kv.num_pages * s.kv.page_size;
+    int32_t bad[3] = {0, (int32_t)cap, 1};
+    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, bad, 3, 1, 0, 0, S), KVP_ERANGE);
+    ck_assert_int_eq(
+        kvp_append_slots_cuda(&s.kv, &s.src, slots, KVP_APPEND_SLOTS_MAX + 1, 1, 0, 0, S),
+        KVP_EINVAL);
+    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, slots, 2, 2, 0, 0, S), KVP_EINVAL);
+    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, NULL, 2, 1, 0, 0, S), KVP_EINVAL);
+    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, slots, 2, 0, 0, 0, S), KVP_EINVAL);
+    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, slots, 0, 1, 0, 0, S), 0);
+    CK(cudaStreamSynchronize(S));
+    ck_assert(pool_untouched(&s));
+}
+END_TEST
+
 int main(void)
 {
     if (!gpu_present()) {
@@ -567,6 +686,8 @@ int main(void)
     tcase_add_test(tc, graph_replay_gives_the_same_bytes);
     tcase_add_test(tc, pdl_append_waits_for_the_producer);
     tcase_add_test(tc, page_copy_matches_cpu);
+    tcase_add_test(tc, slots_append_matches_reference);
+    tcase_add_test(tc, slots_append_refuses_before_writing);
     tcase_add_test(tc, cuda_matches_cpu_over_the_grid);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
