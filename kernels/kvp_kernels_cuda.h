@@ -87,9 +87,9 @@ int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_
  * uploaded first. Layers [0, num_layers) in one launch: layer l writes kv's pool advanced by
  * l * layer_stride_bytes (non-zero when num_layers > 1) and reads src advanced by
  * l * src_layer_stride_bytes (0: every layer gets the same rows). kv's page-table fields are
- * not used. Returns 0, KVP_EINVAL (host
- * checks, nnz > KVP_APPEND_SLOTS_MAX) or KVP_ERANGE (a slot >= num_pages * page_size),
- * before anything is queued; KVP_EINTERNAL for a launch failure. */
+ * not used. Returns 0, KVP_EINVAL (host checks, nnz > KVP_APPEND_SLOTS_MAX) or KVP_ERANGE
+ * (a slot >= num_pages * page_size), before anything is queued; KVP_EINTERNAL for a launch
+ * failure. */
 int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                           const int32_t *slots, uint32_t nnz, uint32_t num_layers,
                           uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
