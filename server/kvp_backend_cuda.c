@@ -484,14 +484,32 @@ fail:
 }
 
 /* Where every token of e goes, as pool slots (page id * page_size + position % page_size; -1
- * for padding), from the plan's own page table: the form kvp_append_slots_cuda takes. */
-static void plan_slots(const kvp_backend_t *b, const kvp_exec_t *e, int32_t *slots)
+ * for padding), from the plan's own page table: the form kvp_append_slots_cuda takes. Each
+ * token is checked as the kernels' guards check it (request in the batch, position inside its
+ * sequence, page id in the pool): 0, or KVP_ERANGE for a plan our planner cannot have made,
+ * which the caller treats as the kernels' error word (poison). */
+static int plan_slots(const kvp_backend_t *b, const kvp_exec_t *e, int32_t *slots)
 {
     const int32_t ps = (int32_t)b->geom.page_size;
+    const uint32_t np = b->geom.num_pages;
     for (uint32_t i = 0; i < e->nnz; i++) {
         int32_t bi = e->batch_indices[i], pos = e->positions[i];
-        slots[i] = bi < 0 ? -1 : e->kv_indices[e->kv_indptr[bi] + pos / ps] * ps + pos % ps;
+        if (bi < 0) {
+            slots[i] = -1;
+            continue;
+        }
+        if ((uint32_t)bi >= e->batch_size)
+            return KVP_ERANGE;
+        int32_t p0 = e->kv_indptr[bi], n = e->kv_indptr[bi + 1] - p0;
+        int32_t len = n > 0 ? (n - 1) * ps + e->kv_last_page_len[bi] : 0;
+        if (pos < 0 || pos >= len)
+            return KVP_ERANGE;
+        int32_t page = e->kv_indices[p0 + pos / ps];
+        if ((uint32_t)page >= np)
+            return KVP_ERANGE;
+        slots[i] = page * ps + pos % ps;
     }
+    return 0;
 }
 
 /* The small-Append path: one launch of the slot kernel for every layer of the range, the
@@ -635,8 +653,12 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
     int32_t slots[KVP_APPEND_SLOTS_MAX];
     const int small =
         !refused && !e->num_copies && e->nnz && e->nnz <= KVP_APPEND_SLOTS_MAX && !cb->plan_upload;
-    if (small)
-        plan_slots(b, e, slots);
+    if (small && plan_slots(b, e, slots)) {
+        kvp_log(KVP_LOG_CRIT, "cuda append plan has a bad row err=%s (planner bug)",
+                kvp_errname(KVP_ERANGE));
+        poison(cb, "an append plan named a slot outside its sequence");
+        return KVP_EINTERNAL;
+    }
     for (uint32_t g = 0; g < cb->num_devices && !rc; g++) {
         cuda_buf_t *buf = refused ? NULL : feed[g];
         if (!buf && !e->num_copies)
@@ -646,6 +668,7 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
         rc = small ? enqueue_slots(cb, &cb->dev[g], e, buf, slots)
                    : enqueue_on_device(cb, &cb->dev[g], e, buf);
     }
+    const uint64_t t2 = now_ns();
     for (uint32_t g = 0; g < cb->num_devices && !rc; g++)
         if (locked[g])
             rc = finish_on_device(cb, &cb->dev[g]);
@@ -657,8 +680,11 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
         return rc;
     }
     if (kvp_log_enabled(KVP_LOG_DEBUG))
-        kvp_log(KVP_LOG_DEBUG, "cuda run timing nnz=%u ranks=%u ready_wait_us=%.1f device_us=%.1f",
-                e->nnz, e->num_rank_src, (double)(t1 - t0) / 1e3, (double)(now_ns() - t1) / 1e3);
+        kvp_log(KVP_LOG_DEBUG,
+                "cuda run timing nnz=%u ranks=%u path=%s ready_wait_us=%.1f enqueue_us=%.1f "
+                "wait_us=%.1f",
+                e->nnz, e->num_rank_src, small ? "slots" : "upload", (double)(t1 - t0) / 1e3,
+                (double)(t2 - t1) / 1e3, (double)(now_ns() - t2) / 1e3);
     return refused;
 }
 
