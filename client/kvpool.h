@@ -290,10 +290,11 @@ int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_
                                  uint32_t *buffer_id);
 
 /* Daemon-run append ordered by events: records the buffer's ready event on `stream`, sends
- * Append with SYNC_EVENT, then makes `stream` wait for the daemon's done event, so work queued
- * on `stream` afterwards sees the appended pages without any stream synchronisation here. The
+ * Append with SYNC_EVENT, and returns with the appended pages in place, so work queued on
+ * `stream` afterwards sees them without any stream synchronisation here (an answer with
+ * completed = 0, which no current daemon sends, makes `stream` wait for the done event). The
  * daemon waits for the ready event on its own CPU (never on its GPU stream, which a dying
- * worker could stall for every namespace), queues the copy, records done and answers: the
+ * worker could stall for every namespace), runs the copy to completion and answers: the
  * call therefore returns once the work queued on `stream` before it has run. A ready event
  * that does not complete within the daemon's timeout (30 s) fails the call with
  * KVP_EUNAVAIL and nothing appended. The buffer (src->buffer_id) must come from

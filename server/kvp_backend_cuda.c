@@ -3,18 +3,24 @@
  * of the CUDA virtual memory API (cuMemCreate, POSIX-fd handle type) mapped into the daemon
  * and exported as an fd that workers map themselves; worker buffers arrive as such fds, as
  * legacy cudaIpcMemHandle_t, or as sealed memfds (pinned with cudaHostRegister and read by the
- * kernels over the bus). run() uploads a plan through pinned staging to the device, runs the
- * copy-on-write page copies and the append kernels of kernels/ on the device's own
- * non-blocking stream, ordered against the worker by interprocess events when asked.
+ * kernels over the bus). run() has two paths on the device's own non-blocking stream: a small
+ * Append (no copy-on-write copies, at most KVP_APPEND_SLOTS_MAX tokens: every decode step) is
+ * one launch of kvp_append_slots_cuda over all its layers, with each token's slot computed
+ * here and carried inside the launch; anything else uploads its plan through pinned staging
+ * and runs the page copies and the per-layer append kernels, with an error word read back.
+ * The worker's data is ordered before the copy by its interprocess "ready" event.
  *
  * The worker's "ready" event is waited for by the copy thread on the CPU (cudaEventQuery,
  * bounded by READY_TIMEOUT_MS), never by the device's stream: on the H200 a worker killed
  * while the daemon's stream waited on its event left that stream stalled for good, which
  * would stop every namespace on the device (DESIGN.md §8 wants only the dead worker's lease
  * affected), and a stream stalled that way would also hang every call that synchronises the
- * device. We record our "done" event after the append, but the reply goes out only once the
- * copy has completed (the pages it writes stay pinned just that long) and says so
- * (AppendResponse.completed), so a current worker needs no wait on that event. (Stream memory
+ * device. The reply goes out only once the copy has completed (the pages it writes stay
+ * pinned just that long) and says so (AppendResponse.completed), so no worker needs to wait on
+ * our "done" event: its handle is still handed out at RegisterBuffer, but nothing records it
+ * any more (a record cost ~2 us of every Append's critical path), so a wait on it - an older
+ * worker's, or kvp_client_cuda_wait_done - is a no-op, and correct, since the answer itself
+ * comes after the copy. (Stream memory
  * operations on a flag word both sides map would give the GPU-side wait on the ready event
  * back; the daemon could then release a dead worker's wait by writing the word itself.)
  *
@@ -81,6 +87,8 @@ typedef struct {
     int plan_upload; /* $KVPOOL_CUDA_PLAN_UPLOAD=1: every Append uploads its plan and runs the
                         page-table kernels (the path of batches over KVP_APPEND_SLOTS_MAX or with
                         copies), to compare the two in one build */
+    int spin_wait;   /* $KVPOOL_CUDA_WAIT=spin: wait for a run by polling cudaStreamQuery
+                        instead of cudaStreamSynchronize (measured against each other) */
 } cuda_backend_t;
 
 /* A worker buffer as the daemon holds it (kvp_buffer_t.priv). */
@@ -472,8 +480,6 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
                              rc, fail);
         }
     }
-    if (buf && buf->done)
-        KVP_CUDA_CHECK(cudaEventRecord(buf->done, dv->stream), rc, fail);
     KVP_CUDA_CHECK(cudaMemcpyAsync(h + pl.err, d + pl.err, sizeof(int32_t), cudaMemcpyDeviceToHost,
                                    dv->stream),
                    rc, fail);
@@ -538,8 +544,6 @@ static int enqueue_slots(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
     KVP_KERNEL_CHECK(kvp_append_slots_cuda(&kv, &src, slots, e->nnz, e->layer_end - e->layer_begin,
                                            b->derived.layer_bytes, e->layer_stride, dv->stream),
                      rc, fail);
-    if (buf->done)
-        KVP_CUDA_CHECK(cudaEventRecord(buf->done, dv->stream), rc, fail);
     dv->stage.err_word = SIZE_MAX; /* nothing to read back */
     return 0;
 fail:
@@ -556,7 +560,14 @@ static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv)
 {
     int rc = 0;
     KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
-    KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+    if (cb->spin_wait) {
+        cudaError_t q;
+        while ((q = cudaStreamQuery(dv->stream)) == cudaErrorNotReady)
+            ;
+        KVP_CUDA_CHECK(q, rc, fail);
+    } else {
+        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+    }
     return stage_check(cb, &dv->stage);
 fail:
     return rc;
@@ -868,6 +879,8 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
     }
     const char *up = getenv("KVPOOL_CUDA_PLAN_UPLOAD");
     cb->plan_upload = up && !strcmp(up, "1");
+    const char *wait = getenv("KVPOOL_CUDA_WAIT");
+    cb->spin_wait = wait && !strcmp(wait, "spin");
     for (int i = 0; i < num_devices; i++) {
         cb->dev[i].ordinal = devices[i];
         cb->dev[i].export_fd = -1;
