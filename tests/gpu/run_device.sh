@@ -38,6 +38,11 @@ if [ "$what" = backend ] || [ "$what" = all ]; then
         "$t" > "$OUT/$(basename "$t").log" 2>&1; r=$?
         tail -8 "$OUT/$(basename "$t").log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
     done
+    # the plan-upload path, which small Appends no longer take, over the same tests
+    t="$B"/tests/test_cuda_backend
+    echo "== test_cuda_backend, KVPOOL_CUDA_PLAN_UPLOAD=1"
+    KVPOOL_CUDA_PLAN_UPLOAD=1 "$t" > "$OUT/test_cuda_backend_upload.log" 2>&1; r=$?
+    tail -4 "$OUT/test_cuda_backend_upload.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
 fi
 if [ "$what" = python ] || [ "$what" = all ]; then
     # the PyTorch side of the Python package (tests/python/test_torch.py) with the machine's
