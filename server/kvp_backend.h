@@ -106,6 +106,12 @@ struct kvp_backend {
  * Returns 0, KVP_EINVAL (bad geometry) or -errno. Destroy through b->ops->destroy. */
 int kvp_backend_host_create(const kvp_geom_t *g, kvp_backend_t **out);
 
+/* The kernels' description of e's source for the layer whose rows start at base (the
+ * buffer's address plus (layer - layer_begin) * layer_stride): offsets applied, byte strides
+ * turned into elements. */
+void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uint8_t *base,
+                          kvp_append_src_t *src);
+
 /* A layer view of the pool for the kernels API (host pointers), page table left empty. */
 void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t layer,
                             kvp_paged_kv_t *kv);

@@ -424,7 +424,6 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
                              cuda_buf_t *buf)
 {
     kvp_backend_t *b = &cb->base;
-    const uint32_t elem = b->derived.elem_bytes;
     plan_layout_t pl;
     plan_layout(e, &pl);
     const size_t bytes = pl.total * sizeof(int32_t);
@@ -466,14 +465,8 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
             kv.kv_indices = d + pl.indices;
             kv.kv_last_page_len = d + pl.last;
             const uint8_t *base = buf->dptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
-            kvp_append_src_t src = {
-                .key = base + e->k_offset,
-                .value = base + e->v_offset,
-                .k_stride_n = (int64_t)(e->k_stride_n / elem),
-                .k_stride_h = (int64_t)(e->k_stride_h / elem),
-                .v_stride_n = (int64_t)(e->v_stride_n / elem),
-                .v_stride_h = (int64_t)(e->v_stride_h / elem),
-            };
+            kvp_append_src_t src;
+            kvp_backend_exec_src(b, e, base, &src);
             KVP_KERNEL_CHECK(kvp_append_paged_kv_cache_cuda_unchecked(&kv, &src, d + pl.bidx,
                                                                       d + pl.pos, e->nnz,
                                                                       d + pl.err, dv->stream),
@@ -527,20 +520,13 @@ static int enqueue_slots(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
                          const int32_t *slots)
 {
     kvp_backend_t *b = &cb->base;
-    const uint32_t elem = b->derived.elem_bytes;
     int rc = 0;
     KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
     kvp_paged_kv_t kv;
     kvp_backend_layer_view(b, (void *)(uintptr_t)dv->pool.ptr, e->layer_begin, &kv);
     const uint8_t *base = buf->dptr;
-    kvp_append_src_t src = {
-        .key = base + e->k_offset,
-        .value = base + e->v_offset,
-        .k_stride_n = (int64_t)(e->k_stride_n / elem),
-        .k_stride_h = (int64_t)(e->k_stride_h / elem),
-        .v_stride_n = (int64_t)(e->v_stride_n / elem),
-        .v_stride_h = (int64_t)(e->v_stride_h / elem),
-    };
+    kvp_append_src_t src;
+    kvp_backend_exec_src(b, e, base, &src);
     KVP_KERNEL_CHECK(kvp_append_slots_cuda(&kv, &src, slots, e->nnz, e->layer_end - e->layer_begin,
                                            b->derived.layer_bytes, e->layer_stride, dv->stream),
                      rc, fail);

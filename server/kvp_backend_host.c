@@ -40,6 +40,20 @@ void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t la
     kv->stride_h = d->stride_h;
 }
 
+void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uint8_t *base,
+                          kvp_append_src_t *src)
+{
+    const uint64_t elem = b->derived.elem_bytes;
+    *src = (kvp_append_src_t){
+        .key = base + e->k_offset,
+        .value = base + e->v_offset,
+        .k_stride_n = (int64_t)(e->k_stride_n / elem),
+        .k_stride_h = (int64_t)(e->k_stride_h / elem),
+        .v_stride_n = (int64_t)(e->v_stride_n / elem),
+        .v_stride_h = (int64_t)(e->v_stride_h / elem),
+    };
+}
+
 static int host_export(kvp_backend_t *b, int *fds, int max)
 {
     host_backend_t *h = (host_backend_t *)b;
@@ -95,7 +109,6 @@ static int host_run(kvp_backend_t *b, const kvp_exec_t *e)
     host_backend_t *h = (host_backend_t *)b;
     kvp_paged_kv_t kv;
     int rc = 0;
-    const uint64_t elem = b->derived.elem_bytes;
     /* the host pool is one device: a tensor-parallel append names exactly one rank */
     const kvp_buffer_t *from = e->num_rank_src ? e->rank_src[0] : e->src;
     if (!from || (e->num_rank_src && e->num_rank_src != 1))
@@ -113,14 +126,8 @@ static int host_run(kvp_backend_t *b, const kvp_exec_t *e)
         kv.kv_last_page_len = e->kv_last_page_len;
         const uint8_t *base =
             (const uint8_t *)from->host_ptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
-        kvp_append_src_t src = {
-            .key = base + e->k_offset,
-            .value = base + e->v_offset,
-            .k_stride_n = (int64_t)(e->k_stride_n / elem),
-            .k_stride_h = (int64_t)(e->k_stride_h / elem),
-            .v_stride_n = (int64_t)(e->v_stride_n / elem),
-            .v_stride_h = (int64_t)(e->v_stride_h / elem),
-        };
+        kvp_append_src_t src;
+        kvp_backend_exec_src(b, e, base, &src);
         rc = kvp_append_paged_kv_cache_cpu(&kv, &src, e->batch_indices, e->positions, e->nnz);
     }
     return rc;
