@@ -4,11 +4,13 @@
  * For each workload and layout: the fused append (positions computed in the launch), the
  * checked append (validation kernel + copy), and the fused append replayed from a CUDA graph
  * (µs per launch) with and without programmatic dependent launch: 100 launches rotating over
- * 8 layers of the pool for decode steps, 10 alternating between 2 source sets for prefills. Times are medians of --reps event-timed
- * runs after warm-up; bytes = K and V rows read once and written once. fp16, page 16 unless
- * the workload says otherwise. Prints one table; exits 77 without a GPU.
+ * 8 layers of the pool for decode steps, 10 alternating between 2 source sets for prefills.
+ * Times are medians of --reps event-timed runs after warm-up; bytes = K and V rows read once
+ * and written once. fp16, page 16 unless the workload says otherwise. Prints one table; exits
+ * 77 without a GPU. The kernel knobs of kvp_append_cuda.cu apply (KVP_APPEND_KERNEL=bulk for
+ * the copy-engine kernel): run the binary once per setting in one device call to compare.
  *
- *   bench_append_cuda [--reps N]
+ *   bench_append_cuda [--reps N] [--only SUBSTRING]
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>

@@ -7,13 +7,17 @@
  * positions, fused with append_indptr, fused under programmatic dependent launch). Also: fused
  * positions equal get_batch_indices_positions, padding and nnz = 0, a bad position writes nothing,
  * graph capture and replay give the same bytes, page copies, the slot form (the daemon's
- * small-Append path). Exits 77 where no GPU is usable (CI).
+ * small-Append path), prefill-sized appends (padding, a bad page id). The whole suite then runs
+ * again in a child process with KVP_APPEND_KERNEL=bulk, so the sm_90 copy-engine kernel meets
+ * the same checks. Exits 77 where no GPU is usable (CI).
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kvp_bench_kernels.h"
 #include "kvp_error.h"
@@ -254,6 +258,147 @@ START_TEST(cuda_matches_cpu_over_the_grid)
                                 CK(cudaFree(w.dpool));
                             }
     printf("grid: %u configurations x 4 rounds byte-exact\n", configs);
+}
+END_TEST
+
+/* Prefill-sized appends (the shapes the block and bulk kernels take), checked against the CPU
+ * byte for byte on a poisoned pool: 3 requests of 700, 333 and 1200 new tokens after 5, 0 and
+ * 13 old ones (so items straddle page and request boundaries), H 8, D 128, fp16, pages of 16,
+ * both layouts, dense and strided sources. Forms: unchecked with every 97th token padding,
+ * fused, fused under PDL, and fused with one page id of request 1 out of range (the rows of
+ * that page are skipped, the rest written, KVP_ERANGE reported). The reference for the last
+ * is the CPU append with those rows as padding. */
+static void prefill_case(kvp_layout_t lay, int strided, int form, kvp_rng_t *r)
+{
+    enum { B = 3 };
+    static const uint32_t old_len[B] = {5, 0, 13}, toks[B] = {700, 333, 1200};
+    const uint32_t H = 8, D = 128, e = 2, ps = 16;
+    uint32_t npages[B], P = 1; /* page 0 unused: the pool's first page stays poisoned */
+    int32_t indptr[B + 1] = {0}, aip[B + 1] = {0}, last[B], seq[B];
+    for (int b = 0; b < B; b++) {
+        seq[b] = (int32_t)(old_len[b] + toks[b]);
+        npages[b] = kvp_geom_pages_for(ps, (uint32_t)seq[b]);
+        indptr[b + 1] = indptr[b] + (int32_t)npages[b];
+        aip[b + 1] = aip[b] + (int32_t)toks[b];
+        last[b] = seq[b] - (int32_t)(npages[b] - 1) * (int32_t)ps;
+        P += npages[b];
+    }
+    const uint32_t nnz = (uint32_t)aip[B], np = (uint32_t)indptr[B];
+    /* pages in a shuffled order, interleaving the requests */
+    int32_t *indices = malloc(4 * np);
+    for (uint32_t k = 0; k < np; k++)
+        indices[k] = (int32_t)(k + 1);
+    for (uint32_t k = np - 1; k > 0; k--) {
+        uint32_t j = kvp_rng_below(r, k + 1);
+        int32_t t = indices[k];
+        indices[k] = indices[j], indices[j] = t;
+    }
+    kvp_geom_t g = {.num_layers = 1,
+                    .num_pages = P,
+                    .page_size = ps,
+                    .num_kv_heads = H,
+                    .head_dim = D,
+                    .dtype = KVP_DTYPE_FP16,
+                    .layout = lay,
+                    .storage = KVP_STORAGE_COMBINED,
+                    .num_devices = 1};
+    kvp_geom_derived_t d;
+    ck_assert_int_eq(kvp_geom_derive(&g, &d), 0);
+    const int64_t sh = D + (strided ? 8 : 0), sn = (int64_t)H * sh + (strided ? 16 : 0);
+    const size_t src_bytes = (size_t)nnz * sn * e;
+    uint8_t *hk = malloc(src_bytes), *hv = malloc(src_bytes);
+    uint8_t *ref = malloc(d.pool_bytes), *back = malloc(d.pool_bytes);
+    kvp_rng_fill(r, hk, src_bytes);
+    kvp_rng_fill(r, hv, src_bytes);
+    memset(ref, 0xA5, d.pool_bytes);
+    int32_t *bi = malloc(4 * nnz), *pos = malloc(4 * nnz);
+    ck_assert_int_eq(kvp_get_batch_indices_positions_cpu(aip, seq, B, nnz, bi, pos), 0);
+    /* the device's inputs: padding for the unchecked form, a bad page for form 3 */
+    int32_t *dev_bi = malloc(4 * nnz), *dev_indices = malloc(4 * np);
+    memcpy(dev_bi, bi, 4 * nnz);
+    memcpy(dev_indices, indices, 4 * np);
+    const int32_t bad_k = indptr[1] + 7; /* request 1, positions 112..127 */
+    for (uint32_t i = 0; i < nnz; i++) {
+        if (form == 0 && i % 97 == 3)
+            bi[i] = dev_bi[i] = -1;
+        if (form == 3 && bi[i] == 1 && pos[i] / (int32_t)ps == 7)
+            bi[i] = -1; /* the reference skips what the device must skip */
+    }
+    if (form == 3)
+        dev_indices[bad_k] = (int32_t)P + 5;
+    kvp_paged_kv_t kv = {.k_data = ref,
+                         .v_data = ref + d.v_offset_bytes,
+                         .elem_bytes = e,
+                         .num_pages = P,
+                         .page_size = ps,
+                         .num_heads = H,
+                         .head_dim = D,
+                         .stride_page = d.stride_page,
+                         .stride_n = d.stride_n,
+                         .stride_h = d.stride_h,
+                         .batch_size = B,
+                         .kv_indptr = indptr,
+                         .kv_indices = indices,
+                         .kv_last_page_len = last};
+    kvp_append_src_t src = {.key = hk,
+                            .value = hv,
+                            .k_stride_n = sn,
+                            .k_stride_h = sh,
+                            .v_stride_n = sn,
+                            .v_stride_h = sh};
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cpu(&kv, &src, bi, pos, nnz), 0);
+
+    uint8_t *dpool = dalloc(d.pool_bytes), *dk = dalloc(src_bytes), *dv = dalloc(src_bytes);
+    int32_t *d_indptr = dalloc(4 * (B + 1)), *d_aip = dalloc(4 * (B + 1)), *d_last = dalloc(4 * B);
+    int32_t *d_indices = dalloc(4 * np), *d_bi = dalloc(4 * nnz), *d_pos = dalloc(4 * nnz);
+    int32_t *d_err = dalloc(4);
+    CK(cudaMemsetAsync(dpool, 0xA5, d.pool_bytes, S));
+    up(dk, hk, src_bytes);
+    up(dv, hv, src_bytes);
+    up(d_indptr, indptr, 4 * (B + 1));
+    up(d_aip, aip, 4 * (B + 1));
+    up(d_last, last, 4 * B);
+    up(d_indices, dev_indices, 4 * np);
+    up(d_bi, dev_bi, 4 * nnz);
+    up(d_pos, pos, 4 * nnz);
+    CK(cudaMemsetAsync(d_err, 0, 4, S));
+    kvp_paged_kv_t dkv = kv;
+    dkv.k_data = dpool;
+    dkv.v_data = dpool + d.v_offset_bytes;
+    dkv.kv_indptr = d_indptr;
+    dkv.kv_indices = d_indices;
+    dkv.kv_last_page_len = d_last;
+    kvp_append_src_t dsrc = src;
+    dsrc.key = dk;
+    dsrc.value = dv;
+    int rc = form == 0
+                 ? kvp_append_paged_kv_cache_cuda_unchecked(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S)
+             : form == 2 ? kvp_append_paged_kv_cache_fused_cuda_ex(&dkv, &dsrc, d_aip, nnz, d_err,
+                                                                   KVP_CUDA_APPEND_PDL, S)
+                         : kvp_append_paged_kv_cache_fused_cuda(&dkv, &dsrc, d_aip, nnz, d_err, S);
+    ck_assert_int_eq(rc, 0);
+    int32_t herr = -1;
+    CK(cudaMemcpyAsync(&herr, d_err, 4, cudaMemcpyDeviceToHost, S));
+    CK(cudaMemcpyAsync(back, dpool, d.pool_bytes, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    ck_assert_int_eq(herr, form == 3 ? KVP_ERANGE : 0);
+    ck_assert_msg(memcmp(back, ref, d.pool_bytes) == 0, "pool differs: %s strided %d form %d",
+                  lay ? "HND" : "NHD", strided, form);
+    void *fr[] = {dpool, dk, dv, d_indptr, d_aip, d_last, d_indices, d_bi, d_pos, d_err};
+    for (unsigned i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
+        CK(cudaFree(fr[i]));
+    free(indices), free(hk), free(hv), free(ref), free(back), free(bi), free(pos);
+    free(dev_bi), free(dev_indices);
+}
+
+START_TEST(prefill_matches_cpu)
+{
+    kvp_rng_t r;
+    kvp_rng_seed(&r, kvp_test_seed(0x9f11));
+    for (int lay = 0; lay < 2; lay++)
+        for (int strided = 0; strided < 2; strided++)
+            for (int form = 0; form < 4; form++)
+                prefill_case((kvp_layout_t)lay, strided, form, &r);
 }
 END_TEST
 
@@ -670,8 +815,9 @@ START_TEST(slots_append_refuses_before_writing)
 }
 END_TEST
 
-int main(void)
+int main(int argc, char **argv)
 {
+    (void)argc;
     if (!gpu_present()) {
         printf("no usable GPU: skipped\n");
         return 77;
@@ -688,6 +834,7 @@ int main(void)
     tcase_add_test(tc, page_copy_matches_cpu);
     tcase_add_test(tc, slots_append_matches_reference);
     tcase_add_test(tc, slots_append_refuses_before_writing);
+    tcase_add_test(tc, prefill_matches_cpu);
     tcase_add_test(tc, cuda_matches_cpu_over_the_grid);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
@@ -695,5 +842,23 @@ int main(void)
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    if (failed)
+        return EXIT_FAILURE;
+    /* The kernel is chosen from KVP_APPEND_KERNEL once per process: run everything again in a
+     * fresh process with the bulk kernel forced (it takes every unchecked and fused append it
+     * can; off sm_90 the others run again). */
+    if (!getenv("KVP_APPEND_KERNEL")) {
+        printf("again with KVP_APPEND_KERNEL=bulk\n");
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            setenv("KVP_APPEND_KERNEL", "bulk", 1);
+            execv("/proc/self/exe", argv);
+            _exit(127);
+        }
+        int st = 0;
+        if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            return EXIT_FAILURE;
+    }
+    return EXIT_SUCCESS;
 }
