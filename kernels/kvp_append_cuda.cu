@@ -256,6 +256,47 @@ __global__ void __launch_bounds__(kThreads)
  * PDL the destination is computed before the wait for the previous kernel and the source is
  * loaded after it, so the page-table round trips overlap the previous kernel's tail.
  */
+/* One pass of a warp over one token's rows (the warp kernels): lane takes items base + k*32 +
+ * lane of the token's (K|V, head, vector) items, vector index fastest, so the warp reads and
+ * writes whole contiguous rows. sk/sv point at the token's source rows, dst is the slot's byte
+ * offset in the pool's K (and V) tensor. */
+template <int VECS>
+__device__ __forceinline__ void warp_load_token(const Geo &g, const uint8_t *sk, const uint8_t *sv,
+                                                uint32_t base, uint32_t lane, uint32_t flags,
+                                                uint4 (&v)[kItems])
+{
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
+    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+#pragma unroll
+    for (int k = 0; k < kItems; k++) {
+        uint32_t it = base + k * 32 + lane;
+        if (it < per_tok) {
+            uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+            uint32_t h = r / vecs, vec = r - h * vecs;
+            v[k] = load_src((kv ? sv + (int64_t)h * g.sv_h : sk + (int64_t)h * g.sk_h) + vec * 16,
+                            flags);
+        }
+    }
+}
+
+template <int VECS>
+__device__ __forceinline__ void warp_store_token(const Geo &g, int64_t dst, uint32_t base,
+                                                 uint32_t lane, uint32_t flags,
+                                                 const uint4 (&v)[kItems])
+{
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
+    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+#pragma unroll
+    for (int k = 0; k < kItems; k++) {
+        uint32_t it = base + k * 32 + lane;
+        if (it < per_tok) {
+            uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+            uint32_t h = r / vecs, vec = r - h * vecs;
+            store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k], flags);
+        }
+    }
+}
+
 constexpr int kWarpTokens = 2;    /* warps (tokens) per block by default */
 constexpr int kMaxWarpTokens = 8; /* KVP_APPEND_WARPS_PER_BLOCK at most */
 
@@ -274,8 +315,7 @@ __global__ void __launch_bounds__(32 * kMaxWarpTokens)
             pdl_wait();
         return;
     }
-    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
-    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+    const uint32_t per_tok = 2 * g.num_heads * (VECS ? (uint32_t)VECS : g.vecs);
     /* lane 0 alone reports errors; every lane computes the same destination */
     int64_t dst = 0;
     if (pdl) {
@@ -284,35 +324,16 @@ __global__ void __launch_bounds__(32 * kMaxWarpTokens)
         if (dst < 0)
             return;
     }
+    const uint8_t *sk = g.sk + (int64_t)i * g.sk_n, *sv = g.sv + (int64_t)i * g.sv_n;
     for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
         uint4 v[kItems];
-#pragma unroll
-        for (int k = 0; k < kItems; k++) {
-            uint32_t it = base + k * 32 + lane;
-            if (it < per_tok) {
-                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-                uint32_t h = r / vecs, vec = r - h * vecs;
-                const uint8_t *src = (kv ? g.sv + (int64_t)i * g.sv_n + (int64_t)h * g.sv_h
-                                         : g.sk + (int64_t)i * g.sk_n + (int64_t)h * g.sk_h) +
-                                     vec * 16;
-                v[k] = load_src(src, flags);
-            }
-        }
+        warp_load_token<VECS>(g, sk, sv, base, lane, flags, v);
         if (!pdl && base == 0) {
             dst = token_dst<FUSED>(g, i, nnz, bi, pos_arr, aip, lane == 0 ? err : nullptr);
             if (dst < 0)
                 return;
         }
-#pragma unroll
-        for (int k = 0; k < kItems; k++) {
-            uint32_t it = base + k * 32 + lane;
-            if (it < per_tok) {
-                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-                uint32_t h = r / vecs, vec = r - h * vecs;
-                store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k],
-                          flags);
-            }
-        }
+        warp_store_token<VECS>(g, dst, base, lane, flags, v);
     }
 }
 
@@ -565,8 +586,7 @@ __global__ void __launch_bounds__(32 * kSlotWarps)
     const int32_t slot = s.slot[i];
     if (slot < 0)
         return; /* padding */
-    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
-    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
+    const uint32_t per_tok = 2 * g.num_heads * (VECS ? (uint32_t)VECS : g.vecs);
     const int64_t layer = blockIdx.y;
     const int64_t dst = layer * layer_stride + (int64_t)(slot / g.page_size) * g.page_stride +
                         (int64_t)(slot % g.page_size) * g.slot_stride;
@@ -574,25 +594,8 @@ __global__ void __launch_bounds__(32 * kSlotWarps)
     const uint8_t *sv = g.sv + layer * src_layer_stride + (int64_t)i * g.sv_n;
     for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
         uint4 v[kItems];
-#pragma unroll
-        for (int k = 0; k < kItems; k++) {
-            uint32_t it = base + k * 32 + lane;
-            if (it < per_tok) {
-                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-                uint32_t h = r / vecs, vec = r - h * vecs;
-                v[k] = load_src(
-                    (kv ? sv + (int64_t)h * g.sv_h : sk + (int64_t)h * g.sk_h) + vec * 16, 0);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < kItems; k++) {
-            uint32_t it = base + k * 32 + lane;
-            if (it < per_tok) {
-                uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-                uint32_t h = r / vecs, vec = r - h * vecs;
-                store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k], 0);
-            }
-        }
+        warp_load_token<VECS>(g, sk, sv, base, lane, 0, v);
+        warp_store_token<VECS>(g, dst, base, lane, 0, v);
     }
 }
 
