@@ -356,7 +356,7 @@ static uint64_t random_id(const void *salt)
  * negative code. */
 static long encode_request(kvp_client_t *c, const kvpool_Request *req)
 {
-    long n = kvp_wire_encode_frame(kvpool_Request_fields, req, c->sbuf, c->scap);
+    long n = kvp_wire_encode_request_frame(req, c->sbuf, c->scap);
     if (n != KVP_ELIMIT)
         return n;
     long need = kvp_wire_encoded_size(kvpool_Request_fields, req);
@@ -374,7 +374,7 @@ static long encode_request(kvp_client_t *c, const kvpool_Request *req)
         return KVP_ENOMEM;
     c->sbuf = nb;
     c->scap = want;
-    return kvp_wire_encode_frame(kvpool_Request_fields, req, c->sbuf, c->scap);
+    return kvp_wire_encode_request_frame(req, c->sbuf, c->scap);
 }
 
 static void close_fds(const int *fds, unsigned n)
@@ -432,8 +432,9 @@ static int call(kvp_client_t *c, kvpool_Request *req, kvpool_Response *resp, kvp
     uint32_t len = 0;
     if (c->busy_poll_ns)
         kvp_sock_spin_readable(c->fd, c->busy_poll_ns);
-    rc = kvp_sock_recv_frame(c->fd, &c->rbuf, &c->rcap, &len, CLIENT_MAX_FRAME_BYTES, recv_fds,
-                             recv_fds ? max_recv : 0, recv_fds ? &nfds : NULL, deadline);
+    /* one request in flight, one answer to it: the daemon sends nothing after it */
+    rc = kvp_sock_recv_answer(c->fd, &c->rbuf, &c->rcap, &len, CLIENT_MAX_FRAME_BYTES, recv_fds,
+                              recv_fds ? max_recv : 0, recv_fds ? &nfds : NULL, deadline);
     if (rc)
         return lost(c, rc, "receiving the response");
 

@@ -4,6 +4,8 @@
  * deadline, so a blocking fd and a deadline mix. A frame is read with exact-length reads,
  * never beyond its end: Linux hands SCM_RIGHTS descriptors to the recvmsg() that reads the
  * byte they were attached to, so reading ahead could pull in the next frame's descriptors.
+ * The one exception is an answer (kvp_sock_recv_answer), after which the peer sends nothing:
+ * its header and payload are read together, and anything past its end is refused.
  */
 #include "kvp_sock.h"
 
@@ -203,31 +205,24 @@ static void collect_fds(struct msghdr *mh, rx_fds_t *set)
         set->overflow = 1;
 }
 
-/* Reads exactly n bytes into dst, collecting descriptors into set. wait_first: poll before
- * the first read (nothing is expected to be queued yet). */
-static int read_exact(int fd, uint8_t *dst, size_t n, rx_fds_t *set, uint64_t deadline_ns,
-                      int wait_first)
+/* One non-blocking recvmsg into iov[0 .. iovcnt), collecting descriptors into set, waiting
+ * (up to the deadline) while nothing is queued. Returns the bytes read (> 0), KVP_ECLOSED,
+ * KVP_ETIMEDOUT or -errno. */
+static ssize_t recv_some(int fd, struct iovec *iov, size_t iovcnt, rx_fds_t *set,
+                         uint64_t deadline_ns)
 {
-    size_t got = 0;
     cmsg_buf_t cbuf;
-    if (wait_first && n) {
-        int rc = wait_ready(fd, POLLIN, deadline_ns);
-        if (rc)
-            return rc;
-    }
-    while (got < n) {
-        struct iovec iov = {.iov_base = dst + got, .iov_len = n - got};
+    for (;;) {
         struct msghdr mh;
         memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
+        mh.msg_iov = iov;
+        mh.msg_iovlen = iovcnt;
         mh.msg_control = cbuf.buf;
         mh.msg_controllen = sizeof(cbuf.buf);
         ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
         if (r > 0) {
             collect_fds(&mh, set);
-            got += (size_t)r;
-            continue;
+            return r;
         }
         if (r == 0)
             return KVP_ECLOSED;
@@ -243,11 +238,35 @@ static int read_exact(int fd, uint8_t *dst, size_t n, rx_fds_t *set, uint64_t de
             return KVP_ECLOSED;
         return -errno;
     }
+}
+
+/* Reads exactly n bytes into dst, collecting descriptors into set. wait_first: poll before
+ * the first read (nothing is expected to be queued yet). */
+static int read_exact(int fd, uint8_t *dst, size_t n, rx_fds_t *set, uint64_t deadline_ns,
+                      int wait_first)
+{
+    size_t got = 0;
+    if (wait_first && n) {
+        int rc = wait_ready(fd, POLLIN, deadline_ns);
+        if (rc)
+            return rc;
+    }
+    while (got < n) {
+        struct iovec iov = {.iov_base = dst + got, .iov_len = n - got};
+        ssize_t r = recv_some(fd, &iov, 1, set, deadline_ns);
+        if (r < 0)
+            return (int)r;
+        got += (size_t)r;
+    }
     return 0;
 }
 
-int kvp_sock_recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint32_t max_frame_bytes,
-                        int *fds, unsigned max_fds, unsigned *num_fds, uint64_t deadline_ns)
+/* Both receives. answer: the peer sends nothing after this frame until it is asked again, so
+ * the header and as much of the payload as fits *buf are read together, in one recvmsg when
+ * they arrived together; bytes past the frame's end break that promise (KVP_EPROTO). */
+static int recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint32_t max_frame_bytes,
+                      int *fds, unsigned max_fds, unsigned *num_fds, uint64_t deadline_ns,
+                      int answer)
 {
     if (fd < 0 || !buf || !cap || !len || (fds && !num_fds) || (!*buf && *cap))
         return KVP_EINVAL;
@@ -258,11 +277,30 @@ int kvp_sock_recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint3
 
     rx_fds_t set = {.n = 0, .overflow = 0};
     uint8_t hdr[KVP_FRAME_HDR_BYTES];
-    int rc = read_exact(fd, hdr, sizeof(hdr), &set, deadline_ns, 1);
+    size_t have = 0; /* payload bytes already in *buf */
+    int rc;
+    if (answer && *cap) {
+        rc = wait_ready(fd, POLLIN, deadline_ns);
+        if (rc)
+            goto fail_close_fds;
+        struct iovec iov[2] = {{.iov_base = hdr, .iov_len = sizeof(hdr)},
+                               {.iov_base = *buf, .iov_len = *cap}};
+        ssize_t r = recv_some(fd, iov, 2, &set, deadline_ns);
+        if (r < 0) {
+            rc = (int)r;
+            goto fail_close_fds;
+        }
+        if ((size_t)r < sizeof(hdr))
+            rc = read_exact(fd, hdr + r, sizeof(hdr) - (size_t)r, &set, deadline_ns, 0);
+        else
+            have = (size_t)r - sizeof(hdr);
+    } else {
+        rc = read_exact(fd, hdr, sizeof(hdr), &set, deadline_ns, 1);
+    }
     if (rc)
         goto fail_close_fds;
     uint32_t n = kvp_frame_get_len(hdr);
-    if (n > max_frame_bytes || set.overflow) {
+    if (n > max_frame_bytes || set.overflow || have > n) {
         rc = KVP_EPROTO;
         goto fail_close_fds;
     }
@@ -271,7 +309,7 @@ int kvp_sock_recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint3
         size_t want = *cap * 2 > n ? *cap * 2 : n;
         if (want > max_frame_bytes)
             want = max_frame_bytes;
-        uint8_t *nb = realloc(*buf, want);
+        uint8_t *nb = realloc(*buf, want); /* keeps the `have` bytes read so far */
         if (!nb) {
             rc = KVP_ENOMEM;
             goto fail_close_fds;
@@ -279,7 +317,7 @@ int kvp_sock_recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint3
         *buf = nb;
         *cap = want;
     }
-    rc = read_exact(fd, *buf, n, &set, deadline_ns, 0);
+    rc = read_exact(fd, *buf + have, n - have, &set, deadline_ns, 0);
     if (rc)
         goto fail_close_fds;
     if (set.overflow) {
@@ -302,4 +340,17 @@ fail_close_fds:
     for (unsigned i = 0; i < set.n; i++)
         close(set.fds[i]);
     return rc;
+}
+
+int kvp_sock_recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint32_t max_frame_bytes,
+                        int *fds, unsigned max_fds, unsigned *num_fds, uint64_t deadline_ns)
+{
+    return recv_frame(fd, buf, cap, len, max_frame_bytes, fds, max_fds, num_fds, deadline_ns, 0);
+}
+
+int kvp_sock_recv_answer(int fd, uint8_t **buf, size_t *cap, uint32_t *len,
+                         uint32_t max_frame_bytes, int *fds, unsigned max_fds, unsigned *num_fds,
+                         uint64_t deadline_ns)
+{
+    return recv_frame(fd, buf, cap, len, max_frame_bytes, fds, max_fds, num_fds, deadline_ns, 1);
 }

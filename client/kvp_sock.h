@@ -66,6 +66,18 @@ int kvp_sock_send_frame(int fd, const void *frame, size_t len, const int *fds, u
 int kvp_sock_recv_frame(int fd, uint8_t **buf, size_t *cap, uint32_t *len, uint32_t max_frame_bytes,
                         int *fds, unsigned max_fds, unsigned *num_fds, uint64_t deadline_ns);
 
+/*
+ * kvp_sock_recv_frame for a peer that answers requests: it sends one frame per request and
+ * nothing more until it is asked again (kvpoold to a libkvpool connection, which waits for
+ * each answer before it sends the next request). Same arguments, results and ownership; the
+ * header and the payload that arrived with it are read together, in one recvmsg (a frame read
+ * in two costs a system call more per request). Bytes past the frame's end in that read mean
+ * the peer broke the promise: KVP_EPROTO, the stream is out of step.
+ */
+int kvp_sock_recv_answer(int fd, uint8_t **buf, size_t *cap, uint32_t *len,
+                         uint32_t max_frame_bytes, int *fds, unsigned max_fds, unsigned *num_fds,
+                         uint64_t deadline_ns);
+
 /* Polls fd without sleeping (zero-timeout ppoll in a loop) for up to spin_ns or until it is
  * readable, whichever comes first; returns 1 when readable, else 0. A caller that expects an
  * answer within microseconds calls it before kvp_sock_recv_frame, so that it never pays the

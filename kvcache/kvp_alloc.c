@@ -134,6 +134,11 @@ uint32_t kvp_alloc_refcount(const kvp_alloc_t *a, uint32_t page)
     return page < a->num_pages ? a->refcount[page] : 0;
 }
 
+const uint32_t *kvp__alloc_refcounts(const kvp_alloc_t *a)
+{
+    return a->refcount;
+}
+
 uint32_t kvp_alloc_num_pages(const kvp_alloc_t *a)
 {
     return a->num_pages;

@@ -51,6 +51,10 @@ uint32_t kvp_alloc_pins(const kvp_alloc_t *a, uint32_t page);
 uint32_t kvp_alloc_num_pinned_free(const kvp_alloc_t *a);
 
 uint32_t kvp_alloc_refcount(const kvp_alloc_t *a, uint32_t page);
+/* Internal (kvcache/ only): the refcount array itself, [num_pages], read-only and valid until
+ * kvp_alloc_destroy, so the batch planner reads the refcounts of a batch's pages in place
+ * instead of one call per page. Callers index it only with allocated page ids. */
+const uint32_t *kvp__alloc_refcounts(const kvp_alloc_t *a);
 uint32_t kvp_alloc_num_pages(const kvp_alloc_t *a);
 uint32_t kvp_alloc_num_free(const kvp_alloc_t *a);
 /* pages with refcount > 1 */

@@ -37,6 +37,7 @@ void kvp_plan_free(kvp_plan_t *p)
     free(p->copies);
     free(p->new_pages);
     free(p->seqs);
+    free(p->tail_page);
     free(p->created);
     kvp_plan_init(p);
 }
@@ -65,8 +66,9 @@ static int grow_batch(kvp_plan_t *p, uint32_t n)
     uint32_t c = p->cap_batch;
     void **bufs[] = {(void **)&p->kv_indptr,     (void **)&p->kv_last_page_len,
                      (void **)&p->append_indptr, (void **)&p->seq_lens,
-                     (void **)&p->seqs,          (void **)&p->created};
-    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 1};
+                     (void **)&p->seqs,          (void **)&p->tail_page,
+                     (void **)&p->created};
+    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 4, 1};
     for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint32_t cc = c;
         if (grow(bufs[i], &cc, n + 1, sizes[i]))
@@ -96,31 +98,101 @@ static int check_limits(const kvp_plan_limits_t *lim, const kvp_plan_item_t *ite
     return 0;
 }
 
-/* Writes row i of the CSR page table for s; *off is the running kv_indices offset. */
-static void write_row(kvp_plan_t *p, uint32_t i, const kvp_seq_t *s, uint32_t page_size,
-                      uint32_t *off)
+/* Page arithmetic for the table's page size: shifts and masks when it is a power of two (1,
+ * 16, 64: what engines use), divisions otherwise. The planner does several per sequence, and
+ * a 64-bit division costs tens of cycles: it was the largest single cost of planning a
+ * 256-sequence decode step. Same results either way. */
+typedef struct {
+    uint32_t size;
+    uint32_t shift; /* log2(size) when pow2 */
+    int pow2;
+} page_math_t;
+
+static page_math_t page_math(uint32_t page_size)
 {
-    if (s->num_pages)
-        memcpy(p->kv_indices + *off, s->pages, (size_t)s->num_pages * sizeof(int32_t));
-    *off += s->num_pages;
+    page_math_t m = {page_size, 0, page_size && (page_size & (page_size - 1)) == 0};
+    while (m.pow2 && (1u << m.shift) < page_size)
+        m.shift++;
+    return m;
+}
+
+/* ceil(tokens / page_size), as kvp_geom_pages_for */
+static inline uint32_t pages_for(const page_math_t *m, uint64_t tokens)
+{
+    if (m->pow2)
+        return (uint32_t)((tokens + m->size - 1) >> m->shift);
+    return kvp_geom_pages_for(m->size, tokens);
+}
+
+/* tokens % page_size: 0 when the last page is full (or there is none) */
+static inline uint32_t tail_of(const page_math_t *m, uint32_t tokens)
+{
+    return m->pow2 ? tokens & (m->size - 1) : tokens % m->size;
+}
+
+/* Writes row i of the CSR page table for s; *off is the running kv_indices offset. */
+static inline void write_row(kvp_plan_t *p, uint32_t i, const kvp_seq_t *s, uint32_t page_size,
+                             uint32_t *off)
+{
+    uint32_t np = s->num_pages;
+    if (np == 1)
+        p->kv_indices[*off] = (int32_t)s->pages[0]; /* a decode step's usual row */
+    else if (np)
+        memcpy(p->kv_indices + *off, s->pages, (size_t)np * sizeof(int32_t));
+    *off += np;
     p->kv_indptr[i + 1] = (int32_t)*off;
-    p->kv_last_page_len[i] =
-        s->num_tokens ? (int32_t)(s->num_tokens - (s->num_pages - 1) * page_size) : 0;
+    p->kv_last_page_len[i] = s->num_tokens ? (int32_t)(s->num_tokens - (np - 1) * page_size) : 0;
     p->seq_lens[i] = (int32_t)s->num_tokens;
 }
 
-/* Lookahead of the batch's table lookups: the slot PREFETCH_SLOT items ahead, the record
- * PREFETCH_REC items ahead (its slot is in cache by then). */
-#define PREFETCH_SLOT 16
-#define PREFETCH_REC 8
+/* plan->tail_page[i] of an item that writes into no partially filled page */
+#define NO_PAGE UINT32_MAX
 
-static void prefetch_ahead(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
-                           uint32_t i)
+/* Lookahead of the batch's table lookups: the slot PREFETCH_SLOT items ahead, the record
+ * PREFETCH_REC items ahead (its slot is in cache by then). Each key is hashed once, when its
+ * slot is prefetched; the home slots wait in a ring of HOME_RING entries until the lookup. */
+#define PREFETCH_SLOT 16
+#define PREFETCH_REC  8
+#define HOME_RING     32 /* a power of two above PREFETCH_SLOT */
+
+typedef struct {
+    const kvp_seqtab_t *t;
+    const kvp_plan_item_t *items;
+    uint32_t n;
+    uint32_t home[HOME_RING];
+} lookahead_t;
+
+/* Hashes item i (if any), keeps its home slot and prefetches the slot. */
+static inline void look_slot(lookahead_t *la, uint32_t i)
 {
-    if (i + PREFETCH_SLOT < n)
-        kvp__seqtab_prefetch(t, items[i + PREFETCH_SLOT].ns, items[i + PREFETCH_SLOT].seq_id, 0);
-    if (i + PREFETCH_REC < n)
-        kvp__seqtab_prefetch(t, items[i + PREFETCH_REC].ns, items[i + PREFETCH_REC].seq_id, 1);
+    if (i >= la->n)
+        return;
+    const kvp_plan_item_t *it = &la->items[i];
+    uint32_t h = it->ns < la->t->max_namespaces ? kvp__seqtab_home(la->t, it->ns, it->seq_id) : 0;
+    la->home[i % HOME_RING] = h;
+    kvp__seqtab_prefetch_slot(la->t, h);
+}
+
+static inline void lookahead_start(lookahead_t *la, const kvp_seqtab_t *t,
+                                   const kvp_plan_item_t *items, uint32_t n)
+{
+    la->t = t;
+    la->items = items;
+    la->n = n;
+    for (uint32_t i = 0; i < PREFETCH_SLOT; i++)
+        look_slot(la, i);
+    for (uint32_t i = 0; i < PREFETCH_REC && i < n; i++)
+        kvp__seqtab_prefetch_rec(t, la->home[i % HOME_RING]);
+}
+
+/* Before item i is looked up: prefetches ahead and returns item i's home slot (item i's
+ * namespace must have been checked to be in range). */
+static inline uint32_t lookahead_next(lookahead_t *la, uint32_t i)
+{
+    look_slot(la, i + PREFETCH_SLOT);
+    if (i + PREFETCH_REC < la->n)
+        kvp__seqtab_prefetch_rec(la->t, la->home[(i + PREFETCH_REC) % HOME_RING]);
+    return la->home[i % HOME_RING];
 }
 
 static void rollback_created(kvp_seqtab_t *t, kvp_plan_t *p, uint32_t upto)
@@ -144,9 +216,11 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
         return KVP_ENOMEM;
 
     const uint32_t ps = kvp_seqtab_page_size(t);
+    const page_math_t pm = page_math(ps);
     const uint32_t max_tokens = kvp_seqtab_max_seq_tokens(t);
     const uint32_t max_ns = kvp__seqtab_max_namespaces(t);
     kvp_alloc_t *a = kvp_seqtab_alloc(t);
+    const uint32_t *refcount = kvp__alloc_refcounts(a); /* in place: pages of sequences */
     uint32_t *dec = kvp__seqtab_page_scratch(t);
     uint64_t *ns_refs = kvp__seqtab_ns_scratch(t);
     const uint64_t epoch = kvp__seqtab_epoch(t);
@@ -154,22 +228,22 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
     uint32_t seen = 0;    /* items whose p->seqs[] entry is valid (for cleanup) */
     uint32_t fail_at = n; /* the offending item, n for the batch as a whole */
     uint32_t i;
+    lookahead_t la;
 
     /* ---- phase 1: look up, count, check, grow; undoable ---- */
-    for (i = 0; i < n && i < PREFETCH_SLOT; i++)
-        kvp__seqtab_prefetch(t, items[i].ns, items[i].seq_id, 0);
+    lookahead_start(&la, t, items, n);
     for (i = 0; i < n && !rc; i++) {
         const kvp_plan_item_t *it = &items[i];
-        prefetch_ahead(t, items, n, i);
+        uint32_t home = lookahead_next(&la, i);
         fail_at = i;
         if (it->ns >= max_ns) {
             rc = KVP_EINVAL;
             break;
         }
-        kvp_seq_t *s = kvp_seqtab_find(t, it->ns, it->seq_id);
+        kvp_seq_t *s = kvp__seqtab_find_at(t, it->ns, it->seq_id, home);
         p->created[i] = 0;
         if (!s) {
-            rc = kvp__seqtab_insert(t, it->ns, it->seq_id, now_ms, &s);
+            rc = kvp__seqtab_insert(t, it->ns, it->seq_id, home, now_ms, &s);
             if (rc)
                 break;
             p->created[i] = 1;
@@ -179,18 +253,20 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
         }
         s->mark = epoch;
         p->seqs[i] = s;
+        p->tail_page[i] = NO_PAGE;
         seen = i + 1;
         uint64_t len = (uint64_t)s->num_tokens + it->num_tokens;
         if (len > max_tokens) {
             rc = KVP_ELIMIT;
             break;
         }
-        uint32_t pages_after = kvp_geom_pages_for(ps, len);
+        uint32_t pages_after = pages_for(&pm, len);
         uint32_t fresh = pages_after - s->num_pages;
         uint32_t cow = 0;
-        if (it->num_tokens && s->num_tokens % ps) {
+        if (it->num_tokens && tail_of(&pm, s->num_tokens)) {
             uint32_t last = s->pages[s->num_pages - 1];
-            if (kvp_alloc_refcount(a, last) - dec[last] > 1) {
+            p->tail_page[i] = last; /* for the cleanup and phase 2: no second look-up */
+            if (refcount[last] - dec[last] > 1) {
                 cow = 1;
                 dec[last]++;
             }
@@ -199,19 +275,17 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
         copies += cow;
         total_pages += pages_after;
         ns_refs[it->ns] += fresh;
-        kvp_ns_stats_t nst;
-        kvp_seqtab_ns_stats(t, it->ns, &nst);
-        if (nst.max_page_refs && nst.page_refs + ns_refs[it->ns] > nst.max_page_refs)
+        const kvp_ns_stats_t *nst = kvp__seqtab_ns(t, it->ns);
+        if (nst->max_page_refs && nst->page_refs + ns_refs[it->ns] > nst->max_page_refs)
             rc = KVP_ELIMIT;
-        else if (kvp__seq_reserve(s, pages_after))
+        else if (pages_after > s->cap_pages && kvp__seq_reserve(s, pages_after))
             rc = KVP_ENOMEM;
     }
-    /* clean the scratch counters whatever happened */
+    /* clean the scratch counters whatever happened (only items with a tail page raised dec) */
     for (uint32_t j = 0; j < seen; j++) {
-        const kvp_seq_t *s = p->seqs[j];
         ns_refs[items[j].ns] = 0;
-        if (s->num_tokens % ps)
-            dec[s->pages[s->num_pages - 1]] = 0;
+        if (p->tail_page[j] != NO_PAGE)
+            dec[p->tail_page[j]] = 0;
     }
     if (!rc) {
         fail_at = n;
@@ -238,32 +312,41 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
     p->kv_indptr[0] = 0;
     p->append_indptr[0] = 0;
     p->num_copies = 0;
+    /* the counters grow by sums: added once per run of items of one namespace (a batch is
+     * usually one run) rather than through memory once per item */
+    uint32_t run_ns = items[0].ns;
+    uint64_t run_tokens = 0, run_refs = 0;
     for (i = 0; i < n; i++) {
         kvp_seq_t *s = p->seqs[i];
         uint32_t add = items[i].num_tokens;
-        if (add && s->num_tokens % ps) {
-            uint32_t li = s->num_pages - 1, last = s->pages[li];
-            if (kvp_alloc_refcount(a, last) > 1) {
-                uint32_t dst = p->new_pages[taken++];
-                p->copies[p->num_copies].src = last;
-                p->copies[p->num_copies].dst = dst;
-                p->num_copies++;
-                kvp_alloc_unref(a, last);
-                s->pages[li] = dst;
-            }
+        uint32_t last = p->tail_page[i]; /* s->pages[num_pages - 1], set when add > 0 */
+        if (last != NO_PAGE && refcount[last] > 1) {
+            uint32_t dst = p->new_pages[taken++];
+            p->copies[p->num_copies].src = last;
+            p->copies[p->num_copies].dst = dst;
+            p->num_copies++;
+            kvp_alloc_unref(a, last);
+            s->pages[s->num_pages - 1] = dst;
         }
-        uint32_t pages_after = kvp_geom_pages_for(ps, (uint64_t)s->num_tokens + add);
+        uint32_t pages_after = pages_for(&pm, (uint64_t)s->num_tokens + add);
         uint32_t fresh = pages_after - s->num_pages;
-        if (fresh)
-            memcpy(s->pages + s->num_pages, p->new_pages + taken, (size_t)fresh * 4);
+        for (uint32_t k = 0; k < fresh; k++) /* usually 0 or 1 pages: no memcpy call */
+            s->pages[s->num_pages + k] = p->new_pages[taken + k];
         taken += fresh;
         s->num_pages = pages_after;
         s->num_tokens += add;
         s->last_touch_ms = now_ms;
-        kvp__seqtab_account(t, s->ns, add, fresh);
+        if (s->ns != run_ns) {
+            kvp__seqtab_account(t, run_ns, (int64_t)run_tokens, (int64_t)run_refs);
+            run_ns = s->ns;
+            run_tokens = run_refs = 0;
+        }
+        run_tokens += add;
+        run_refs += fresh;
         p->append_indptr[i + 1] = p->append_indptr[i] + (int32_t)add;
         write_row(p, i, s, ps, &off);
     }
+    kvp__seqtab_account(t, run_ns, (int64_t)run_tokens, (int64_t)run_refs);
     p->batch_size = n;
     p->nnz = (uint32_t)nnz;
     p->num_new_pages = taken;
@@ -284,12 +367,12 @@ int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uin
     if (grow_batch(p, n))
         return KVP_ENOMEM;
     uint64_t total = 0;
-    for (uint32_t i = 0; i < n && i < PREFETCH_SLOT; i++)
-        kvp__seqtab_prefetch(t, items[i].ns, items[i].seq_id, 0);
+    lookahead_t la;
+    lookahead_start(&la, t, items, n);
     for (uint32_t i = 0; i < n; i++) {
-        prefetch_ahead(t, items, n, i);
+        uint32_t home = lookahead_next(&la, i);
         const kvp_seq_t *s = items[i].ns < kvp__seqtab_max_namespaces(t)
-                                 ? kvp_seqtab_find(t, items[i].ns, items[i].seq_id)
+                                 ? kvp__seqtab_find_at(t, items[i].ns, items[i].seq_id, home)
                                  : NULL;
         if (!s) {
             p->fail_index = i;

@@ -53,6 +53,7 @@ typedef struct {
     uint32_t cap_batch, cap_indices, cap_copies, cap_new;
     uint32_t *new_pages;
     kvp_seq_t **seqs;
+    uint32_t *tail_page; /* [batch]: the partial last page an item appends into, or UINT32_MAX */
     uint8_t *created;
 } kvp_plan_t;
 

@@ -1,7 +1,8 @@
 /*
  * kvp_seqtab.c - sequence table: records in a fixed array (so pointers stay valid), an
  * open-addressing hash index with linear probing and backward-shift deletion (no tombstones,
- * so lookups never degrade), per-namespace counters, and the audit.
+ * so lookups never degrade), per-namespace counters, and the audit. The struct and the hash
+ * lookups are in kvp_seqtab_internal.h, inline, for the planner's per-sequence loop.
  */
 #include "kvp_seqtab.h"
 
@@ -13,37 +14,6 @@
 #include "kvp_error.h"
 #include "kvp_geom.h"
 #include "kvp_seqtab_internal.h"
-
-#define EMPTY 0u /* hash slot value; records are stored as index + 1 */
-
-struct kvp_seqtab {
-    kvp_alloc_t *alloc; /* borrowed */
-    uint32_t page_size;
-    uint32_t max_seqs;
-    uint32_t max_namespaces;
-    uint32_t max_seq_tokens;
-    kvp_seq_t *recs;    /* [max_seqs]; a free record has pages == NULL and id marked free */
-    uint8_t *used;      /* [max_seqs] */
-    uint32_t *free_ids; /* [max_seqs] stack of free record indexes */
-    uint32_t num_free_recs;
-    uint32_t *slots; /* [hash_cap] */
-    uint32_t hash_mask;
-    kvp_ns_stats_t *ns; /* [max_namespaces] */
-    uint32_t num_seqs;
-    uint64_t num_tokens;
-    uint64_t page_refs;
-    uint64_t epoch;
-    uint32_t *page_scratch; /* [num_pages], zero between uses */
-    uint64_t *ns_scratch;   /* [max_namespaces], zero between uses */
-};
-
-static uint64_t hash_key(uint32_t ns, uint64_t id)
-{
-    uint64_t z = id ^ ((uint64_t)ns * 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 int kvp_seqtab_create(kvp_alloc_t *alloc, uint32_t page_size, const kvp_seqtab_config_t *cfg,
                       kvp_seqtab_t **out)
@@ -113,48 +83,24 @@ void kvp_seqtab_destroy(kvp_seqtab_t *t)
 /* Slot index holding (ns, id), or the empty slot where it would go. */
 static uint32_t probe(const kvp_seqtab_t *t, uint32_t ns, uint64_t id)
 {
-    uint32_t i = (uint32_t)hash_key(ns, id) & t->hash_mask;
-    for (;;) {
-        uint32_t v = t->slots[i];
-        if (v == EMPTY)
-            return i;
-        const kvp_seq_t *s = &t->recs[v - 1];
-        if (s->id == id && s->ns == ns)
-            return i;
-        i = (i + 1) & t->hash_mask;
-    }
-}
-
-void kvp__seqtab_prefetch(const kvp_seqtab_t *t, uint32_t ns, uint64_t id, int stage)
-{
-    uint32_t i = (uint32_t)hash_key(ns, id) & t->hash_mask;
-    if (stage == 0) {
-        __builtin_prefetch(&t->slots[i]);
-        return;
-    }
-    uint32_t v = t->slots[i];
-    if (v != EMPTY) {
-        const kvp_seq_t *s = &t->recs[v - 1];
-        __builtin_prefetch(s);
-        __builtin_prefetch((const char *)s + sizeof(*s) - 1);
-    }
+    return kvp__seqtab_probe(t, ns, id, kvp__seqtab_home(t, ns, id));
 }
 
 kvp_seq_t *kvp_seqtab_find(const kvp_seqtab_t *t, uint32_t ns, uint64_t id)
 {
-    uint32_t v = t->slots[probe(t, ns, id)];
-    return v == EMPTY ? NULL : &t->recs[v - 1];
+    return kvp__seqtab_find_at(t, ns, id, kvp__seqtab_home(t, ns, id));
 }
 
-int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint64_t now_ms, kvp_seq_t **out)
+int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint32_t home, uint64_t now_ms,
+                       kvp_seq_t **out)
 {
     if (ns >= t->max_namespaces)
         return KVP_EINVAL;
     kvp_ns_stats_t *n = &t->ns[ns];
     if (t->num_free_recs == 0 || (n->max_seqs && n->num_seqs >= n->max_seqs))
         return KVP_ELIMIT;
-    uint32_t slot = probe(t, ns, id);
-    assert(t->slots[slot] == EMPTY);
+    uint32_t slot = kvp__seqtab_probe(t, ns, id, home);
+    assert(t->slots[slot] == KVP__SEQTAB_EMPTY);
     uint32_t r = t->free_ids[--t->num_free_recs];
     kvp_seq_t *s = &t->recs[r];
     memset(s, 0, sizeof(*s));
@@ -173,21 +119,21 @@ int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint64_t now_m
 static void remove_rec(kvp_seqtab_t *t, kvp_seq_t *s)
 {
     uint32_t i = probe(t, s->ns, s->id);
-    assert(t->slots[i] != EMPTY);
-    t->slots[i] = EMPTY;
+    assert(t->slots[i] != KVP__SEQTAB_EMPTY);
+    t->slots[i] = KVP__SEQTAB_EMPTY;
     uint32_t j = i;
     for (;;) {
         j = (j + 1) & t->hash_mask;
         uint32_t v = t->slots[j];
-        if (v == EMPTY)
+        if (v == KVP__SEQTAB_EMPTY)
             break;
         const kvp_seq_t *o = &t->recs[v - 1];
-        uint32_t home = (uint32_t)hash_key(o->ns, o->id) & t->hash_mask;
+        uint32_t home = kvp__seqtab_home(t, o->ns, o->id);
         /* move o back into the hole at i unless its home lies cyclically in (i, j] */
         int in_range = i <= j ? (home > i && home <= j) : (home > i || home <= j);
         if (!in_range) {
             t->slots[i] = v;
-            t->slots[j] = EMPTY;
+            t->slots[j] = KVP__SEQTAB_EMPTY;
             i = j;
         }
     }
@@ -221,34 +167,6 @@ int kvp__seq_reserve(kvp_seq_t *s, uint32_t cap)
     return 0;
 }
 
-void kvp__seqtab_account(kvp_seqtab_t *t, uint32_t ns, int64_t d_tokens, int64_t d_refs)
-{
-    t->num_tokens += (uint64_t)d_tokens;
-    t->page_refs += (uint64_t)d_refs;
-    t->ns[ns].num_tokens += (uint64_t)d_tokens;
-    t->ns[ns].page_refs += (uint64_t)d_refs;
-}
-
-uint32_t *kvp__seqtab_page_scratch(kvp_seqtab_t *t)
-{
-    return t->page_scratch;
-}
-
-uint64_t *kvp__seqtab_ns_scratch(kvp_seqtab_t *t)
-{
-    return t->ns_scratch;
-}
-
-uint64_t kvp__seqtab_epoch(kvp_seqtab_t *t)
-{
-    return ++t->epoch;
-}
-
-uint32_t kvp__seqtab_max_namespaces(const kvp_seqtab_t *t)
-{
-    return t->max_namespaces;
-}
-
 int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t child, uint64_t now_ms)
 {
     if (ns >= t->max_namespaces)
@@ -268,7 +186,7 @@ int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t chil
             return KVP_ENOMEM;
     }
     kvp_seq_t *c;
-    int rc = kvp__seqtab_insert(t, ns, child, now_ms, &c);
+    int rc = kvp__seqtab_insert(t, ns, child, kvp__seqtab_home(t, ns, child), now_ms, &c);
     if (rc) {
         free(pages);
         return rc;

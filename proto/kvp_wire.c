@@ -213,6 +213,231 @@ long kvp_wire_encode_frame(const pb_msgdesc_t *fields, const void *msg, uint8_t 
     return (long)(os.bytes_written + KVP_FRAME_HDR_BYTES);
 }
 
+/* ---- the hot answers without nanopb's field walk ------------------------------------- */
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* A key (field number < 16, so one byte) and its wire type. */
+#define KEY(field, wt) ((uint8_t)((field) << 3 | (wt)))
+#define WT_VARINT      0
+#define WT_LEN         2
+
+/* The bytes of one PageTable array field as array_encode writes them; 0 when nanopb would
+ * leave it out (no encode callback). Sets *ok = 0 for a callback this fast path does not
+ * know. */
+static size_t array_field_len(const pb_callback_t *cb, int *ok)
+{
+    if (!cb->funcs.encode)
+        return 0;
+    if (cb->funcs.encode != array_encode) {
+        *ok = 0;
+        return 0;
+    }
+    const kvp_array_t *a = cb->arg;
+    size_t n = (size_t)a->count * a->elem_size;
+    return 1 + varint_len(n) + n;
+}
+
+static uint8_t *put_array_field(uint8_t *p, uint32_t field, const pb_callback_t *cb)
+{
+    if (!cb->funcs.encode)
+        return p;
+    const kvp_array_t *a = cb->arg;
+    size_t n = (size_t)a->count * a->elem_size;
+    *p++ = KEY(field, WT_LEN);
+    p = put_varint(p, n);
+    if (n)
+        memcpy(p, a->data, n);
+    return p + n;
+}
+
+long kvp_wire_encode_response_frame(const kvpool_Response *resp, uint8_t *buf, size_t cap)
+{
+    /* Which shapes are written here: an OK status with no message, and a Ping or a page-table
+     * body (Append, Reserve, GetPageTable) whose arrays are bound with kvp_array_bind_encode.
+     * Everything else, errors included, goes to nanopb. Field order, proto3 defaults left out
+     * and submessage lengths are nanopb's, so the bytes are the same (test_client_wire). */
+    int ok = !resp->cb_status.funcs.encode && !resp->cb_body.funcs.encode &&
+             (!resp->has_status ||
+              (resp->status.code == kvpool_Code_OK && resp->status.message[0] == '\0'));
+    const kvpool_PageTable *t = NULL;
+    int has_table = 0;
+    uint32_t body_field = 0;
+    size_t extra = 0; /* AppendResponse's fields after the table */
+    uint64_t fence = 0, nonce = 0;
+    bool completed = false;
+    switch (ok ? resp->which_body : 0) {
+    case kvpool_Response_ping_tag:
+        body_field = kvpool_Response_ping_tag;
+        nonce = resp->body.ping.nonce;
+        break;
+    case kvpool_Response_append_tag:
+        body_field = kvpool_Response_append_tag;
+        t = &resp->body.append.table;
+        has_table = resp->body.append.has_table;
+        fence = resp->body.append.fence;
+        completed = resp->body.append.completed;
+        extra = (fence ? 1 + varint_len(fence) : 0) + (completed ? 2 : 0);
+        break;
+    case kvpool_Response_reserve_tag:
+        body_field = kvpool_Response_reserve_tag;
+        t = &resp->body.reserve.table;
+        has_table = resp->body.reserve.has_table;
+        break;
+    case kvpool_Response_get_page_table_tag:
+        body_field = kvpool_Response_get_page_table_tag;
+        t = &resp->body.get_page_table.table;
+        has_table = resp->body.get_page_table.has_table;
+        break;
+    default:
+        ok = 0;
+        break;
+    }
+    size_t table_len = 0;
+    if (ok && t && has_table) {
+        table_len = (t->batch_size ? 1 + varint_len(t->batch_size) : 0) +
+                    (t->nnz ? 1 + varint_len(t->nnz) : 0) + array_field_len(&t->kv_indptr, &ok) +
+                    array_field_len(&t->kv_indices, &ok) +
+                    array_field_len(&t->kv_last_page_len, &ok) +
+                    array_field_len(&t->append_indptr, &ok) + array_field_len(&t->seq_lens, &ok) +
+                    array_field_len(&t->copies, &ok);
+    }
+    if (!ok)
+        return kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap);
+
+    size_t body_len = t ? (has_table ? 1 + varint_len(table_len) + table_len : 0) + extra
+                        : (nonce ? 1 + varint_len(nonce) : 0);
+    size_t len = (resp->id ? 1 + varint_len(resp->id) : 0) + (resp->has_status ? 2 : 0) + 1 +
+                 varint_len(body_len) + body_len;
+    if (cap < KVP_FRAME_HDR_BYTES || len > cap - KVP_FRAME_HDR_BYTES || len > UINT32_MAX)
+        return KVP_ELIMIT;
+
+    uint8_t *p = buf + KVP_FRAME_HDR_BYTES;
+    if (resp->id) {
+        *p++ = KEY(1, WT_VARINT);
+        p = put_varint(p, resp->id);
+    }
+    if (resp->has_status) { /* an empty Status: code OK and no message are left out */
+        *p++ = KEY(2, WT_LEN);
+        *p++ = 0;
+    }
+    *p++ = KEY(body_field, WT_LEN);
+    p = put_varint(p, body_len);
+    if (!t) {
+        if (nonce) {
+            *p++ = KEY(1, WT_VARINT);
+            p = put_varint(p, nonce);
+        }
+    } else {
+        if (has_table) {
+            *p++ = KEY(1, WT_LEN);
+            p = put_varint(p, table_len);
+            if (t->batch_size) {
+                *p++ = KEY(1, WT_VARINT);
+                p = put_varint(p, t->batch_size);
+            }
+            if (t->nnz) {
+                *p++ = KEY(2, WT_VARINT);
+                p = put_varint(p, t->nnz);
+            }
+            p = put_array_field(p, 3, &t->kv_indptr);
+            p = put_array_field(p, 4, &t->kv_indices);
+            p = put_array_field(p, 5, &t->kv_last_page_len);
+            p = put_array_field(p, 6, &t->append_indptr);
+            p = put_array_field(p, 7, &t->seq_lens);
+            p = put_array_field(p, 8, &t->copies);
+        }
+        if (fence) {
+            *p++ = KEY(2, WT_VARINT);
+            p = put_varint(p, fence);
+        }
+        if (completed) {
+            *p++ = KEY(3, WT_VARINT);
+            *p++ = 1;
+        }
+    }
+    kvp_frame_put_len(buf, (uint32_t)len);
+    return (long)(len + KVP_FRAME_HDR_BYTES);
+}
+
+long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size_t cap)
+{
+    /* A Ping, or a Reserve, Release or GetPageTable (a Batch only) bound with
+     * kvp_wire_batch_bind_encode; the rest, and any other callback, through nanopb */
+    int ok = !req->cb_body.funcs.encode;
+    const kvpool_Batch *b = NULL;
+    int has_batch = 0;
+    uint64_t nonce = 0;
+    switch (ok ? req->which_body : 0) {
+    case kvpool_Request_ping_tag:
+        nonce = req->body.ping.nonce;
+        break;
+    case kvpool_Request_reserve_tag:
+        b = &req->body.reserve.batch;
+        has_batch = req->body.reserve.has_batch;
+        break;
+    case kvpool_Request_release_tag:
+        b = &req->body.release.batch;
+        has_batch = req->body.release.has_batch;
+        break;
+    case kvpool_Request_get_page_table_tag:
+        b = &req->body.get_page_table.batch;
+        has_batch = req->body.get_page_table.has_batch;
+        break;
+    default:
+        ok = 0;
+        break;
+    }
+    size_t batch_len = 0;
+    if (ok && has_batch)
+        batch_len = array_field_len(&b->seq_ids, &ok) + array_field_len(&b->num_tokens, &ok);
+    if (!ok)
+        return kvp_wire_encode_frame(kvpool_Request_fields, req, buf, cap);
+
+    size_t body_len = b ? (has_batch ? 1 + varint_len(batch_len) + batch_len : 0)
+                        : (nonce ? 1 + varint_len(nonce) : 0);
+    size_t len = (req->id ? 1 + varint_len(req->id) : 0) + 1 + varint_len(body_len) + body_len;
+    if (cap < KVP_FRAME_HDR_BYTES || len > cap - KVP_FRAME_HDR_BYTES || len > UINT32_MAX)
+        return KVP_ELIMIT;
+
+    uint8_t *p = buf + KVP_FRAME_HDR_BYTES;
+    if (req->id) {
+        *p++ = KEY(1, WT_VARINT);
+        p = put_varint(p, req->id);
+    }
+    *p++ = KEY(req->which_body, WT_LEN);
+    p = put_varint(p, body_len);
+    if (!b && nonce) {
+        *p++ = KEY(1, WT_VARINT);
+        p = put_varint(p, nonce);
+    } else if (b && has_batch) {
+        *p++ = KEY(1, WT_LEN);
+        p = put_varint(p, batch_len);
+        p = put_array_field(p, 1, &b->seq_ids);
+        p = put_array_field(p, 2, &b->num_tokens);
+    }
+    kvp_frame_put_len(buf, (uint32_t)len);
+    return (long)(len + KVP_FRAME_HDR_BYTES);
+}
+
 int kvp_wire_decode(const pb_msgdesc_t *fields, void *msg, const uint8_t *buf, size_t len,
                     const char **err)
 {

@@ -99,6 +99,18 @@ void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r);
  * Returns the total frame length, or a negative code (KVP_ELIMIT: does not fit in cap). */
 long kvp_wire_encode_frame(const pb_msgdesc_t *fields, const void *msg, uint8_t *buf, size_t cap);
 
+/* kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap), byte for byte and code for
+ * code, for the daemon's hot answers: an OK Ping, Append, Reserve or GetPageTable answer
+ * (arrays bound with kvp_array_bind_encode) is written directly, the rest through nanopb.
+ * Walking nanopb's field descriptors, once to size each submessage and once to write it, cost
+ * more than the bytes of a 256-sequence page table. */
+long kvp_wire_encode_response_frame(const kvpool_Response *resp, uint8_t *buf, size_t cap);
+
+/* The same for the client's hot requests: a Ping, Reserve, Release or GetPageTable request
+ * (arrays bound with kvp_wire_batch_bind_encode) is written directly, byte for byte as
+ * kvp_wire_encode_frame(kvpool_Request_fields, ...) would, the rest through nanopb. */
+long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size_t cap);
+
 /* Size of the encoding of msg (no header), or -1. */
 long kvp_wire_encoded_size(const pb_msgdesc_t *fields, const void *msg);
 

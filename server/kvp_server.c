@@ -91,6 +91,7 @@ struct kvp_server {
     kvp_rpc_io_t io;
     char *metrics;
     kvp_text_t metrics_text;
+    uint8_t *obuf; /* [ENCODE_KEEP_BYTES]: answers are encoded here (loop thread only) */
 };
 
 static void conn_close(conn_t *c);
@@ -104,32 +105,46 @@ uint64_t kvp_server_now_ms(void)
 
 /* ---- write path -------------------------------------------------------------------------- */
 
+/* One sendmsg of buf[0..len) (the fds, when nfds > 0, ride with its first byte). Returns the
+ * bytes the socket took (0 when it is full), or -1 when the connection broke. */
+static ssize_t send_some(conn_t *c, const uint8_t *buf, size_t len, const int *fds, int nfds)
+{
+    struct iovec iov = {(void *)buf, len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    char cbuf[CMSG_SPACE(sizeof(int) * KVP_MAX_FDS_PER_FRAME)];
+    if (nfds) {
+        memset(cbuf, 0, sizeof(cbuf));
+        msg.msg_control = cbuf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
+    }
+    for (;;) {
+        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0)
+            return n;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        return -1;
+    }
+}
+
 /* Writes as much of the queue as the socket takes. Returns 0, or -1 when the connection broke. */
 static int flush(conn_t *c)
 {
     while (c->out_head) {
         out_frame_t *f = c->out_head;
-        struct iovec iov = {f->buf + f->off, f->len - f->off};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-        char cbuf[CMSG_SPACE(sizeof(int) * KVP_MAX_FDS_PER_FRAME)];
-        if (f->off == 0 && f->nfds) {
-            memset(cbuf, 0, sizeof(cbuf));
-            msg.msg_control = cbuf;
-            msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)f->nfds);
-            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)f->nfds);
-            memcpy(CMSG_DATA(cm), f->fds, sizeof(int) * (size_t)f->nfds);
-        }
-        ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return 0;
+        ssize_t n =
+            send_some(c, f->buf + f->off, f->len - f->off, f->fds, f->off == 0 ? f->nfds : 0);
+        if (n < 0)
             return -1;
-        }
+        if (n == 0)
+            return 0;
         f->off += (size_t)n;
         c->queued -= (uint64_t)n;
         if (f->off == f->len) {
@@ -143,29 +158,47 @@ static int flush(conn_t *c)
     return 0;
 }
 
-/* Queues one encoded frame (takes ownership of buf) and tries to send it now. */
-static void queue_frame(conn_t *c, uint8_t *buf, size_t len, const int *fds, int nfds)
+/* Sends one encoded frame, in order after what is queued. buf is borrowed: when the queue is
+ * empty the frame goes straight from it to the socket (the usual case: no copy and no
+ * allocation per answer), and only the part the socket does not take now is copied into the
+ * queue, which then owns that copy. Drops the connection when it broke or its unsent bytes
+ * pass max_queued_bytes. */
+static void send_frame(conn_t *c, const uint8_t *buf, size_t len, const int *fds, int nfds)
 {
-    out_frame_t *f = calloc(1, sizeof(*f));
-    if (!f) {
-        free(buf);
-        conn_close(c);
-        return;
+    size_t sent = 0;
+    if (!c->out_head) {
+        ssize_t n = send_some(c, buf, len, fds, nfds);
+        if (n < 0) {
+            conn_close(c);
+            return;
+        }
+        sent = (size_t)n;
     }
-    f->buf = buf;
-    f->len = len;
-    f->nfds = nfds;
-    if (nfds)
-        memcpy(f->fds, fds, sizeof(int) * (size_t)nfds);
-    if (c->out_tail)
-        c->out_tail->next = f;
-    else
-        c->out_head = f;
-    c->out_tail = f;
-    c->queued += len;
-    if (flush(c) < 0) {
-        conn_close(c);
-        return;
+    if (sent < len) {
+        out_frame_t *f = calloc(1, sizeof(*f));
+        uint8_t *copy = f ? malloc(len - sent) : NULL;
+        if (!copy) {
+            free(f);
+            conn_close(c);
+            return;
+        }
+        memcpy(copy, buf + sent, len - sent);
+        f->buf = copy;
+        f->len = len - sent;
+        if (sent == 0 && nfds) { /* not sent yet: they go with the queued bytes */
+            f->nfds = nfds;
+            memcpy(f->fds, fds, sizeof(int) * (size_t)nfds);
+        }
+        if (c->out_tail)
+            c->out_tail->next = f;
+        else
+            c->out_head = f;
+        c->out_tail = f;
+        c->queued += f->len;
+        if (flush(c) < 0) {
+            conn_close(c);
+            return;
+        }
     }
     if (c->queued > c->srv->cfg.max_queued_bytes) {
         kvp_log(KVP_LOG_WARNING,
@@ -177,38 +210,37 @@ static void queue_frame(conn_t *c, uint8_t *buf, size_t len, const int *fds, int
     conn_update_events(c);
 }
 
-/* Encodes resp (with its bound arrays) into a frame and queues it. Returns the frame bytes
- * for the dedup window through *copy_out/len when wanted. */
-/* Encodes resp (with its bound arrays) into a frame and queues it. Most answers fit a 4 KiB
- * first try, so they are encoded once; only larger ones (long page tables, metrics, lists)
- * are sized and encoded again. A mutating call's frame is also kept for replays. */
-#define FIRST_TRY_BYTES 4096
+/* Encodes resp (with its bound arrays) into the server's encode buffer and sends it (the hot
+ * answers are written by kvp_wire_encode_response_frame directly, the same bytes nanopb would
+ * write). Answers up to ENCODE_KEEP_BYTES are encoded once into that buffer, which is kept between
+ * answers; a larger one (long page tables, metrics, lists) is sized first, encoded into a buffer of
+ * its own and freed after, so one huge answer does not hold its memory for good. A mutating
+ * call's frame is also kept for replays (kvp_rpc_remember copies it). */
+#define ENCODE_KEEP_BYTES (256u << 10)
 
 static void send_response(conn_t *c, const kvpool_Response *resp, const int *fds, int nfds,
                           int remember_id_set, uint64_t remember_id)
 {
     kvp_server_t *s = c->srv;
-    size_t cap = FIRST_TRY_BYTES;
-    uint8_t *buf = malloc(cap);
-    long n = buf ? kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap) : -1;
-    if (buf && n < 0) {
+    uint8_t *buf = s->obuf, *big = NULL;
+    long n = kvp_wire_encode_response_frame(resp, buf, ENCODE_KEEP_BYTES);
+    if (n < 0) {
         long size = kvp_wire_encoded_size(kvpool_Response_fields, resp);
-        uint8_t *nb = size < 0 ? NULL : realloc(buf, (size_t)size + KVP_FRAME_HDR_BYTES);
-        if (nb) {
-            buf = nb;
-            cap = (size_t)size + KVP_FRAME_HDR_BYTES;
-            n = kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap);
-        }
+        big = size < 0 ? NULL : malloc((size_t)size + KVP_FRAME_HDR_BYTES);
+        n = big ? kvp_wire_encode_response_frame(resp, big, (size_t)size + KVP_FRAME_HDR_BYTES)
+                : -1;
+        buf = big;
     }
-    if (!buf || n < 0) {
-        free(buf);
+    if (n < 0) {
+        free(big);
         kvp_log(KVP_LOG_ERR, "cannot encode response id=%llu", (unsigned long long)resp->id);
         conn_close(c);
         return;
     }
     if (remember_id_set && c->sess)
         kvp_rpc_remember(s->rpc, c->sess, remember_id, buf, (uint32_t)n);
-    queue_frame(c, buf, (size_t)n, fds, nfds);
+    send_frame(c, buf, (size_t)n, fds, nfds);
+    free(big);
 }
 
 static void send_error(conn_t *c, uint64_t id, int err, const char *msg)
@@ -244,6 +276,7 @@ static void on_server_handle_closed(uv_handle_t *h)
         free(s->seq_ids);
         free(s->num_tokens);
         free(s->metrics);
+        free(s->obuf);
         free(s->socket_path);
         free(s);
     }
@@ -330,9 +363,13 @@ static void conn_update_events(conn_t *c)
 
 /* One recvmsg into the frame reader. Returns bytes read, 0 on EOF, -1 on error / EAGAIN (with
  * errno; EAGAIN too when the reader holds a whole frame and wants it taken first). Received fds
- * go to the reader with the stream offset they arrived at. */
-static ssize_t read_some(conn_t *c)
+ * go to the reader with the stream offset they arrived at. *drained is set when the read came
+ * back short with no descriptors: a Unix stream recvmsg fills the buffer from every queued
+ * message unless one carries descriptors (it stops after that one), so the socket held no
+ * more bytes and a further read would only return EAGAIN. */
+static ssize_t read_some(conn_t *c, int *drained)
 {
+    *drained = 0;
     uint8_t *p;
     size_t room;
     int rc = kvp_frame_reader_space(&c->rd, &p, &room);
@@ -370,6 +407,7 @@ static ssize_t read_some(conn_t *c)
         c->close_after_flush = 1; /* fd flood: protocol abuse */
     if (msg.msg_flags & MSG_CTRUNC)
         c->close_after_flush = 1;
+    *drained = n > 0 && (size_t)n < room && nfds == 0 && !(msg.msg_flags & MSG_CTRUNC);
     return n;
 }
 
@@ -459,13 +497,7 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
             for (int i = 0; i < nfds; i++)
                 close(fds[i]);
             if (st == 1) {
-                uint8_t *copy = malloc(old_len);
-                if (!copy) {
-                    conn_close(c);
-                    return;
-                }
-                memcpy(copy, old, old_len);
-                queue_frame(c, copy, old_len, NULL, 0);
+                send_frame(c, old, old_len, NULL, 0); /* copies what it must keep */
             } else {
                 send_error(c, id, st == 2 ? KVP_EUNAVAIL : KVP_EPRECOND,
                            st == 2 ? "request id still in flight; retry later"
@@ -514,8 +546,8 @@ static void after_work(kvp_job_item_t *w)
     kvp_rpc_io_t *io = &s->io;
     if (kvp_log_enabled(KVP_LOG_DEBUG)) /* where an off-loop request's time goes */
         kvp_log(KVP_LOG_DEBUG, "job timing queue_us=%.1f run_us=%.1f back_us=%.1f",
-                (double)(w->begin_ns - w->queued_ns) / 1e3,
-                (double)(w->end_ns - w->begin_ns) / 1e3, (double)(uv_hrtime() - w->end_ns) / 1e3);
+                (double)(w->begin_ns - w->queued_ns) / 1e3, (double)(w->end_ns - w->begin_ns) / 1e3,
+                (double)(uv_hrtime() - w->end_ns) / 1e3);
     kvp_rpc_job_finish(s->rpc, c->job, io, kvp_server_now_ms());
     kvp_rpc_observe_run(s->rpc, w->end_ns - w->begin_ns); /* stamped by kvp_jobs */
     c->busy = 0;
@@ -572,8 +604,12 @@ static void on_conn_event(uv_poll_t *h, int status, int events)
     }
     if (events & UV_READABLE) {
         kvp_jobs_touch(c->srv->jobs);
-        for (int i = 0; i < 16 && !c->closing; i++) {
-            ssize_t n = read_some(c);
+        /* Until the socket is empty (at most 16 reads: one client cannot hold the loop). A
+         * short read ends it without the recvmsg that would return EAGAIN; should bytes arrive
+         * meanwhile, the poll, level-triggered, reports them on the next turn of the loop. */
+        int drained = 0;
+        for (int i = 0; i < 16 && !c->closing && !drained; i++) {
+            ssize_t n = read_some(c, &drained);
             if (n == 0) {
                 /* EOF: answer what is complete, then close */
                 process_frames(c);
@@ -834,7 +870,9 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->seq_ids = malloc(cfg->max_frame_bytes);
     s->num_tokens = malloc(cfg->max_frame_bytes / 2 + 4);
     s->metrics = malloc(METRICS_CAP);
-    if (!s->seq_ids || !s->num_tokens || !s->metrics || (cfg->socket_path && !s->socket_path)) {
+    s->obuf = malloc(ENCODE_KEEP_BYTES);
+    if (!s->seq_ids || !s->num_tokens || !s->metrics || !s->obuf ||
+        (cfg->socket_path && !s->socket_path)) {
         rc = KVP_ENOMEM;
         goto fail;
     }
@@ -845,8 +883,7 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     } else if ((rc = make_listener(s))) {
         goto fail;
     }
-    if ((rc = kvp_jobs_create(loop, cfg->threads ? cfg->threads : 4, cfg->busy_poll_us,
-                              &s->jobs)))
+    if ((rc = kvp_jobs_create(loop, cfg->threads ? cfg->threads : 4, cfg->busy_poll_us, &s->jobs)))
         goto fail;
     /* the access policy: the daemon's uid, root, and the socket file's group until
      * kvp_server_set_access gives lists */
@@ -875,6 +912,7 @@ fail:
     free(s->seq_ids);
     free(s->num_tokens);
     free(s->metrics);
+    free(s->obuf);
     free(s->socket_path);
     free(s);
     return rc;

@@ -18,6 +18,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <pb_encode.h>
+
 #include "kvp_client_internal.h"
 #include "kvp_error.h"
 #include "kvp_sock.h"
@@ -284,6 +286,174 @@ START_TEST(inconsistent_or_malformed_replies_are_protocol_errors)
     ck_assert_int_gt(n, 0);
     free(resp);
     ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), KVP_EPROTO);
+}
+END_TEST
+
+/* The daemon's direct encoder of its hot answers writes nanopb's bytes and gives its codes:
+ * random Ping, Append, Reserve and GetPageTable answers (ids, sizes, zeros left out, arrays
+ * empty or unbound, tables absent), shapes it hands to nanopb (errors, other bodies, unknown
+ * callbacks), and every buffer size around the frame's length. */
+static bool other_encode(pb_ostream_t *stream, const pb_field_t *field, void *const *arg)
+{
+    (void)arg;
+    return pb_encode_tag_for_field(stream, field) &&
+           pb_encode_string(stream, (const pb_byte_t *)"x", 1);
+}
+
+static void expect_same_encoding(const kvpool_Response *resp, size_t cap)
+{
+    uint8_t *a = malloc(cap ? cap : 1), *b = malloc(cap ? cap : 1);
+    memset(a, 0xa5, cap);
+    memset(b, 0xa5, cap);
+    long na = kvp_wire_encode_frame(kvpool_Response_fields, resp, a, cap);
+    long nb = kvp_wire_encode_response_frame(resp, b, cap);
+    ck_assert_int_eq(nb, na);
+    if (na > 0)
+        ck_assert_int_eq(memcmp(a, b, (size_t)na), 0);
+    free(a);
+    free(b);
+}
+
+START_TEST(direct_answer_encoding_is_nanopbs_byte_for_byte)
+{
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, kvp_test_seed(31));
+    enum { MAXB = 300 };
+    static int32_t arr[6][4 * MAXB];
+    for (int k = 0; k < 6; k++)
+        kvp_rng_fill(&rng, arr[k], sizeof(arr[k]));
+    static const pb_size_t bodies[] = {
+        kvpool_Response_ping_tag,    kvpool_Response_append_tag,
+        kvpool_Response_reserve_tag, kvpool_Response_get_page_table_tag,
+        kvpool_Response_fork_tag,    kvpool_Response_release_tag};
+    static const uint64_t big[] = {0,     1,     127,           128,
+                                   16383, 16384, 0xffffffffull, 0xffffffffffffffffull};
+    kvpool_Response *resp = calloc(1, sizeof(*resp));
+    for (int iter = 0; iter < 3000; iter++) {
+        memset(resp, 0, sizeof(*resp));
+        resp->which_body = bodies[kvp_rng_below(&rng, 6)];
+        resp->id = kvp_rng_below(&rng, 3) ? big[kvp_rng_below(&rng, 8)] : kvp_rng_next(&rng);
+        resp->has_status = kvp_rng_below(&rng, 8) != 0;
+        uint32_t shape = kvp_rng_below(&rng, 10);
+        if (shape == 0)
+            resp->status.code = kvpool_Code_NOT_FOUND; /* errors: nanopb's */
+        else if (shape == 1)
+            snprintf(resp->status.message, sizeof(resp->status.message), "why");
+        kvp_reply_arrays_t out;
+        kvpool_PageTable *t = NULL;
+        switch (resp->which_body) {
+        case kvpool_Response_ping_tag:
+            resp->body.ping.nonce = big[kvp_rng_below(&rng, 8)];
+            break;
+        case kvpool_Response_append_tag:
+            t = &resp->body.append.table;
+            resp->body.append.has_table = kvp_rng_below(&rng, 6) != 0;
+            resp->body.append.fence = big[kvp_rng_below(&rng, 8)];
+            resp->body.append.completed = kvp_rng_below(&rng, 2);
+            break;
+        case kvpool_Response_reserve_tag:
+            t = &resp->body.reserve.table;
+            resp->body.reserve.has_table = kvp_rng_below(&rng, 6) != 0;
+            break;
+        case kvpool_Response_get_page_table_tag:
+            t = &resp->body.get_page_table.table;
+            resp->body.get_page_table.has_table = kvp_rng_below(&rng, 6) != 0;
+            break;
+        default:
+            resp->body.fork.num_tokens = kvp_rng_below(&rng, 1000);
+            break;
+        }
+        if (t) {
+            uint32_t B = kvp_rng_below(&rng, 3) ? kvp_rng_below(&rng, MAXB) : 0;
+            t->batch_size = B;
+            t->nnz = kvp_rng_below(&rng, 4) ? (uint32_t)big[kvp_rng_below(&rng, 7)] : 0;
+            out.kv_indptr = kvp_array(arr[0], 4, B + 1, B + 1);
+            out.kv_indices = kvp_array(arr[1], 4, kvp_rng_below(&rng, 4 * MAXB), 0);
+            out.kv_last_page_len = kvp_array(arr[2], 4, B, B);
+            out.append_indptr = kvp_array(arr[3], 4, B + 1, B + 1);
+            out.seq_lens = kvp_array(arr[4], 4, B, B);
+            out.copies = kvp_array(arr[5], 4, 2 * kvp_rng_below(&rng, 3), 0);
+            kvp_wire_table_bind_encode(t, &out);
+            if (kvp_rng_below(&rng, 5) == 0)
+                t->copies.funcs.encode = NULL; /* left out */
+            if (kvp_rng_below(&rng, 20) == 0)
+                t->seq_lens.funcs.encode = other_encode; /* not ours: nanopb's */
+        }
+        if (kvp_rng_below(&rng, 50) == 0)
+            resp->cb_body.funcs.encode = other_encode;
+        long n = kvp_wire_encode_frame(kvpool_Response_fields, resp, NULL, 0);
+        ck_assert_int_eq(n, KVP_ELIMIT);
+        long size = kvp_wire_encoded_size(kvpool_Response_fields, resp);
+        ck_assert_int_ge(size, 0);
+        size_t exact = (size_t)size + KVP_FRAME_HDR_BYTES;
+        expect_same_encoding(resp, exact);
+        expect_same_encoding(resp, exact + 1 + kvp_rng_below(&rng, 64));
+        expect_same_encoding(resp, exact - 1);
+        expect_same_encoding(resp, kvp_rng_below(&rng, (uint32_t)exact + 1));
+    }
+    free(resp);
+}
+END_TEST
+
+/* And the client's direct encoder of its hot requests: Ping, Reserve, Release and
+ * GetPageTable requests as libkvpool builds them (and variations), against nanopb. */
+static void expect_same_request(const kvpool_Request *req, size_t cap)
+{
+    uint8_t *a = malloc(cap ? cap : 1), *b = malloc(cap ? cap : 1);
+    long na = kvp_wire_encode_frame(kvpool_Request_fields, req, a, cap);
+    long nb = kvp_wire_encode_request_frame(req, b, cap);
+    ck_assert_int_eq(nb, na);
+    if (na > 0)
+        ck_assert_int_eq(memcmp(a, b, (size_t)na), 0);
+    free(a);
+    free(b);
+}
+
+START_TEST(direct_request_encoding_is_nanopbs_byte_for_byte)
+{
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, kvp_test_seed(32));
+    static uint64_t ids[300];
+    static uint32_t toks[300];
+    kvp_rng_fill(&rng, ids, sizeof(ids));
+    kvp_rng_fill(&rng, toks, sizeof(toks));
+    static const pb_size_t bodies[] = {kvpool_Request_ping_tag, kvpool_Request_reserve_tag,
+                                       kvpool_Request_release_tag,
+                                       kvpool_Request_get_page_table_tag, kvpool_Request_fork_tag};
+    static const uint64_t big[] = {0, 1, 127, 128, 16384, 0xffffffffull, 0xffffffffffffffffull};
+    kvpool_Request *req = calloc(1, sizeof(*req));
+    for (int iter = 0; iter < 3000; iter++) {
+        pb_size_t which = bodies[kvp_rng_below(&rng, 5)];
+        uint32_t n = kvp_rng_below(&rng, 4) ? kvp_rng_below(&rng, 300) : 0;
+        kvp_batch_arrays_t b;
+        kvp__client_batch_arrays(&b, ids, kvp_rng_below(&rng, 3) ? toks : NULL, n);
+        if (kvp__client_request_batch(req, which, &b) != 0) {
+            memset(req, 0, sizeof(*req));
+            req->which_body = which;
+            if (which == kvpool_Request_ping_tag)
+                req->body.ping.nonce = big[kvp_rng_below(&rng, 7)];
+            else
+                req->body.fork.parent = kvp_rng_next(&rng);
+        } else if (kvp_rng_below(&rng, 8) == 0) {
+            if (which == kvpool_Request_reserve_tag) /* no batch at all */
+                req->body.reserve.has_batch = false;
+            else if (which == kvpool_Request_release_tag)
+                req->body.release.has_batch = false;
+            else
+                req->body.get_page_table.has_batch = false;
+        }
+        req->id = kvp_rng_below(&rng, 2) ? big[kvp_rng_below(&rng, 7)] : kvp_rng_next(&rng);
+        if (kvp_rng_below(&rng, 50) == 0)
+            req->cb_body.funcs.encode = other_encode;
+        long size = kvp_wire_encoded_size(kvpool_Request_fields, req);
+        ck_assert_int_ge(size, 0);
+        size_t exact = (size_t)size + KVP_FRAME_HDR_BYTES;
+        expect_same_request(req, exact);
+        expect_same_request(req, exact + 1 + kvp_rng_below(&rng, 64));
+        expect_same_request(req, exact - 1);
+        expect_same_request(req, kvp_rng_below(&rng, (uint32_t)exact + 1));
+    }
+    free(req);
 }
 END_TEST
 
@@ -768,6 +938,8 @@ int main(void)
     tcase_add_test(tc, null_arrays_are_skipped_but_counted);
     tcase_add_test(tc, capacities_below_the_reply_give_elimit);
     tcase_add_test(tc, inconsistent_or_malformed_replies_are_protocol_errors);
+    tcase_add_test(tc, direct_answer_encoding_is_nanopbs_byte_for_byte);
+    tcase_add_test(tc, direct_request_encoding_is_nanopbs_byte_for_byte);
     tcase_add_test(tc, metrics_text_is_read_skipped_or_refused_when_too_long);
     suite_add_tcase(s, tc);
     TCase *tf = tcase_create("fake_daemon");

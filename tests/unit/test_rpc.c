@@ -620,6 +620,69 @@ START_TEST(replay_returns_the_first_answer_and_applies_nothing_twice)
 }
 END_TEST
 
+/* The dedup window against a model of it (a ring scanned in order): after every begin and
+ * end, looking any id up gives the entry the model's first match is, with the same state and
+ * frame, through wrap-arounds, ids begun twice and answers too large to keep. */
+START_TEST(dedup_window_finds_what_a_scan_of_the_ring_would)
+{
+    static const uint32_t windows[] = {1, 2, 8, 1000};
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, kvp_test_seed(77));
+    for (unsigned w = 0; w < sizeof(windows) / sizeof(windows[0]); w++) {
+        const uint32_t W = windows[w];
+        kvp_ns_table_t t;
+        ck_assert_int_eq(kvp_ns_table_init(&t, 2, W), 0);
+        t.dedup_max_entry_bytes = 6;
+        uint32_t ns;
+        ck_assert_int_eq(kvp_ns_attach(&t, "a", 1, 0, 0, &ns), 0);
+        uint64_t *ids = calloc(W, sizeof(uint64_t));
+        uint8_t *state = calloc(W, 1);
+        uint32_t next = 0;
+        for (int step = 0; step < 20000; step++) {
+            /* ids from a small range, so they repeat, wrap and are begun twice */
+            uint64_t id = 1 + kvp_rng_below(&rng, 3 * W + 3);
+            if (kvp_rng_below(&rng, 2)) {
+                kvp_ns_dedup_begin(&t, ns, id);
+                ids[next] = id;
+                state[next] = 1;
+                next = (next + 1) % W;
+            } else {
+                uint8_t frame[8];
+                uint32_t len = 1 + kvp_rng_below(&rng, 8);
+                memset(frame, (int)(id & 0xff), sizeof(frame));
+                int m = -1;
+                for (uint32_t i = 0; i < W && m < 0; i++)
+                    if (state[i] && ids[i] == id)
+                        m = (int)i;
+                kvp_ns_dedup_end(&t, ns, id, frame, len);
+                if (m >= 0 && state[m] == 1)
+                    state[m] = len <= 6 ? 2 : 3;
+            }
+            uint64_t probe = 1 + kvp_rng_below(&rng, 3 * W + 4);
+            const kvp_dedup_entry_t *e = kvp_ns_dedup_find(&t, ns, probe);
+            int m = -1;
+            for (uint32_t i = 0; i < W && m < 0; i++)
+                if (state[i] && ids[i] == probe)
+                    m = (int)i;
+            if (m < 0) {
+                ck_assert_ptr_null(e);
+                continue;
+            }
+            ck_assert_ptr_nonnull(e);
+            ck_assert_ptr_eq(e, &t.ns[ns].dedup[m]);
+            ck_assert_uint_eq(e->req_id, probe);
+            ck_assert_uint_eq(e->state, state[m]);
+            if (e->state == 2)
+                ck_assert_uint_eq(e->frame[0], probe & 0xff);
+        }
+        ck_assert_ptr_null(kvp_ns_dedup_find(&t, ns, 0));
+        free(ids);
+        free(state);
+        kvp_ns_table_free(&t);
+    }
+}
+END_TEST
+
 START_TEST(metrics_text_follows_the_exposition_format)
 {
     setup();
@@ -717,6 +780,7 @@ int main(void)
     tcase_add_test(tc, refusals_change_nothing);
     tcase_add_test(tc, namespaces_are_owned_and_leases_keep_sequences);
     tcase_add_test(tc, replay_returns_the_first_answer_and_applies_nothing_twice);
+    tcase_add_test(tc, dedup_window_finds_what_a_scan_of_the_ring_would);
     tcase_add_test(tc, metrics_text_follows_the_exposition_format);
     tcase_add_test(tc, metrics_label_values_are_escaped);
     tcase_add_test(tc, metrics_text_truncates_at_a_line_boundary_and_says_so);

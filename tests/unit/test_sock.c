@@ -430,6 +430,124 @@ START_TEST(deadline_gives_timedout_before_and_inside_a_frame)
 }
 END_TEST
 
+/* An answer is read header and payload together: the same frames, fds and codes as
+ * kvp_sock_recv_frame, whatever the buffer (none yet, smaller than the frame, larger), also
+ * when it trickles in; bytes past the answer are a protocol error and its fds are closed. */
+START_TEST(answers_read_in_one_go_keep_frames_fds_and_codes)
+{
+    int sv[2];
+    pair(sv);
+    kvp_rng_t rng;
+    kvp_rng_seed(&rng, kvp_test_seed(13));
+    static const uint32_t sizes[] = {0, 1, 3, 100, 4096, 60000, 3u << 20};
+    static const size_t caps[] = {0, 2, 64, 5000, 1u << 16};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        for (size_t k = 0; k < sizeof(caps) / sizeof(caps[0]); k++) {
+            uint32_t n = sizes[i];
+            uint8_t *payload = malloc(n + 1);
+            kvp_rng_fill(&rng, payload, n);
+            uint8_t *frame = make_frame(payload, n);
+            int mfd = memfd_with("an answer's fd");
+            writer_t w = {sv[0], frame, (size_t)n + 4, 0};
+            pthread_t th;
+            int via_thread = n > 60000; /* above the socket buffer: the sender blocks */
+            if (via_thread)
+                ck_assert_int_eq(pthread_create(&th, NULL, writer_main, &w), 0);
+            else
+                ck_assert_int_eq(
+                    kvp_sock_send_frame(sv[0], frame, n + 4u, &mfd, k % 2, kvp_sock_deadline(5000)),
+                    0);
+            size_t cap = caps[k];
+            uint8_t *buf = cap ? malloc(cap) : NULL;
+            uint32_t len = 12345;
+            unsigned nfds = 9;
+            int fds[2] = {-1, -1};
+            ck_assert_int_eq(kvp_sock_recv_answer(sv[1], &buf, &cap, &len, MAX_FRAME, fds, 2, &nfds,
+                                                  kvp_sock_deadline(20000)),
+                             0);
+            if (via_thread)
+                pthread_join(th, NULL);
+            ck_assert_uint_eq(len, n);
+            ck_assert_uint_ge(cap, n);
+            if (n)
+                ck_assert_int_eq(memcmp(buf, payload, n), 0);
+            ck_assert_uint_eq(nfds, via_thread ? 0 : k % 2);
+            if (nfds) {
+                expect_contents(fds[0], "an answer's fd");
+                close(fds[0]);
+            }
+            close(mfd);
+            free(buf);
+            free(frame);
+            free(payload);
+        }
+    }
+
+    /* one byte at a time: the header itself arrives in pieces */
+    const char *a = "an answer that trickles in";
+    size_t la = strlen(a);
+    uint8_t *fa = make_frame(a, (uint32_t)la);
+    writer_t w = {sv[0], fa, la + 4, 1};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, writer_main, &w), 0);
+    size_t cap = 8;
+    uint8_t *buf = malloc(cap);
+    uint32_t len = 0;
+    ck_assert_int_eq(kvp_sock_recv_answer(sv[1], &buf, &cap, &len, MAX_FRAME, NULL, 0, NULL,
+                                          kvp_sock_deadline(10000)),
+                     0);
+    pthread_join(th, NULL);
+    ck_assert_uint_eq(len, la);
+    ck_assert_int_eq(memcmp(buf, a, la), 0);
+
+    /* a second frame right behind the answer, with an fd, read with it (the buffer has room):
+     * refused, nothing leaks */
+    cap = 1024;
+    buf = realloc(buf, cap);
+    int before = count_open_fds();
+    int mfd = memfd_with("behind the answer");
+    uint8_t *fb = make_frame("next", 4);
+    ck_assert_int_eq(kvp_sock_send_frame(sv[0], fa, la + 4, NULL, 0, kvp_sock_deadline(5000)), 0);
+    ck_assert_int_eq(kvp_sock_send_frame(sv[0], fb, 8, &mfd, 1, kvp_sock_deadline(5000)), 0);
+    close(mfd);
+    int fd = -1;
+    unsigned nfds = 0;
+    ck_assert_int_eq(kvp_sock_recv_answer(sv[1], &buf, &cap, &len, MAX_FRAME, &fd, 1, &nfds,
+                                          kvp_sock_deadline(5000)),
+                     KVP_EPROTO);
+    ck_assert_uint_eq(nfds, 0);
+    ck_assert_int_eq(count_open_fds(), before);
+
+    /* oversize, deadline and end of stream: kvp_sock_recv_frame's codes */
+    uint8_t big[4];
+    kvp_frame_put_len(big, 1025);
+    ck_assert_int_eq(write(sv[0], big, 4), 4);
+    ck_assert_int_eq(
+        kvp_sock_recv_answer(sv[1], &buf, &cap, &len, 1024, NULL, 0, NULL, kvp_sock_deadline(5000)),
+        KVP_EPROTO);
+    close(sv[0]);
+    close(sv[1]);
+    pair(sv);
+    uint64_t t0 = kvp_sock_now_ns();
+    ck_assert_int_eq(kvp_sock_recv_answer(sv[1], &buf, &cap, &len, MAX_FRAME, NULL, 0, NULL,
+                                          kvp_sock_deadline(50)),
+                     KVP_ETIMEDOUT);
+    ck_assert_uint_ge(kvp_sock_now_ns() - t0, 50u * 1000000u);
+    uint8_t part[6];
+    kvp_frame_put_len(part, 10);
+    memcpy(part + 4, "ab", 2);
+    ck_assert_int_eq(write(sv[0], part, sizeof(part)), (ssize_t)sizeof(part));
+    close(sv[0]);
+    ck_assert_int_eq(kvp_sock_recv_answer(sv[1], &buf, &cap, &len, MAX_FRAME, NULL, 0, NULL,
+                                          kvp_sock_deadline(5000)),
+                     KVP_ECLOSED);
+    free(buf);
+    free(fa);
+    free(fb);
+    close(sv[1]);
+}
+END_TEST
+
 START_TEST(send_times_out_when_the_peer_never_reads)
 {
     int sv[2];
@@ -580,6 +698,7 @@ int main(void)
     tcase_add_test(tc, frame_above_the_maximum_is_a_protocol_error);
     tcase_add_test(tc, end_of_stream_is_closed_before_and_inside_a_frame);
     tcase_add_test(tc, deadline_gives_timedout_before_and_inside_a_frame);
+    tcase_add_test(tc, answers_read_in_one_go_keep_frames_fds_and_codes);
     tcase_add_test(tc, send_times_out_when_the_peer_never_reads);
     tcase_add_test(tc, send_to_a_closed_peer_is_closed_without_sigpipe);
     tcase_add_test(tc, send_and_recv_reject_bad_arguments);
