@@ -65,18 +65,23 @@ int kvp_frame_reader_space(kvp_frame_reader_t *r, uint8_t **p, size_t *n)
 int kvp_frame_reader_commit(kvp_frame_reader_t *r, size_t n, const int *fds, int nfds)
 {
     int rc = 0;
+    if (n > r->cap - r->len)
+        n = r->cap - r->len; /* a caller bug; never trust it past the buffer */
+    /* the fds belong to the frame holding the LAST byte of this read: a Unix stream recvmsg
+     * glues queued messages together but ends with the first one that carries descriptors, so
+     * a read may start in an earlier frame (one without fds) and only its end lies in the
+     * frame whose sendmsg carried them (kvp_frame.h) */
+    const uint64_t at = r->rx_total + (n ? n - 1 : 0);
     for (int i = 0; i < nfds; i++) {
         if (r->nfds < KVP_FRAME_MAX_PENDING_FDS) {
             r->fds[r->nfds].fd = fds[i];
-            r->fds[r->nfds].at = r->rx_total;
+            r->fds[r->nfds].at = at;
             r->nfds++;
         } else {
             r->drop(fds[i], r->drop_arg);
             rc = KVP_ELIMIT;
         }
     }
-    if (n > r->cap - r->len)
-        n = r->cap - r->len; /* a caller bug; never trust it past the buffer */
     r->len += n;
     r->rx_total += n;
     return rc;

@@ -8,6 +8,15 @@
  * streams and made-up fd numbers. The server does the recvmsg into kvp_frame_reader_space and
  * reports what arrived with kvp_frame_reader_commit. One reader per connection; not
  * thread-safe.
+ *
+ * Which frame gets a read's fds: the one that holds the read's last byte. Linux's Unix
+ * stream recvmsg copies from every queued message until the buffer is full or it has copied
+ * one that carries descriptors, and stops right after that one; so when a client pipelines a
+ * frame without fds and then one with fds (sent, as the protocol says, by a sendmsg that
+ * starts that frame), one read can hold the end of the first and the start of the second, and
+ * only its end belongs to the frame the fds were sent with. (Attributing them to the read's
+ * first byte, as this reader first did, gave them to the wrong frame; test_frame pins the
+ * kernel behaviour on a real socket pair.)
  */
 #ifndef KVP_FRAME_H
 #define KVP_FRAME_H
@@ -22,7 +31,7 @@
 
 typedef struct {
     int fd;
-    uint64_t at; /* stream offset of the first byte read together with it */
+    uint64_t at; /* stream offset of the last byte read together with it */
 } kvp_frame_fd_t;
 
 /* Called for every descriptor the reader gives up (the server closes it). */
@@ -74,7 +83,7 @@ int kvp_frame_reader_commit(kvp_frame_reader_t *r, size_t n, const int *fds, int
 /* Cuts the next frame. Returns 1 with *f filled; 0 when no complete frame is buffered;
  * KVP_ELIMIT when the next header announces more than max_frame_bytes (f->len holds the
  * announced length; the stream cannot be resynchronised: close the connection). The frame's
- * fds are those whose first byte arrived within its bytes (at most KVP_MAX_FDS_PER_FRAME; more
+ * fds are those whose read ended within its bytes (at most KVP_MAX_FDS_PER_FRAME; more
  * are dropped); fds that arrived with earlier frames and were not taken are dropped. */
 int kvp_frame_reader_next(kvp_frame_reader_t *r, kvp_frame_t *f);
 

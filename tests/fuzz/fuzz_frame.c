@@ -8,7 +8,7 @@
  *
  * The same stream is cut independently by a plain reference parser (everything received,
  * kept in one array). Checked on every frame: same length and payload as the reference; its
- * fds are exactly the fds delivered with a chunk that started inside the frame (in order, at
+ * fds are exactly the fds delivered with a chunk that ended inside the frame (in order, at
  * most KVP_MAX_FDS_PER_FRAME); an oversize header is refused exactly when the reference sees
  * one; the buffer never exceeds max_frame_bytes + 4. At the end, after kvp_frame_reader_free,
  * every fd was handed to exactly one frame or dropped exactly once.
@@ -136,7 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             nfds = 0;
         for (int k = 0; k < nfds; k++) {
             fds[k] = num_fds;
-            fdinfo[num_fds].at = stream_len;
+            fdinfo[num_fds].at = stream_len + want - 1; /* want >= 1 here */
             fdinfo[num_fds].seen = 0;
             num_fds++;
         }

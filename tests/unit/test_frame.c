@@ -3,8 +3,12 @@
  * floods and the bound on the buffer. Fds here are made-up numbers; "dropped" ones are
  * recorded instead of closed. */
 #include <check.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvp_error.h"
 #include "kvp_frame.h"
@@ -24,7 +28,7 @@ static void reader(kvp_frame_reader_t *r, uint32_t max)
     kvp_frame_reader_init(r, max, drop, NULL);
 }
 
-/* Feeds bytes as one read (with fds attached to its first byte). */
+/* Feeds bytes as one read (with fds that came with it). */
 static void feed(kvp_frame_reader_t *r, const uint8_t *b, size_t n, const int *fds, int nfds,
                  int want_rc)
 {
@@ -101,6 +105,114 @@ START_TEST(each_frame_gets_the_fds_sent_with_its_bytes)
     ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 0);
     ck_assert_int_eq(NDROPPED, 0);
     kvp_frame_reader_free(&r);
+}
+END_TEST
+
+/* One read holding all of a frame without fds and the start of the next one, whose fd came
+ * with that read: the fd is the second frame's (the read's last byte is in it). */
+START_TEST(fds_go_to_the_frame_where_their_read_ends)
+{
+    kvp_frame_reader_t r;
+    reader(&r, 64);
+    uint8_t s2[32];
+    size_t na = frame(s2, "plain");
+    size_t nb = frame(s2 + na, "with-fd");
+    int fd = 40;
+    feed(&r, s2, na + 3, &fd, 1, 0);
+    feed(&r, s2 + na + 3, nb - 3, NULL, 0, 0);
+    kvp_frame_t f;
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_uint_eq(f.len, 5);
+    ck_assert_int_eq(f.nfds, 0);
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_uint_eq(f.len, 7);
+    ck_assert_int_eq(f.nfds, 1);
+    ck_assert_int_eq(f.fds[0], 40);
+    kvp_frame_reader_free(&r);
+    ck_assert_int_eq(NDROPPED, 0);
+}
+END_TEST
+
+/* The kernel behaviour the rule above stands on, on a real socket pair: a client pipelines a
+ * frame without fds and one with an fd (each its own sendmsg, the fd on the second's first
+ * byte), the daemon's one recvmsg with room for both returns both frames' bytes and the fd,
+ * and the reader gives the fd to the second frame; a third frame's fd, in a read of its own,
+ * stays its own. */
+static void send_part(int sock, const uint8_t *b, size_t n, int fd)
+{
+    struct iovec iov = {(void *)b, n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    if (fd >= 0) {
+        memset(cbuf, 0, sizeof(cbuf));
+        m.msg_control = cbuf;
+        m.msg_controllen = sizeof(cbuf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    ck_assert_int_eq(sendmsg(sock, &m, 0), (ssize_t)n);
+}
+
+/* One recvmsg into the reader, as the server does; returns the bytes read. */
+static ssize_t recv_into(int sock, kvp_frame_reader_t *r)
+{
+    uint8_t *p;
+    size_t room;
+    ck_assert_int_eq(kvp_frame_reader_space(r, &p, &room), 0);
+    struct iovec iov = {p, room};
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    ssize_t n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    ck_assert_int_gt(n, 0);
+    int fds[4], nfds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int) && nfds < 4; i++)
+                memcpy(&fds[nfds++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+    ck_assert_int_eq(kvp_frame_reader_commit(r, (size_t)n, fds, nfds), 0);
+    return n;
+}
+
+START_TEST(a_pipelined_frame_keeps_its_fd_on_a_real_socket)
+{
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    int carried = open("/dev/null", O_RDONLY | O_CLOEXEC), third = dup(carried);
+    ck_assert_int_ge(carried, 0);
+    ck_assert_int_ge(third, 0);
+    uint8_t a[32], b[32], c[32];
+    size_t na = frame(a, "ping"), nb = frame(b, "register"), nc = frame(c, "again");
+    send_part(sv[0], a, na, -1);
+    send_part(sv[0], b, nb, carried);
+    send_part(sv[0], c, nc, third);
+    kvp_frame_reader_t r;
+    reader(&r, 64);
+    r.grow_bytes = 256; /* room for all three: the kernel alone decides where reads end */
+    ck_assert_int_eq(recv_into(sv[1], &r), (ssize_t)(na + nb)); /* a and b, then it stops */
+    ck_assert_int_eq(recv_into(sv[1], &r), (ssize_t)nc);
+    kvp_frame_t f;
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_uint_eq(f.len, 4);
+    ck_assert_int_eq(f.nfds, 0);
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_uint_eq(f.len, 8);
+    ck_assert_int_eq(f.nfds, 1);
+    struct stat st;
+    ck_assert_int_eq(fstat(f.fds[0], &st), 0);
+    ck_assert(S_ISCHR(st.st_mode)); /* /dev/null came through */
+    close(f.fds[0]);
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_uint_eq(f.len, 5);
+    ck_assert_int_eq(f.nfds, 1);
+    close(f.fds[0]);
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 0);
+    kvp_frame_reader_free(&r);
+    ck_assert_int_eq(NDROPPED, 0);
+    close(carried), close(third), close(sv[0]), close(sv[1]);
 }
 END_TEST
 
@@ -199,6 +311,8 @@ int main(void)
     tcase_add_test(tc, frames_arriving_byte_by_byte_are_cut_whole);
     tcase_add_test(tc, each_frame_gets_the_fds_sent_with_its_bytes);
     tcase_add_test(tc, an_fd_that_came_with_no_frame_is_dropped_once);
+    tcase_add_test(tc, fds_go_to_the_frame_where_their_read_ends);
+    tcase_add_test(tc, a_pipelined_frame_keeps_its_fd_on_a_real_socket);
     tcase_add_test(tc, an_oversize_header_is_refused_with_its_length);
     tcase_add_test(tc, the_buffer_never_holds_more_than_one_largest_frame);
     tcase_add_test(tc, an_fd_flood_is_reported_and_the_excess_dropped);
