@@ -18,9 +18,9 @@
  * device. The reply goes out only once the copy has completed (the pages it writes stay
  * pinned just that long) and says so (AppendResponse.completed), so no worker needs to wait on
  * our "done" event: its handle is still handed out at RegisterBuffer, but nothing records it
- * any more (a record cost ~2 us of every Append's critical path), so a wait on it - an older
- * worker's, or kvp_client_cuda_wait_done - is a no-op, and correct, since the answer itself
- * comes after the copy. (Stream memory
+ * any more (one stream operation less per Append, though no gain in its time was measurable),
+ * so a wait on it - an older worker's, or kvp_client_cuda_wait_done - is a no-op, and
+ * correct, since the answer itself comes after the copy. (Stream memory
  * operations on a flag word both sides map would give the GPU-side wait on the ready event
  * back; the daemon could then release a dead worker's wait by writing the word itself.)
  *
