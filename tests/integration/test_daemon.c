@@ -568,6 +568,48 @@ START_TEST(bad_input_gets_its_exact_status_and_changes_nothing)
 }
 END_TEST
 
+/* A client that pipelines a request without fds and a RegisterBuffer with its memfd: the
+ * daemon, stopped while both are sent, reads them in one recvmsg (the kernel glues the first
+ * to the start of the second and stops after the one carrying the fd), and each frame must
+ * still get exactly its own fds: the Ping none, the RegisterBuffer the memfd. (Under the old
+ * first-byte rule the Ping got the fd and both were refused.) */
+START_TEST(pipelined_frames_keep_their_own_fds)
+{
+    start();
+    raw_t w;
+    raw_open(&w);
+    kvpool_Response resp;
+    raw_hello(&w, KVP_PROTOCOL_VERSION);
+    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+    int memfd = memfd_create("pipelined", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_ge(memfd, 0);
+    ck_assert_int_eq(ftruncate(memfd, 4096), 0);
+    ck_assert_int_eq(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    for (int round = 0; round < 3; round++) {
+        int st;
+        ck_assert_int_eq(kill(DMN.pid, SIGSTOP), 0);
+        ck_assert_int_eq(waitpid(DMN.pid, &st, WUNTRACED), DMN.pid);
+        ck_assert(WIFSTOPPED(st));
+        kvpool_Request q = {.id = 100 + 2 * (uint64_t)round, .which_body = kvpool_Request_ping_tag};
+        raw_send_req(&w, &q, NULL, 0);
+        q = (kvpool_Request){.id = 101 + 2 * (uint64_t)round,
+                             .which_body = kvpool_Request_register_buffer_tag};
+        q.body.register_buffer.size_bytes = 4096;
+        raw_send_req(&w, &q, &memfd, 1);
+        ck_assert_int_eq(kill(DMN.pid, SIGCONT), 0);
+        ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+        ck_assert_uint_eq(resp.id, 100 + 2 * (uint64_t)round);
+        ck_assert_int_eq(resp.which_body, kvpool_Response_ping_tag);
+        ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+        ck_assert_uint_eq(resp.id, 101 + 2 * (uint64_t)round);
+        ck_assert_int_eq(resp.which_body, kvpool_Response_register_buffer_tag);
+    }
+    close(memfd);
+    raw_close(&w);
+    stop_expect_clean();
+}
+END_TEST
+
 /* ---- worker death and leases --------------------------------------------------------------- */
 
 /* A child that reserves `tokens` for sequence 1 in ns with the lease, says so on the pipe,
@@ -767,6 +809,7 @@ int main(void)
     tcase_add_test(tc, reserve_then_in_process_append_gives_the_same_bytes);
     tcase_add_test(tc, fork_truncate_release_agree_with_a_model);
     tcase_add_test(tc, bad_input_gets_its_exact_status_and_changes_nothing);
+    tcase_add_test(tc, pipelined_frames_keep_their_own_fds);
     tcase_add_test(tc, killed_worker_loses_only_what_its_lease_says);
     tcase_add_test(tc, sixteen_clients_append_concurrently);
     tcase_add_test(tc, sigterm_under_load_applies_every_answered_request_and_exits_0);
