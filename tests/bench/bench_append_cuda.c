@@ -10,12 +10,18 @@
  * 77 without a GPU. The kernel knobs of kvp_append_cuda.cu apply (KVP_APPEND_KERNEL=bulk for
  * the copy-engine kernel): run the binary once per setting in one device call to compare.
  *
- *   bench_append_cuda [--reps N] [--only SUBSTRING]
+ * --host: instead, the host side of the daemon's two ways to run a decode step's Append
+ * (256 x 1, H 8, D 128, one layer): the slot kernel with its slots in the launch, against the
+ * plan upload + kernel + error read-back, and an empty launch as the floor; per way the host
+ * time of queueing it and of queueing it and synchronising (medians of 2,000, wall clock).
+ *
+ *   bench_append_cuda [--reps N] [--only SUBSTRING] [--host]
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvp_bench_kernels.h"
 #include "kvp_geom.h"
@@ -33,6 +39,7 @@
 static int REPS = 50;
 static const char *ONLY = NULL; /* --only SUBSTRING: the workloads whose name contains it */
 static cudaStream_t S;
+static int HOST = 0; /* --host: the host-side costs only */
 
 static int cmp_f(const void *a, const void *b)
 {
@@ -255,6 +262,154 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
     free(h_indptr), free(h_idx), free(h_last), free(h_aip), free(h_bi), free(h_pos);
 }
 
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median host time of `way` queued alone (sync 0) or queued and synchronised (sync 1). */
+typedef void (*way_fn)(void *);
+static double host_us(way_fn way, void *arg, int sync)
+{
+    enum { N = 2000 };
+    static double t[N];
+    for (int i = -100; i < N; i++) {
+        double t0 = now_us();
+        way(arg);
+        if (sync)
+            CK(cudaStreamSynchronize(S));
+        double t1 = now_us();
+        if (!sync)
+            CK(cudaStreamSynchronize(S));
+        if (i >= 0)
+            t[i] = t1 - t0;
+    }
+    qsort(t, N, sizeof(double), cmp_d);
+    return t[N / 2];
+}
+
+typedef struct {
+    kvp_paged_kv_t kv;
+    kvp_append_src_t src;
+    int32_t *slots, *plan_host, *plan_dev, *err_dev;
+    size_t plan_bytes;
+    uint32_t nnz;
+} host_arg_t;
+
+static void way_slots(void *p)
+{
+    host_arg_t *a = p;
+    if (kvp_append_slots_cuda(&a->kv, &a->src, a->slots, a->nnz, 1, 0, 0, S))
+        exit(1);
+}
+
+static void way_upload(void *p)
+{
+    host_arg_t *a = p;
+    const uint32_t B = a->nnz;
+    CK(cudaMemcpyAsync(a->plan_dev, a->plan_host, a->plan_bytes, cudaMemcpyHostToDevice, S));
+    kvp_paged_kv_t kv = a->kv;
+    kv.batch_size = B;
+    kv.kv_indptr = a->plan_dev;
+    kv.kv_indices = a->plan_dev + B + 1;
+    kv.kv_last_page_len = a->plan_dev + 2 * B + 1;
+    if (kvp_append_paged_kv_cache_cuda_unchecked(&kv, &a->src, a->plan_dev + 3 * B + 1,
+                                                 a->plan_dev + 4 * B + 1, B, a->err_dev, S))
+        exit(1);
+    CK(cudaMemcpyAsync(a->plan_host + 5 * B + 1, a->err_dev, 4, cudaMemcpyDeviceToHost, S));
+}
+
+static void way_empty(void *p)
+{
+    host_arg_t *a = p;
+    if (kvp_get_seq_lens_cuda(a->plan_dev, a->plan_dev + 1, 1, 16, a->err_dev, S))
+        exit(1);
+}
+
+/* The decode step of the daemon's Append: 256 sequences with one token each, one page per
+ * sequence (page i, slot 3), H 8, D 128, fp16. */
+static void run_host(void)
+{
+    const uint32_t B = 256, H = 8, D = 128, ps = 16, P = 8192;
+    kvp_geom_t g = {.num_layers = 1,
+                    .num_pages = P,
+                    .page_size = ps,
+                    .num_kv_heads = H,
+                    .head_dim = D,
+                    .dtype = KVP_DTYPE_FP16,
+                    .layout = KVP_LAYOUT_NHD,
+                    .storage = KVP_STORAGE_COMBINED,
+                    .num_devices = 1};
+    kvp_geom_derived_t d;
+    if (kvp_geom_derive(&g, &d))
+        exit(1);
+    host_arg_t a = {.nnz = B};
+    uint8_t *pool, *src;
+    CK(cudaMalloc((void **)&pool, d.pool_bytes));
+    CK(cudaMalloc((void **)&src, 2ull * B * H * D * 2));
+    CK(cudaMemset(src, 0x3c, 2ull * B * H * D * 2));
+    a.kv = (kvp_paged_kv_t){.k_data = pool,
+                            .v_data = pool + d.v_offset_bytes,
+                            .elem_bytes = 2,
+                            .num_pages = P,
+                            .page_size = ps,
+                            .num_heads = H,
+                            .head_dim = D,
+                            .stride_page = d.stride_page,
+                            .stride_n = d.stride_n,
+                            .stride_h = d.stride_h};
+    a.src = (kvp_append_src_t){.key = src,
+                               .value = src + (size_t)B * H * D * 2,
+                               .k_stride_n = H * D,
+                               .k_stride_h = D,
+                               .v_stride_n = H * D,
+                               .v_stride_h = D};
+    /* plan words as the upload path lays them out: indptr, indices, last, bidx, pos, err */
+    a.plan_bytes = (5 * (size_t)B + 1) * 4;
+    CK(cudaHostAlloc((void **)&a.plan_host, a.plan_bytes + 4, cudaHostAllocDefault));
+    CK(cudaMalloc((void **)&a.plan_dev, a.plan_bytes + 4));
+    CK(cudaMalloc((void **)&a.err_dev, 64));
+    CK(cudaMemset(a.err_dev, 0, 64));
+    a.slots = malloc(B * sizeof(int32_t));
+    int32_t *w = a.plan_host;
+    for (uint32_t b = 0; b <= B; b++)
+        w[b] = (int32_t)b;
+    for (uint32_t b = 0; b < B; b++) {
+        w[B + 1 + b] = (int32_t)b;          /* page b */
+        w[2 * B + 1 + b] = 4;               /* four tokens: the new one at position 3 */
+        w[3 * B + 1 + b] = (int32_t)b;      /* batch index */
+        w[4 * B + 1 + b] = 3;               /* position */
+        a.slots[b] = (int32_t)(b * ps + 3); /* the same slot */
+    }
+    CK(cudaMemcpy(a.plan_dev, a.plan_host, a.plan_bytes, cudaMemcpyHostToDevice));
+    printf("host side of a decode step's daemon Append (256 x 1, H 8, D 128, one layer), "
+           "median of 2000:\n");
+    printf("  %-44s %9s %16s\n", "way", "queue us", "queue + sync us");
+    struct {
+        const char *name;
+        way_fn fn;
+    } ways[] = {{"slot kernel, slots in the launch", way_slots},
+                {"upload + page-table kernel + error read-back", way_upload},
+                {"empty launch (one-thread kernel)", way_empty}};
+    for (unsigned i = 0; i < sizeof(ways) / sizeof(ways[0]); i++)
+        printf("  %-44s %9.2f %16.2f\n", ways[i].name, host_us(ways[i].fn, &a, 0),
+               host_us(ways[i].fn, &a, 1));
+    CK(cudaFree(pool));
+    CK(cudaFree(src));
+    CK(cudaFree(a.plan_dev));
+    CK(cudaFree(a.err_dev));
+    CK(cudaFreeHost(a.plan_host));
+    free(a.slots);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -262,6 +417,8 @@ int main(int argc, char **argv)
             REPS = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             ONLY = argv[++i];
+        else if (!strcmp(argv[i], "--host"))
+            HOST = 1;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no usable GPU: skipped\n");
@@ -271,6 +428,10 @@ int main(int argc, char **argv)
     if (kvp_cuda_kernels_preload() || kvp_bench_kernels_preload()) {
         fprintf(stderr, "preload failed\n");
         return 1;
+    }
+    if (HOST) {
+        run_host();
+        return 0;
     }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
