@@ -10,9 +10,8 @@
  * warp reads and writes whole contiguous rows, with 4 vectors in flight per thread; the source
  * loads are issued before the page-table lookups they do not depend on (see copy_kernel).
  * Rows are specialised for 4, 8, 16 and 32 vectors (D = 32..256 in fp16) so that part of the
- * item decomposition is shifts. On sm_90, KVP_APPEND_KERNEL=bulk selects a copy-engine kernel
- * for the unchecked and fused forms instead (bulk_kernel: cp.async.bulk through shared
- * memory); it measured slower on the large prefill (tests/bench/README.md), so it is no default.
+ * item decomposition is shifts. (A TMA bulk-copy kernel through shared memory was measured
+ * against these on the H200 and lost on the large prefill: tests/bench/README.md.)
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -338,229 +337,6 @@ __global__ void __launch_bounds__(32 * kMaxWarpTokens)
 }
 
 /*
- * The bulk-copy kernel (KVP_APPEND_KERNEL=bulk, sm_90): the bytes never pass through
- * registers. A block owns a contiguous range of tokens, and one warp moves it through `stages`
- * shared-memory buffers with Hopper's copy engine: cp.async.bulk loads global -> shared that
- * complete on the stage's mbarrier, then cp.async.bulk stores shared -> global in bulk groups,
- * with every other stage's load still in flight. An item is up to 32 consecutive tokens of K
- * or of V (one stage); its pieces are as large as the layouts allow: NHD pools hold a token's
- * heads contiguously ([token][head] in the stage, one store per token, or one per item when
- * its tokens are consecutive slots), HND pools hold a head's slots contiguously ([head][token]
- * in the stage, one store per head of a run of slots; the loads then gather rows). The other
- * warps only look up destinations, one token per thread, while the first loads are already in
- * flight (under PDL the lookups come first and the loads after the wait, as in copy_kernel).
- */
-constexpr int kBulkThreads = 256;    /* 1 issuing warp + the rest for the lookups */
-constexpr int kBulkMaxTokens = 1024; /* tokens per block (their destinations sit in shared) */
-constexpr int kBulkMaxStages = 16;
-constexpr int kBulkMaxItemTokens = 32; /* one lane per token of an item */
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-}
-
-/* The async proxy (the copy engine) must see the initialised barriers. */
-__device__ __forceinline__ void fence_proxy_async(void)
-{
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
-                                          uint32_t bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
-__device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes)
-{
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src),
-                 "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void bulk_commit(void)
-{
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-
-/* This thread's bulk groups but the newest have finished reading shared memory. */
-__device__ __forceinline__ void bulk_wait_read_all_but_one(void)
-{
-    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-}
-
-/* This thread's bulk groups have completed: their writes are done (before the block exits,
- * so the grid's completion, which a PDL successor waits for, covers them). */
-__device__ __forceinline__ void bulk_wait_all(void)
-{
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
-
-/* Issues item j's loads (lanes in parallel) into its stage; lane 0 first arms the stage's
- * barrier with the item's byte count. */
-__device__ __forceinline__ void bulk_issue_load(const Geo &g, uint32_t j, uint64_t t0,
-                                                uint32_t ntok_blk, uint32_t n, uint32_t stages,
-                                                uint32_t sbase, uint32_t fbase, bool tok_major,
-                                                uint32_t lane)
-{
-    const uint32_t row = g.vecs * 16, H = g.num_heads, tok_bytes = H * row;
-    const uint32_t tb = (j >> 1) * n, nt = min(n, ntok_blk - tb), kv = j & 1;
-    const uint32_t s = j % stages, sm = sbase + s * n * tok_bytes, bar = fbase + 8 * s;
-    const int64_t sn = kv ? g.sv_n : g.sk_n, sh = kv ? g.sv_h : g.sk_h;
-    const uint8_t *src = (kv ? g.sv : g.sk) + (int64_t)(t0 + tb) * sn;
-    if (lane == 0)
-        mbar_arrive_expect_tx(bar, nt * tok_bytes);
-    __syncwarp();
-    if (tok_major && sh == (int64_t)row) {
-        if (sn == (int64_t)tok_bytes) {
-            if (lane == 0)
-                bulk_load(sm, src, nt * tok_bytes, bar);
-        } else if (lane < nt) {
-            bulk_load(sm + lane * tok_bytes, src + (int64_t)lane * sn, tok_bytes, bar);
-        }
-    } else if (!tok_major && sn == (int64_t)row) {
-        for (uint32_t h = lane; h < H; h += 32)
-            bulk_load(sm + h * nt * row, src + (int64_t)h * sh, nt * row, bar);
-    } else {
-        for (uint32_t p = lane; p < nt * H; p += 32) {
-            uint32_t t, h;
-            if (tok_major)
-                t = p / H, h = p - t * H;
-            else
-                h = p / nt, t = p - h * nt;
-            bulk_load(sm + p * row, src + (int64_t)t * sn + (int64_t)h * sh, row, bar);
-        }
-    }
-}
-
-/* Issues item j's stores from its stage (loaded) and commits them as one bulk group per lane.
- * Rows whose destination is < 0 (padding, an invalid entry) are not written. */
-__device__ __forceinline__ void bulk_issue_store(const Geo &g, uint32_t j, uint32_t ntok_blk,
-                                                 uint32_t n, uint32_t stages, uint32_t sbase,
-                                                 const int64_t *s_dst, bool tok_major,
-                                                 uint32_t lane)
-{
-    const uint32_t row = g.vecs * 16, H = g.num_heads, tok_bytes = H * row;
-    const uint32_t tb = (j >> 1) * n, nt = min(n, ntok_blk - tb), kv = j & 1;
-    const uint32_t sm = sbase + (j % stages) * n * tok_bytes;
-    uint8_t *pool = kv ? g.v : g.k;
-    const int64_t d = lane < nt ? s_dst[tb + lane] : -1;
-    const int64_t d0 = __shfl_sync(0xffffffffu, d, 0);
-    /* the item's tokens are consecutive slots of one page: fewer, larger pieces */
-    const bool contig =
-        __all_sync(0xffffffffu, lane >= nt || (d >= 0 && d == d0 + (int64_t)lane * g.slot_stride));
-    if (tok_major) {
-        if (contig && g.slot_stride == (int64_t)tok_bytes) {
-            if (lane == 0)
-                bulk_store(pool + d0, sm, nt * tok_bytes);
-        } else if (d >= 0) {
-            bulk_store(pool + d, sm + lane * tok_bytes, tok_bytes);
-        }
-    } else if (contig && g.slot_stride == (int64_t)row) {
-        for (uint32_t h = lane; h < H; h += 32)
-            bulk_store(pool + d0 + (int64_t)h * g.head_stride, sm + h * nt * row, nt * row);
-    } else {
-        for (uint32_t p = lane; p < nt * H; p += 32) {
-            const uint32_t h = p / nt, t = p - h * nt;
-            const int64_t dt = s_dst[tb + t];
-            if (dt >= 0)
-                bulk_store(pool + dt + (int64_t)h * g.head_stride, sm + p * row, row);
-        }
-    }
-    bulk_commit();
-}
-#endif
-
-template <bool FUSED>
-__global__ void __launch_bounds__(kBulkThreads)
-    bulk_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
-                const int32_t *__restrict__ aip, uint32_t nnz, uint32_t tokens_per_block,
-                uint32_t n, uint32_t stages, int32_t *err, uint32_t flags)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ __align__(8) uint64_t s_full[kBulkMaxStages];
-    /* dynamic: the stages, then the block's destinations */
-    extern __shared__ __align__(128) uint8_t s_stage[];
-    int64_t *s_dst =
-        reinterpret_cast<int64_t *>(s_stage + (size_t)stages * n * g.num_heads * g.vecs * 16);
-    const bool pdl = flags & kPdl;
-    if (pdl)
-        pdl_launch_dependents();
-    const uint64_t t0 = (uint64_t)blockIdx.x * tokens_per_block;
-    const uint32_t ntok_blk = (uint32_t)(nnz - t0 < tokens_per_block ? nnz - t0 : tokens_per_block);
-    const uint32_t nitems = 2 * ((ntok_blk + n - 1) / n);
-    const uint32_t lane = threadIdx.x & 31;
-    const bool issuer = threadIdx.x < 32;
-    /* NHD-like pools (a token's heads contiguous) stage [token][head], the others [head][token] */
-    const bool tok_major = g.head_stride == (int64_t)g.vecs * 16;
-    const uint32_t sbase = smem_addr(s_stage), fbase = smem_addr(s_full);
-    const uint32_t first = nitems < stages ? nitems : stages;
-    if (issuer) {
-        if (lane == 0) {
-            for (uint32_t s = 0; s < stages; s++)
-                mbar_init(fbase + 8 * s, 1);
-            fence_proxy_async();
-        }
-        __syncwarp();
-    }
-    if (!pdl && issuer) /* the sources do not depend on the page table: start them now */
-        for (uint32_t j = 0; j < first; j++)
-            bulk_issue_load(g, j, t0, ntok_blk, n, stages, sbase, fbase, tok_major, lane);
-    for (uint32_t k = threadIdx.x; k < ntok_blk; k += blockDim.x)
-        s_dst[k] = token_dst<FUSED>(g, (uint32_t)(t0 + k), nnz, bi, pos_arr, aip, err);
-    if (pdl && issuer) {
-        pdl_wait(); /* the previous kernel may write the sources */
-        for (uint32_t j = 0; j < first; j++)
-            bulk_issue_load(g, j, t0, ntok_blk, n, stages, sbase, fbase, tok_major, lane);
-    }
-    __syncthreads();
-    if (!issuer)
-        return;
-    for (uint32_t j = 0; j < nitems; j++) {
-        mbar_wait(fbase + 8 * (j % stages), (j / stages) & 1);
-        bulk_issue_store(g, j, ntok_blk, n, stages, sbase, s_dst, tok_major, lane);
-        /* refill the stage of item j-1, whose stores were issued one item ago, so a store is
-         * always draining while the next one is queued */
-        if (j >= 1 && j - 1 + stages < nitems) {
-            bulk_wait_read_all_but_one();
-            __syncwarp();
-            bulk_issue_load(g, j - 1 + stages, t0, ntok_blk, n, stages, sbase, fbase, tok_major,
-                            lane);
-        }
-    }
-    bulk_wait_all();
-#endif
-}
-
-/*
  * The daemon's append (kvp_append_slots_cuda): each token's destination slot was computed on
  * the host by the planner, so the kernel does no page-table lookup at all, and the slots
  * travel inside the launch (a __grid_constant__ parameter, read through the constant cache:
@@ -758,24 +534,15 @@ uint32_t num_sms(void)
 
 /* Tuning knobs read once per process from the environment, for benchmarking the shapes
  * against each other on one machine (tests/bench/README.md says what was chosen and why):
- *   KVP_APPEND_KERNEL=warp|block|bulk  force one copy kernel (bulk: the sm_90 copy-engine
- *                                  kernel, for the unchecked and fused forms; shapes it does
- *                                  not take go to the automatic choice);
+ *   KVP_APPEND_KERNEL=warp|block   force one copy kernel;
  *   KVP_APPEND_TPB=N               tokens per block of the block kernel (1..kMaxTokens);
  *   KVP_APPEND_BLOCKS_PER_SM=N     cap the block kernel's grid at N blocks per SM (the
  *                                  blocks then loop over the tokens: a persistent grid);
  *   KVP_APPEND_HINTS=ld|st|ldst    evict-first hints on source loads and/or pool stores;
- *   KVP_APPEND_WARPS_PER_BLOCK=N   tokens (warps) per block of the warp kernel (1..8);
- *   KVP_APPEND_BULK_STAGE_KB=N     bytes per stage of the bulk kernel (default 16 KiB; it
- *                                  takes as many stages as its share of shared memory holds);
- *   KVP_APPEND_BULK_BLOCKS_PER_SM=N  bulk blocks per SM sharing its shared memory (default 4);
- *   KVP_APPEND_BULK_TPB=N          tokens per bulk block (default 16, rounded up to whole
- *                                  stages; 0: one equal share of the batch per resident
- *                                  block, a persistent grid). The defaults measured best of
- *                                  the sweep in tests/bench/README.md. */
+ *   KVP_APPEND_WARPS_PER_BLOCK=N   tokens (warps) per block of the warp kernel (1..8). */
 struct Knobs {
-    int kernel; /* 0 auto, 1 warp, 2 block, 3 bulk */
-    uint32_t tpb, blocks_per_sm, hints, warps, bulk_stage_bytes, bulk_bps, bulk_tpb;
+    int kernel; /* 0 auto, 1 warp, 2 block */
+    uint32_t tpb, blocks_per_sm, hints, warps;
 };
 
 const Knobs &knobs(void)
@@ -784,11 +551,7 @@ const Knobs &knobs(void)
     static bool done = false;
     if (!done) {
         const char *f = getenv("KVP_APPEND_KERNEL");
-        k.kernel = !f                    ? 0
-                   : !strcmp(f, "warp")  ? 1
-                   : !strcmp(f, "block") ? 2
-                   : !strcmp(f, "bulk")  ? 3
-                                         : 0;
+        k.kernel = !f ? 0 : !strcmp(f, "warp") ? 1 : !strcmp(f, "block") ? 2 : 0;
         const char *t = getenv("KVP_APPEND_TPB");
         k.tpb = t ? (uint32_t)strtoul(t, NULL, 10) : 0;
         if (k.tpb > (uint32_t)kMaxTokens)
@@ -803,18 +566,6 @@ const Knobs &knobs(void)
         k.hints = !h ? 0u
                      : (strstr(h, "ld") ? (uint32_t)kStreamLd : 0u) |
                            (strstr(h, "st") ? (uint32_t)kStreamSt : 0u);
-        const char *sb = getenv("KVP_APPEND_BULK_STAGE_KB");
-        k.bulk_stage_bytes = (sb ? (uint32_t)strtoul(sb, NULL, 10) : 16u) * 1024u;
-        if (k.bulk_stage_bytes < 1024u || k.bulk_stage_bytes > 128u * 1024u)
-            k.bulk_stage_bytes = 16u * 1024u;
-        const char *bb = getenv("KVP_APPEND_BULK_BLOCKS_PER_SM");
-        k.bulk_bps = bb ? (uint32_t)strtoul(bb, NULL, 10) : 4u;
-        if (k.bulk_bps < 1 || k.bulk_bps > 8)
-            k.bulk_bps = 4;
-        const char *bt = getenv("KVP_APPEND_BULK_TPB");
-        k.bulk_tpb = bt ? (uint32_t)strtoul(bt, NULL, 10) : 16u;
-        if (k.bulk_tpb > (uint32_t)kBulkMaxTokens)
-            k.bulk_tpb = kBulkMaxTokens;
         done = true;
     }
     return k;
@@ -852,13 +603,12 @@ uint32_t tokens_per_block(const Geo &g, uint32_t nnz)
 /* Launches kern<<<grid, block, 0, s>>>(args...), with programmatic stream serialization when
  * pdl is set (the kernel then waits for its predecessor with griddepcontrol.wait itself). */
 template <typename... KArgs, typename... Args>
-void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, size_t smem, bool pdl,
-            cudaStream_t s, Args... args)
+void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, bool pdl, cudaStream_t s,
+            Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cudaLaunchAttribute at[1];
     if (pdl) {
@@ -870,91 +620,6 @@ void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, size_t smem, 
     (void)cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
 }
 
-/* What the bulk kernel can use on this device, read once per process and instantiation: it
- * runs only where the device is sm_90 or later and the kernel was built from sm_90 code (a
- * build for older targets only, JIT-compiled on a Hopper, holds an empty body), with its
- * dynamic shared-memory limit raised to the device's opt-in maximum. */
-struct BulkDev {
-    bool ok;
-    uint32_t smem_block, smem_sm, static_bytes;
-};
-
-template <bool FUSED> const BulkDev &bulk_dev(void)
-{
-    static BulkDev d;
-    static bool done = false;
-    if (!done) {
-        d = BulkDev{};
-        int dev = 0, major = 0, optin = 0, per_sm = 0;
-        cudaFuncAttributes a;
-        const void *f = reinterpret_cast<const void *>(bulk_kernel<FUSED>);
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-            major >= 9 &&
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
-                cudaSuccess &&
-            cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) ==
-                cudaSuccess &&
-            cudaFuncGetAttributes(&a, f) == cudaSuccess && a.ptxVersion >= 90 &&
-            optin > (int)a.sharedSizeBytes &&
-            cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 optin - (int)a.sharedSizeBytes) == cudaSuccess) {
-            d.ok = true;
-            d.smem_block = (uint32_t)optin;
-            d.smem_sm = (uint32_t)per_sm;
-            d.static_bytes = (uint32_t)a.sharedSizeBytes;
-        }
-        (void)cudaGetLastError(); /* a refused query must not look like a failed launch */
-        done = true;
-    }
-    return d;
-}
-
-/* Launches the bulk kernel, or returns false (nothing queued) where it does not apply: not
- * sm_90, or rows too large for two stages of the block's share of shared memory. Each block
- * takes KVP_APPEND_BULK_TPB consecutive tokens (a multiple of the item size, at most
- * kBulkMaxTokens); small blocks, several resident per SM, let the block scheduler balance the
- * SMs, which one static share per block did not (the same ~90% of the copy ceiling either
- * way on the large prefill, but HND needs several issuing warps per SM). */
-template <bool FUSED>
-bool launch_bulk(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
-                 uint32_t nnz, int32_t *err, uint32_t flags, cudaStream_t s)
-{
-    const BulkDev &d = bulk_dev<FUSED>();
-    if (!d.ok)
-        return false;
-    const Knobs &kn = knobs();
-    const uint64_t tok_bytes = (uint64_t)g.num_heads * g.vecs * 16;
-    uint64_t n = kn.bulk_stage_bytes / tok_bytes;
-    n = n < 1 ? 1 : n > (uint64_t)kBulkMaxItemTokens ? (uint64_t)kBulkMaxItemTokens : n;
-    const uint64_t stage = n * tok_bytes;
-    const uint64_t share =
-        ((uint64_t)nnz + kn.bulk_bps * num_sms() - 1) / (kn.bulk_bps * num_sms());
-    uint64_t tpb = kn.bulk_tpb ? kn.bulk_tpb : share;
-    tpb = (tpb + n - 1) / n * n;
-    const uint64_t cap = (uint64_t)kBulkMaxTokens / n * n;
-    if (tpb > cap)
-        tpb = cap;
-    uint64_t avail = d.smem_sm / kn.bulk_bps;
-    avail = avail > 1024 ? avail - 1024 : 0; /* the runtime's reserve per block */
-    if (avail > d.smem_block)
-        avail = d.smem_block;
-    avail = avail > d.static_bytes + tpb * 8 ? avail - d.static_bytes - tpb * 8 : 0;
-    uint64_t stages = avail / stage;
-    if (stages > (uint64_t)kBulkMaxStages)
-        stages = kBulkMaxStages;
-    if (stages < 2)
-        return false;
-    const uint64_t blocks = ((uint64_t)nnz + tpb - 1) / tpb;
-    /* a lookup per thread: no more warps than the block has tokens */
-    const uint32_t threads =
-        tpb >= (uint64_t)kBulkThreads ? (uint32_t)kBulkThreads : ((uint32_t)tpb + 31) / 32 * 32;
-    launch(bulk_kernel<FUSED>, (uint32_t)blocks, threads, (size_t)(stages * stage + tpb * 8),
-           (flags & kPdl) != 0, s, g, bi, pos, aip, nnz, (uint32_t)tpb, (uint32_t)n,
-           (uint32_t)stages, err, flags);
-    return true;
-}
-
 template <int VECS, bool FUSED>
 void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
                    uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, cudaStream_t s)
@@ -964,15 +629,12 @@ void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const in
     if (!device_has_pdl())
         flags &= ~(uint32_t)kPdl;
     const bool pdl = flags & kPdl;
-    if (!gate && kn.kernel == 3 && launch_bulk<FUSED>(g, bi, pos, aip, nnz, err, flags, s))
-        return;
     /* small batches (decode) with rows a warp covers in one pass: a warp per token */
-    const bool autosel = kn.kernel == 0 || kn.kernel == 3;
-    bool warp = kn.kernel == 1 || (autosel && nnz <= 16 * num_sms());
+    bool warp = kn.kernel == 1 || (kn.kernel == 0 && nnz <= 16 * num_sms());
     if (!gate && warp && 2 * g.num_heads * g.vecs <= 32u * kItems) {
         uint32_t blocks = (nnz + kn.warps - 1) / kn.warps;
-        launch(copy_warp_kernel<VECS, FUSED>, blocks, 32 * kn.warps, 0, pdl, s, g, bi, pos, aip,
-               nnz, err, flags);
+        launch(copy_warp_kernel<VECS, FUSED>, blocks, 32 * kn.warps, pdl, s, g, bi, pos, aip, nnz,
+               err, flags);
         return;
     }
     uint32_t tpb = tokens_per_block(g, nnz);
@@ -980,8 +642,8 @@ void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const in
     uint64_t cap = kn.blocks_per_sm ? (uint64_t)kn.blocks_per_sm * num_sms() : 65535u * 16u;
     if (blocks > cap)
         blocks = cap; /* the kernel loops over the rest */
-    launch(copy_kernel<VECS, FUSED>, (uint32_t)blocks, kThreads, 0, pdl, s, g, bi, pos, aip, nnz,
-           tpb, gate, err, flags);
+    launch(copy_kernel<VECS, FUSED>, (uint32_t)blocks, kThreads, pdl, s, g, bi, pos, aip, nnz, tpb,
+           gate, err, flags);
 }
 
 template <bool FUSED>
@@ -1091,8 +753,6 @@ extern "C" int kvp_cuda_kernels_preload(void)
         reinterpret_cast<const void *>(copy_warp_kernel<8, true>),
         reinterpret_cast<const void *>(copy_warp_kernel<16, true>),
         reinterpret_cast<const void *>(copy_warp_kernel<32, true>),
-        reinterpret_cast<const void *>(bulk_kernel<false>),
-        reinterpret_cast<const void *>(bulk_kernel<true>),
         reinterpret_cast<const void *>(slots_kernel<0, kSlotsSmall>),
         reinterpret_cast<const void *>(slots_kernel<4, kSlotsSmall>),
         reinterpret_cast<const void *>(slots_kernel<8, kSlotsSmall>),
@@ -1111,10 +771,6 @@ extern "C" int kvp_cuda_kernels_preload(void)
     for (const void *f : fns)
         if (cudaFuncGetAttributes(&a, f) != cudaSuccess)
             return KVP_EINTERNAL;
-    /* the bulk kernels' shared-memory limit is raised here, outside any graph capture (where
-     * the device has none to raise, the append takes the other kernels: not an error) */
-    (void)bulk_dev<false>();
-    (void)bulk_dev<true>();
     return kvp__cuda_pack_preload();
 }
 

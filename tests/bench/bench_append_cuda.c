@@ -7,8 +7,8 @@
  * 8 layers of the pool for decode steps, 10 alternating between 2 source sets for prefills.
  * Times are medians of --reps event-timed runs after warm-up; bytes = K and V rows read once
  * and written once. fp16, page 16 unless the workload says otherwise. Prints one table; exits
- * 77 without a GPU. The kernel knobs of kvp_append_cuda.cu apply (KVP_APPEND_KERNEL=bulk for
- * the copy-engine kernel): run the binary once per setting in one device call to compare.
+ * 77 without a GPU. The kernel knobs of kvp_append_cuda.cu apply: run the binary once per
+ * setting in one device call to compare.
  *
  * --host: instead, the host side of the daemon's two ways to run a decode step's Append
  * (256 x 1, H 8, D 128, one layer): the slot kernel with its slots in the launch, against the

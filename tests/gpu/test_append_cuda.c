@@ -7,17 +7,14 @@
  * positions, fused with append_indptr, fused under programmatic dependent launch). Also: fused
  * positions equal get_batch_indices_positions, padding and nnz = 0, a bad position writes nothing,
  * graph capture and replay give the same bytes, page copies, the slot form (the daemon's
- * small-Append path), prefill-sized appends (padding, a bad page id). The whole suite then runs
- * again in a child process with KVP_APPEND_KERNEL=bulk, so the sm_90 copy-engine kernel meets
- * the same checks. Exits 77 where no GPU is usable (CI).
+ * small-Append path), prefill-sized appends (padding, a bad page id). Exits 77 where no GPU is
+ * usable (CI).
  */
 #include <check.h>
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "kvp_bench_kernels.h"
 #include "kvp_error.h"
@@ -261,7 +258,7 @@ START_TEST(cuda_matches_cpu_over_the_grid)
 }
 END_TEST
 
-/* Prefill-sized appends (the shapes the block and bulk kernels take), checked against the CPU
+/* Prefill-sized appends (the shapes the block kernel takes), checked against the CPU
  * byte for byte on a poisoned pool: 3 requests of 700, 333 and 1200 new tokens after 5, 0 and
  * 13 old ones (so items straddle page and request boundaries), H 8, D 128, fp16, pages of 16,
  * both layouts, dense and strided sources. Forms: unchecked with every 97th token padding,
@@ -815,9 +812,8 @@ START_TEST(slots_append_refuses_before_writing)
 }
 END_TEST
 
-int main(int argc, char **argv)
+int main(void)
 {
-    (void)argc;
     if (!gpu_present()) {
         printf("no usable GPU: skipped\n");
         return 77;
@@ -842,23 +838,5 @@ int main(int argc, char **argv)
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    if (failed)
-        return EXIT_FAILURE;
-    /* The kernel is chosen from KVP_APPEND_KERNEL once per process: run everything again in a
-     * fresh process with the bulk kernel forced (it takes every unchecked and fused append it
-     * can; off sm_90 the others run again). */
-    if (!getenv("KVP_APPEND_KERNEL")) {
-        printf("again with KVP_APPEND_KERNEL=bulk\n");
-        fflush(stdout);
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("KVP_APPEND_KERNEL", "bulk", 1);
-            execv("/proc/self/exe", argv);
-            _exit(127);
-        }
-        int st = 0;
-        if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            return EXIT_FAILURE;
-    }
-    return EXIT_SUCCESS;
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
