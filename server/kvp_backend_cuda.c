@@ -87,8 +87,6 @@ typedef struct {
     int plan_upload; /* $KVPOOL_CUDA_PLAN_UPLOAD=1: every Append uploads its plan and runs the
                         page-table kernels (the path of batches over KVP_APPEND_SLOTS_MAX or with
                         copies), to compare the two in one build */
-    int spin_wait;   /* $KVPOOL_CUDA_WAIT=spin: wait for a run by polling cudaStreamQuery
-                        instead of cudaStreamSynchronize (measured against each other) */
 } cuda_backend_t;
 
 /* A worker buffer as the daemon holds it (kvp_buffer_t.priv). */
@@ -101,7 +99,7 @@ typedef struct {
     size_t host_bytes;   /* its length */
     const uint8_t *dptr; /* where the kernels read */
     cudaEvent_t ready;   /* the worker's interprocess event, NULL if none */
-    cudaEvent_t done;    /* ours, interprocess, NULL if none */
+    cudaEvent_t done;    /* ours, interprocess, NULL if none: handed out, never recorded */
 } cuda_buf_t;
 
 static void poison(cuda_backend_t *cb, const char *why)
@@ -382,8 +380,6 @@ fail:
 /* Reads a finished run's error word; non-zero poisons. */
 static int stage_check(cuda_backend_t *cb, const stage_t *st)
 {
-    if (st->err_word == SIZE_MAX)
-        return 0; /* the run had no error word (enqueue_slots) */
     int32_t err = st->host[st->err_word];
     if (err == 0)
         return 0;
@@ -530,31 +526,24 @@ static int enqueue_slots(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
     KVP_KERNEL_CHECK(kvp_append_slots_cuda(&kv, &src, slots, e->nnz, e->layer_end - e->layer_begin,
                                            b->derived.layer_bytes, e->layer_stride, dv->stream),
                      rc, fail);
-    dv->stage.err_word = SIZE_MAX; /* nothing to read back */
     return 0;
 fail:
     return rc ? rc : KVP_EINTERNAL;
 }
 
-/* Waits until dv's stream has run what enqueue_on_device queued and checks the run's error
- * word. The daemon waits for the copy before answering in both sync modes: the pages the copy
- * writes stay pinned only until run() returns (kvp_rpc_job_finish unpins them), so returning
- * while the GPU still writes would let a concurrent Release hand those pages to another
- * sequence. SYNC_EVENT still orders the worker's stream after the copy on the GPU (the done
- * event), so the worker's stream never waits on the CPU. The caller holds dv->lock. */
-static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv)
+/* Waits until dv's stream has run what was queued and, for enqueue_on_device's work
+ * (has_err_word), checks the run's error word. The daemon waits for the copy before answering in
+ * both sync modes: the pages the copy writes stay pinned only until run() returns
+ * (kvp_rpc_job_finish unpins them), so returning while the GPU still writes would let a concurrent
+ * Release hand those pages to another sequence. SYNC_EVENT still orders the worker's stream after
+ * the copy on the GPU (the done event), so the worker's stream never waits on the CPU. The caller
+ * holds dv->lock. */
+static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv, int has_err_word)
 {
     int rc = 0;
     KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
-    if (cb->spin_wait) {
-        cudaError_t q;
-        while ((q = cudaStreamQuery(dv->stream)) == cudaErrorNotReady)
-            ;
-        KVP_CUDA_CHECK(q, rc, fail);
-    } else {
-        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
-    }
-    return stage_check(cb, &dv->stage);
+    KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+    return has_err_word ? stage_check(cb, &dv->stage) : 0;
 fail:
     return rc;
 }
@@ -651,8 +640,7 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
     const int small =
         !refused && !e->num_copies && e->nnz && e->nnz <= KVP_APPEND_SLOTS_MAX && !cb->plan_upload;
     if (small && plan_slots(b, e, slots)) {
-        kvp_log(KVP_LOG_CRIT, "cuda append plan has a bad row err=%s (planner bug)",
-                kvp_errname(KVP_ERANGE));
+        kvp_log(KVP_LOG_CRIT, "cuda append plan names a slot outside its sequence (planner bug)");
         poison(cb, "an append plan named a slot outside its sequence");
         return KVP_EINTERNAL;
     }
@@ -668,7 +656,7 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
     const uint64_t t2 = now_ns();
     for (uint32_t g = 0; g < cb->num_devices && !rc; g++)
         if (locked[g])
-            rc = finish_on_device(cb, &cb->dev[g]);
+            rc = finish_on_device(cb, &cb->dev[g], !small);
     for (uint32_t g = cb->num_devices; g-- > 0;)
         if (locked[g])
             pthread_mutex_unlock(&cb->dev[g].lock);
@@ -865,8 +853,6 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
     }
     const char *up = getenv("KVPOOL_CUDA_PLAN_UPLOAD");
     cb->plan_upload = up && !strcmp(up, "1");
-    const char *wait = getenv("KVPOOL_CUDA_WAIT");
-    cb->spin_wait = wait && !strcmp(wait, "spin");
     for (int i = 0; i < num_devices; i++) {
         cb->dev[i].ordinal = devices[i];
         cb->dev[i].export_fd = -1;
