@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kvp_kernels_cuda.h"
 
 namespace
@@ -646,27 +648,36 @@ void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const in
            gate, err, flags);
 }
 
+/* Calls f(std::integral_constant<int, V>{}) with V the row's vector count when the kernels
+ * have a form specialised for it (4, 8, 16, 32), else with V = 0 (the generic form). */
+template <typename F> void with_vecs(uint32_t vecs, F f)
+{
+    switch (vecs) {
+    case 4:
+        f(std::integral_constant<int, 4>{});
+        break;
+    case 8:
+        f(std::integral_constant<int, 8>{});
+        break;
+    case 16:
+        f(std::integral_constant<int, 16>{});
+        break;
+    case 32:
+        f(std::integral_constant<int, 32>{});
+        break;
+    default:
+        f(std::integral_constant<int, 0>{});
+        break;
+    }
+}
+
 template <bool FUSED>
 void launch_copy(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
                  uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, cudaStream_t s)
 {
-    switch (g.vecs) {
-    case 4:
-        launch_copy_t<4, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
-        break;
-    case 8:
-        launch_copy_t<8, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
-        break;
-    case 16:
-        launch_copy_t<16, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
-        break;
-    case 32:
-        launch_copy_t<32, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
-        break;
-    default:
-        launch_copy_t<0, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
-        break;
-    }
+    with_vecs(g.vecs, [&](auto v) {
+        launch_copy_t<decltype(v)::value, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
+    });
 }
 
 /* The two inline capacities: a decode step of up to 256 sequences sends 1 KiB of slots, up
@@ -686,38 +697,18 @@ void launch_slots_t(const Geo &g, const int32_t *slots, uint32_t nnz, uint32_t n
         <<<grid, 32 * kSlotWarps, 0, s>>>(g, in, nnz, layer_stride, src_layer_stride);
 }
 
-template <int VECS>
-void launch_slots_v(const Geo &g, const int32_t *slots, uint32_t nnz, uint32_t num_layers,
-                    int64_t layer_stride, int64_t src_layer_stride, cudaStream_t s)
-{
-    if (nnz <= kSlotsSmall)
-        launch_slots_t<VECS, kSlotsSmall>(g, slots, nnz, num_layers, layer_stride, src_layer_stride,
-                                          s);
-    else
-        launch_slots_t<VECS, KVP_APPEND_SLOTS_MAX>(g, slots, nnz, num_layers, layer_stride,
-                                                   src_layer_stride, s);
-}
-
 void launch_slots(const Geo &g, const int32_t *slots, uint32_t nnz, uint32_t num_layers,
                   int64_t layer_stride, int64_t src_layer_stride, cudaStream_t s)
 {
-    switch (g.vecs) {
-    case 4:
-        launch_slots_v<4>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
-        break;
-    case 8:
-        launch_slots_v<8>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
-        break;
-    case 16:
-        launch_slots_v<16>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
-        break;
-    case 32:
-        launch_slots_v<32>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
-        break;
-    default:
-        launch_slots_v<0>(g, slots, nnz, num_layers, layer_stride, src_layer_stride, s);
-        break;
-    }
+    with_vecs(g.vecs, [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        if (nnz <= kSlotsSmall)
+            launch_slots_t<V, kSlotsSmall>(g, slots, nnz, num_layers, layer_stride,
+                                           src_layer_stride, s);
+        else
+            launch_slots_t<V, KVP_APPEND_SLOTS_MAX>(g, slots, nnz, num_layers, layer_stride,
+                                                    src_layer_stride, s);
+    });
 }
 
 } // namespace
