@@ -111,6 +111,11 @@ long kvp_wire_encode_response_frame(const kvpool_Response *resp, uint8_t *buf, s
  * kvp_wire_encode_frame(kvpool_Request_fields, ...) would, the rest through nanopb. */
 long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size_t cap);
 
+/* 1 when the two direct encoders above know every field of the messages they write (the
+ * field counts of kvpool.proto they were written for), else 0: they then leave every message
+ * to nanopb. For tests. */
+int kvp__wire_direct_shapes_known(void);
+
 /* Size of the encoding of msg (no header), or -1. */
 long kvp_wire_encoded_size(const pb_msgdesc_t *fields, const void *msg);
 
