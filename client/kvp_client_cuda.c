@@ -5,8 +5,10 @@
  * ordered by interprocess events, and a Reserve's copy-on-write copies on the worker's stream.
  *
  * The state hangs off the handle (kvp__client_cuda_state) and is freed by kvp_client_close.
- * Every CUDA call goes through a check macro that leaves the call, file and line in the
- * handle's last error. Built without CUDA, every entry point returns KVP_EUNAVAIL.
+ * Every CUDA call goes through a check macro of cuda/kvp_cuda_err.h, which records the call,
+ * file and line as the thread's last CUDA error (kvp_last_cuda_error); the entry point then
+ * copies that text into the handle's last error as well. Built without CUDA, every entry point
+ * returns KVP_EUNAVAIL (the record is there in both builds).
  */
 #include "kvpool.h"
 
@@ -16,38 +18,27 @@
 #include <unistd.h>
 
 #include "kvp_client_internal.h"
+#include "kvp_cuda_err.h"
+
+const char *kvp_last_cuda_error(void)
+{
+    return kvp_cuda_last_error();
+}
+
+void kvp_clear_cuda_error(void)
+{
+    kvp_cuda_clear_error();
+}
 
 #ifdef KVP_HAVE_CUDA
 
 #include "kvp_cuda_drv.h"
+#include "kvp_cuda_vmm.h"
 #include "kvp_kernels_cuda.h"
 
 #define CUDA_MAX_BUFFERS  64   /* CUDA staging buffers per handle */
 #define SCRATCH_MIN_BYTES 4096 /* first size of the copy-pages scratch */
 #define MAX_PRELOADED     64   /* devices whose kernels this handle loaded */
-
-/* A failed runtime call: its description goes to the handle's last error. */
-#define CLIENT_CUDA_TRY(c, call, rc, label)                                                        \
-    do {                                                                                           \
-        cudaError_t kvp_res_ = (call);                                                             \
-        if (kvp_res_ != cudaSuccess) {                                                             \
-            kvp_cuda_err_t kvp_err_;                                                               \
-            (rc) = kvp_cuda_err_rt(&kvp_err_, kvp_res_, #call, __FILE__, __LINE__);                \
-            kvp__client_fail((c), (rc), "%s", kvp_err_.msg);                                       \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define CLIENT_CU_TRY(c, call, rc, label)                                                          \
-    do {                                                                                           \
-        CUresult kvp_res_ = (call);                                                                \
-        if (kvp_res_ != CUDA_SUCCESS) {                                                            \
-            kvp_cuda_err_t kvp_err_;                                                               \
-            (rc) = kvp_cuda_err_drv(&kvp_err_, kvp_res_, #call, __FILE__, __LINE__);               \
-            kvp__client_fail((c), (rc), "%s", kvp_err_.msg);                                       \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* A staging buffer this handle registered. */
 typedef struct {
@@ -87,18 +78,21 @@ typedef struct {
     int set;
 } devguard_t;
 
-static int fail_err(kvp_client_t *c, int rc, const kvp_cuda_err_t *err)
+/* After a check macro failed: the thread's record (what failed, where) becomes the handle's
+ * last error too. Returns rc. */
+static int cuda_fail(kvp_client_t *c, int rc)
 {
-    return kvp__client_fail(c, rc, "%s", err->msg);
+    return kvp__client_fail(c, rc, "%s", kvp_cuda_last_error());
 }
 
-/* The driver and this handle's state, or KVP_EUNAVAIL / KVP_ENOMEM. */
+/* The driver and this handle's state, or KVP_EUNAVAIL / KVP_ENOMEM. *out is set on every
+ * path (NULL on failure). */
 static int get_state(kvp_client_t *c, cstate_t **out)
 {
     const kvp_cuda_drv_t *drv;
-    kvp_cuda_err_t err;
-    if (kvp_cuda_drv_get(&drv, &err))
-        return kvp__client_fail(c, KVP_EUNAVAIL, "CUDA unavailable: %s", err.msg);
+    *out = NULL;
+    if (kvp_cuda_drv_get(&drv))
+        return kvp__client_fail(c, KVP_EUNAVAIL, "CUDA unavailable: %s", kvp_cuda_last_error());
     void **slot = kvp__client_cuda_state(c);
     if (!*slot && !(*slot = calloc(1, sizeof(cstate_t))))
         return kvp__client_fail(c, KVP_ENOMEM, "out of memory");
@@ -109,14 +103,15 @@ static int get_state(kvp_client_t *c, cstate_t **out)
 static int dev_enter(kvp_client_t *c, int device, devguard_t *g)
 {
     int rc = 0;
+    g->prev = -1;
     g->set = 0;
-    CLIENT_CUDA_TRY(c, cudaGetDevice(&g->prev), rc, fail);
+    KVP_CUDA_TRY(cudaGetDevice(&g->prev), rc, fail);
     if (g->prev != device)
-        CLIENT_CUDA_TRY(c, cudaSetDevice(device), rc, fail);
+        KVP_CUDA_TRY(cudaSetDevice(device), rc, fail);
     g->set = g->prev != device;
     return 0;
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 static void dev_leave(devguard_t *g)
@@ -133,13 +128,13 @@ static int preload(kvp_client_t *c, cstate_t *st, int device)
     for (uint32_t i = 0; i < st->num_preloaded; i++)
         if (st->preloaded[i] == device)
             return 0;
-    int rc = kvp_cuda_kernels_preload();
-    if (rc)
-        return kvp__client_fail(c, rc, "kvp_cuda_kernels_preload on device %d: %s", device,
-                                kvp_strerror(rc));
+    int rc = 0;
+    KVP_KERNEL_TRY(kvp_cuda_kernels_preload(), rc, fail);
     if (st->num_preloaded < MAX_PRELOADED)
         st->preloaded[st->num_preloaded++] = device;
     return 0;
+fail:
+    return kvp__client_fail(c, rc, "kernels on device %d: %s", device, kvp_cuda_last_error());
 }
 
 static cbuf_t *find_buf(cstate_t *st, uint32_t id)
@@ -206,13 +201,11 @@ int kvp_client_cuda_map_pool(kvp_client_t *c)
     for (uint32_t g = 0; g < n; g++) {
         int device = pi->device_ids[g];
         devguard_t guard;
-        kvp_cuda_err_t err;
         if ((rc = dev_enter(c, device, &guard)))
             goto fail;
         if (!(rc = preload(c, st, device)) &&
-            (rc = kvp_cuda_vmm_import(kvp_client_pool_fd(c, g), device, size, &st->pool[g], NULL,
-                                      &err)))
-            fail_err(c, rc, &err);
+            (rc = kvp_cuda_vmm_import(kvp_client_pool_fd(c, g), device, size, &st->pool[g], NULL)))
+            cuda_fail(c, rc);
         dev_leave(&guard);
         if (rc)
             goto fail;
@@ -232,16 +225,16 @@ static int make_ready_event(kvp_client_t *c, cbuf_t *b, kvpool_RegisterBufferReq
 {
     int rc = 0;
     cudaIpcEventHandle_t h;
-    CLIENT_CUDA_TRY(
-        c, cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming | cudaEventInterprocess), rc,
+    KVP_CUDA_TRY(
+        cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming | cudaEventInterprocess), rc,
         fail);
-    CLIENT_CUDA_TRY(c, cudaIpcGetEventHandle(&h, b->ready), rc, fail);
+    KVP_CUDA_TRY(cudaIpcGetEventHandle(&h, b->ready), rc, fail);
     _Static_assert(sizeof(h) <= sizeof(q->event_handle.bytes), "event handle fits the proto");
     memcpy(q->event_handle.bytes, &h, sizeof(h));
     q->event_handle.size = sizeof(h);
     return 0;
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 /* After a successful RegisterBuffer: takes the id and opens the daemon's done event. On
@@ -262,17 +255,15 @@ static int take_registration(kvp_client_t *c, cstate_t *st, cbuf_t *b, uint32_t 
                                     (unsigned)r->done_event_handle.size);
         }
         memcpy(&h, r->done_event_handle.bytes, sizeof(h));
-        CLIENT_CUDA_TRY(c, cudaIpcOpenEventHandle(&b->done, h), rc, fail);
+        KVP_CUDA_TRY(cudaIpcOpenEventHandle(&b->done, h), rc, fail);
     }
     st->bufs[st->num_bufs++] = *b;
     *buffer_id = b->id;
     return 0;
-fail : {
-    char why[sizeof(((kvp_cuda_err_t *)0)->msg)];
-    snprintf(why, sizeof(why), "%s", kvp_client_last_error(c));
+fail:
+    /* the unregister may overwrite the handle's last error, not the thread's CUDA record */
     kvp_client_unregister_buffer(c, b->id);
-    return kvp__client_fail(c, rc, "%s", why);
-}
+    return cuda_fail(c, rc);
 }
 
 int kvp_client_cuda_alloc_buffer(kvp_client_t *c, uint64_t size_bytes, int device, void **dptr,
@@ -297,12 +288,11 @@ int kvp_client_cuda_alloc_buffer(kvp_client_t *c, uint64_t size_bytes, int devic
     b.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD;
     b.device = device;
     int fd = -1;
-    kvp_cuda_err_t err;
     if ((rc = preload(c, st, device)))
         goto fail;
-    if ((rc = kvp_cuda_vmm_alloc(device, (size_t)size_bytes, &b.vmm, &err)) ||
-        (rc = kvp_cuda_vmm_export(&b.vmm, &fd, &err))) {
-        fail_err(c, rc, &err);
+    if ((rc = kvp_cuda_vmm_alloc(device, (size_t)size_bytes, &b.vmm)) ||
+        (rc = kvp_cuda_vmm_export(&b.vmm, &fd))) {
+        cuda_fail(c, rc);
         goto fail;
     }
     kvpool_Request *req = kvp__client_request(c, kvpool_Request_register_buffer_tag);
@@ -344,11 +334,10 @@ int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_
         return kvp__client_fail(c, KVP_ELIMIT, "at most %u CUDA buffers per handle",
                                 CUDA_MAX_BUFFERS);
     const kvp_cuda_drv_t *drv;
-    kvp_cuda_err_t err;
-    if ((rc = kvp_cuda_drv_get(&drv, &err)))
-        return fail_err(c, rc, &err);
+    if ((rc = kvp_cuda_drv_get(&drv)))
+        return cuda_fail(c, rc);
     struct cudaPointerAttributes attr;
-    CLIENT_CUDA_TRY(c, cudaPointerGetAttributes(&attr, dptr_base), rc, fail_early);
+    KVP_CUDA_TRY(cudaPointerGetAttributes(&attr, dptr_base), rc, fail_early);
     if (attr.type != cudaMemoryTypeDevice)
         return kvp__client_fail(c, KVP_EINVAL,
                                 "cuda_register_ipc: %p is not device memory (type %d)", dptr_base,
@@ -364,8 +353,8 @@ int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_
         goto fail;
     CUdeviceptr base = 0;
     size_t range = 0;
-    CLIENT_CU_TRY(c, drv->cuMemGetAddressRange(&base, &range, (CUdeviceptr)(uintptr_t)dptr_base),
-                  rc, fail);
+    KVP_CU_TRY(drv->cuMemGetAddressRange(&base, &range, (CUdeviceptr)(uintptr_t)dptr_base), rc,
+               fail_cuda);
     b.base_offset = (uint64_t)((uintptr_t)dptr_base - (uintptr_t)base);
     if (size_bytes > range || b.base_offset > range - size_bytes) {
         rc = kvp__client_fail(c, KVP_EINVAL,
@@ -376,7 +365,7 @@ int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_
         goto fail;
     }
     cudaIpcMemHandle_t h;
-    CLIENT_CUDA_TRY(c, cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base), rc, fail);
+    KVP_CUDA_TRY(cudaIpcGetMemHandle(&h, (void *)(uintptr_t)base), rc, fail_cuda);
     kvpool_Request *req = kvp__client_request(c, kvpool_Request_register_buffer_tag);
     kvpool_RegisterBufferRequest *q = &req->body.register_buffer;
     q->kind = kvpool_BufferKind_BUFFER_CUDA_IPC;
@@ -392,12 +381,14 @@ int kvp_client_cuda_register_ipc(kvp_client_t *c, const void *dptr_base, uint64_
         goto fail;
     dev_leave(&guard);
     return 0;
+fail_cuda:
+    cuda_fail(c, rc);
 fail:
     buf_free(&b);
     dev_leave(&guard);
     return rc;
 fail_early:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 int kvp_client_cuda_free_buffer(kvp_client_t *c, uint32_t buffer_id)
@@ -446,25 +437,27 @@ int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
     cudaStream_t cs = (cudaStream_t)stream;
     if (!b->ready || !b->done) {
         /* no events: the data must be in the buffer before the daemon reads it */
-        CLIENT_CUDA_TRY(c, cudaStreamSynchronize(cs), rc, fail);
+        KVP_CUDA_TRY(cudaStreamSynchronize(cs), rc, fail);
         return kvp__client_append(c, seq_ids, num_tokens, n, &s, kvpool_SyncMode_SYNC_NONE, table);
     }
-    CLIENT_CUDA_TRY(c, cudaEventRecord(b->ready, cs), rc, fail);
+    KVP_CUDA_TRY(cudaEventRecord(b->ready, cs), rc, fail);
     if ((rc = kvp__client_append(c, seq_ids, num_tokens, n, &s, kvpool_SyncMode_SYNC_EVENT, table)))
         return rc;
     /* an answer sent once the copy completed needs no device-side wait (a cross-process
      * handoff); otherwise the daemon recorded done before it answered and this wait covers
      * the copy */
     if (!kvp__client_append_completed(c))
-        CLIENT_CUDA_TRY(c, cudaStreamWaitEvent(cs, b->done, 0), rc, fail);
+        KVP_CUDA_TRY(cudaStreamWaitEvent(cs, b->done, 0), rc, fail);
     return 0;
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
-/* The events of one of this handle's CUDA buffers, or a failure naming what is missing. */
+/* The events of one of this handle's CUDA buffers, or a failure naming what is missing. *out
+ * is set on every path (NULL on failure). */
 static int event_buf(kvp_client_t *c, uint32_t buffer_id, cbuf_t **out, const char *who)
 {
+    *out = NULL;
     cstate_t *st;
     int rc = get_state(c, &st);
     if (rc)
@@ -487,10 +480,10 @@ int kvp_client_cuda_record_ready(kvp_client_t *c, uint32_t buffer_id, void *stre
     int rc = event_buf(c, buffer_id, &b, "cuda_record_ready");
     if (rc)
         return rc;
-    CLIENT_CUDA_TRY(c, cudaEventRecord(b->ready, (cudaStream_t)stream), rc, fail);
+    KVP_CUDA_TRY(cudaEventRecord(b->ready, (cudaStream_t)stream), rc, fail);
     return 0;
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream)
@@ -501,17 +494,17 @@ int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream)
     int rc = event_buf(c, buffer_id, &b, "cuda_wait_done");
     if (rc)
         return rc;
-    CLIENT_CUDA_TRY(c, cudaStreamWaitEvent((cudaStream_t)stream, b->done, 0), rc, fail);
+    KVP_CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, b->done, 0), rc, fail);
     return 0;
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 /* Pool index of the current device. */
 static int current_pool(kvp_client_t *c, uint32_t *g_out, int *device_out)
 {
     int rc = 0, device = -1;
-    CLIENT_CUDA_TRY(c, cudaGetDevice(&device), rc, fail);
+    KVP_CUDA_TRY(cudaGetDevice(&device), rc, fail);
     const kvp_pool_info_t *pi = kvp_client_pool_info(c);
     for (uint32_t g = 0; g < kvp__client_num_pool(c) && g < KVP_CLIENT_MAX_DEVICES; g++) {
         if (pi->device_ids[g] == device) {
@@ -525,7 +518,7 @@ static int current_pool(kvp_client_t *c, uint32_t *g_out, int *device_out)
                             "daemon",
                             device);
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 /* Makes sc hold bytes, waiting for its previous users only when it must grow. */
@@ -533,33 +526,32 @@ static int scratch_reserve(kvp_client_t *c, scratch_t *sc, size_t bytes)
 {
     int rc = 0;
     if (!sc->uploaded) {
-        CLIENT_CUDA_TRY(c, cudaEventCreateWithFlags(&sc->uploaded, cudaEventDisableTiming), rc,
-                        fail);
-        CLIENT_CUDA_TRY(c, cudaEventCreateWithFlags(&sc->used, cudaEventDisableTiming), rc, fail);
+        KVP_CUDA_TRY(cudaEventCreateWithFlags(&sc->uploaded, cudaEventDisableTiming), rc, fail);
+        KVP_CUDA_TRY(cudaEventCreateWithFlags(&sc->used, cudaEventDisableTiming), rc, fail);
     }
     if (sc->valid)
-        CLIENT_CUDA_TRY(c, cudaEventSynchronize(sc->uploaded), rc, fail);
+        KVP_CUDA_TRY(cudaEventSynchronize(sc->uploaded), rc, fail);
     if (sc->cap_bytes >= bytes)
         return 0;
     size_t cap = sc->cap_bytes ? 2 * sc->cap_bytes : SCRATCH_MIN_BYTES;
     while (cap < bytes)
         cap *= 2;
     if (sc->valid)
-        CLIENT_CUDA_TRY(c, cudaEventSynchronize(sc->used), rc, fail);
+        KVP_CUDA_TRY(cudaEventSynchronize(sc->used), rc, fail);
     if (sc->host)
-        CLIENT_CUDA_TRY(c, cudaFreeHost(sc->host), rc, fail);
+        KVP_CUDA_TRY(cudaFreeHost(sc->host), rc, fail);
     sc->host = NULL;
     if (sc->dev)
-        CLIENT_CUDA_TRY(c, cudaFree(sc->dev), rc, fail);
+        KVP_CUDA_TRY(cudaFree(sc->dev), rc, fail);
     sc->dev = NULL;
     sc->cap_bytes = 0;
     sc->valid = 0;
-    CLIENT_CUDA_TRY(c, cudaHostAlloc((void **)&sc->host, cap, cudaHostAllocDefault), rc, fail);
-    CLIENT_CUDA_TRY(c, cudaMalloc(&sc->dev, cap), rc, fail);
+    KVP_CUDA_TRY(cudaHostAlloc((void **)&sc->host, cap, cudaHostAllocDefault), rc, fail);
+    KVP_CUDA_TRY(cudaMalloc(&sc->dev, cap), rc, fail);
     sc->cap_bytes = cap;
     return 0;
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 int kvp_client_cuda_copy_pages(kvp_client_t *c, const kvp_page_table_t *t, void *stream)
@@ -595,14 +587,14 @@ int kvp_client_cuda_copy_pages(kvp_client_t *c, const kvp_page_table_t *t, void 
     }
     /* the device half may still be read by a copy queued on another stream */
     if (sc->valid)
-        CLIENT_CUDA_TRY(c, cudaStreamWaitEvent(cs, sc->used, 0), rc, fail);
-    CLIENT_CUDA_TRY(c, cudaMemcpyAsync(sc->dev, sc->host, bytes, cudaMemcpyHostToDevice, cs), rc,
-                    fail);
-    CLIENT_CUDA_TRY(c, cudaEventRecord(sc->uploaded, cs), rc, fail);
+        KVP_CUDA_TRY(cudaStreamWaitEvent(cs, sc->used, 0), rc, fail);
+    KVP_CUDA_TRY(cudaMemcpyAsync(sc->dev, sc->host, bytes, cudaMemcpyHostToDevice, cs), rc, fail);
+    KVP_CUDA_TRY(cudaEventRecord(sc->uploaded, cs), rc, fail);
     sc->valid = 1;
     const kvp_pool_info_t *pi = kvp_client_pool_info(c);
     uint8_t *base = kvp_client_pool_base(c, g);
-    for (uint32_t l = 0; l < pi->num_layers; l++) {
+    uint32_t l;
+    for (l = 0; l < pi->num_layers; l++) {
         kvp_paged_kv_t kv;
         memset(&kv, 0, sizeof(kv));
         kv.k_data = base + (uint64_t)l * pi->layer_bytes;
@@ -615,17 +607,15 @@ int kvp_client_cuda_copy_pages(kvp_client_t *c, const kvp_page_table_t *t, void 
         kv.stride_page = pi->stride_page;
         kv.stride_n = pi->stride_n;
         kv.stride_h = pi->stride_h;
-        rc = kvp_page_copy_cuda(&kv, sc->dev, t->num_copies, NULL, cs);
-        if (rc) {
-            kvp__client_fail(c, rc, "kvp_page_copy_cuda (layer %u, device %d): %s (%s)", l, device,
-                             kvp_strerror(rc), cudaGetErrorName(cudaGetLastError()));
-            goto fail;
-        }
+        KVP_KERNEL_TRY(kvp_page_copy_cuda(&kv, sc->dev, t->num_copies, NULL, cs), rc, fail_copy);
     }
-    CLIENT_CUDA_TRY(c, cudaEventRecord(sc->used, cs), rc, fail);
+    KVP_CUDA_TRY(cudaEventRecord(sc->used, cs), rc, fail);
     return 0;
+fail_copy:
+    return kvp__client_fail(c, rc, "page copy (layer %u, device %d): %s", l, device,
+                            kvp_cuda_last_error());
 fail:
-    return rc;
+    return cuda_fail(c, rc);
 }
 
 void kvp__client_cuda_close(kvp_client_t *c)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kvp_bench_kernels.h"
+#include "kvp_cuda_err.h"
 
 namespace {
 
@@ -76,8 +77,12 @@ __global__ void read_last_kernel(kvp_paged_kv_t kv, unsigned long long *sum)
 
 extern "C" int kvp_bench_spin_cuda(uint64_t ns, unsigned blocks, void *stream)
 {
+    int rc = 0;
     spin_kernel<<<blocks, 128, 0, static_cast<cudaStream_t>(stream)>>>(ns);
-    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_bench_empty_pdl_cuda(void *stream)
@@ -91,37 +96,54 @@ extern "C" int kvp_bench_empty_pdl_cuda(void *stream)
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, empty_pdl_kernel) == cudaSuccess ? 0 : -1;
+    int rc = 0;
+    KVP_CUDA_TRY(cudaLaunchKernelEx(&cfg, empty_pdl_kernel), rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_bench_spin_fill_cuda(void *dst, uint64_t bytes, uint8_t value, uint64_t ns,
                                         void *stream)
 {
+    int rc = 0;
     spin_fill_kernel<<<64, 256, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<uint8_t *>(dst), bytes, value, ns);
-    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_bench_read_last_cuda(const kvp_paged_kv_t *kv, unsigned long long *sum_dev,
                                         void *stream)
 {
     if (kv->num_heads > 32)
-        return -1;
+        return KVP_EINVAL;
+    int rc = 0;
     dim3 block(32, 8);
     unsigned grid = (kv->batch_size + 7) / 8;
     read_last_kernel<<<grid ? grid : 1, block, 0, static_cast<cudaStream_t>(stream)>>>(*kv,
                                                                                        sum_dev);
-    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_bench_kernels_preload(void)
 {
     cudaFuncAttributes a;
-    if (cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(spin_kernel)) != cudaSuccess ||
-        cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(read_last_kernel)) !=
-            cudaSuccess ||
-        cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(spin_fill_kernel)) != cudaSuccess ||
-        cudaFuncGetAttributes(&a, reinterpret_cast<const void *>(empty_pdl_kernel)) != cudaSuccess)
-        return -1;
+    int rc = 0;
+    const void *fns[] = {
+        reinterpret_cast<const void *>(spin_kernel),
+        reinterpret_cast<const void *>(read_last_kernel),
+        reinterpret_cast<const void *>(spin_fill_kernel),
+        reinterpret_cast<const void *>(empty_pdl_kernel),
+    };
+    for (const void *f : fns)
+        KVP_CUDA_TRY(cudaFuncGetAttributes(&a, f), rc, fail);
     return 0;
+fail:
+    return rc;
 }

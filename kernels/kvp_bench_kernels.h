@@ -1,6 +1,8 @@
 /*
  * kvp_bench_kernels.h - benchmark-only kernels (kvp_bench_kernels.cu): a fixed-time compute
- * stand-in, a slow producer and a reader of the rows just appended. Not part of the kernel library's API.
+ * stand-in, a slow producer and a reader of the rows just appended. Not part of the kernel
+ * library's API. Each returns 0 or a KVP_E* code, a CUDA failure recorded with its file and line
+ * (cuda/kvp_cuda_err.h: kvp_cuda_last_error).
  */
 #ifndef KVP_BENCH_KERNELS_H
 #define KVP_BENCH_KERNELS_H

@@ -1,57 +1,24 @@
 /*
- * kvp_cuda_util.h - the daemon's CUDA check macros (STYLE.md rule 7, NCCL's CUDACHECKGOTO):
- * every runtime or driver call goes through KVP_CUDA_CHECK / KVP_CU_CHECK, which on failure
- * logs the call, file, line and CUDA's error name through kvp_log, turns the error into a
- * KVP_E* code and jumps to an unwind label. The driver functions themselves come from the
- * table of client/kvp_cuda_drv.h (kvpoold never links libcuda). Built only with CUDA.
+ * kvp_cuda_util.h - the daemon's side of the cuda/ layer: the log hook that sends every
+ * failure the check macros record (kvp_cuda_err.h: KVP_CUDA_TRY, KVP_CU_TRY, KVP_LAUNCH_TRY,
+ * KVP_KERNEL_TRY, KVP_NCCL_TRY) to kvp_log with its file and line, and the driver table with
+ * its unavailability logged once. The macros, the VMM steps and the driver table themselves
+ * live in cuda/ (shared with libkvpool and the kernels). Built only with CUDA.
  */
 #ifndef KVP_CUDA_UTIL_H
 #define KVP_CUDA_UTIL_H
 
 #include "kvp_cuda_drv.h"
+#include "kvp_cuda_err.h"
+#include "kvp_cuda_vmm.h"
 
-/* Log one failed call at KVP_LOG_ERR ("cuda call failed call=... error=... file=... line=...")
- * and return its KVP_E* code (kvp_cuda_rt_code / kvp_cuda_drv_code). Any thread. */
-int kvp_cuda_fail_rt(cudaError_t res, const char *call, const char *file, int line);
-int kvp_cuda_fail_drv(CUresult res, const char *call, const char *file, int line);
+/* Installs kvp_log as the process's CUDA log hook (each failure at KVP_LOG_ERR: "cuda call
+ * failed error=\"FILE:LINE CALL: TEXT (NAME)\""). Idempotent, any thread; the cuda backend
+ * calls it before its first CUDA call (create, probe), and transfers need that backend. */
+void kvp_cuda_log_install(void);
 
-/* Log a failure a kvp_cuda_drv helper described in err, with what the daemon was doing, and
- * return rc. */
-int kvp_cuda_fail_err(int rc, const kvp_cuda_err_t *err, const char *doing);
-
-/* The driver table, logging why it is unavailable the first time (KVP_EUNAVAIL). */
+/* The driver table (kvp_cuda_log_install first), logging why it is unavailable the first time
+ * at KVP_LOG_INFO (KVP_EUNAVAIL: no GPU is an answer, not an error). */
 int kvp_cuda_driver(const kvp_cuda_drv_t **out);
-
-#define KVP_CUDA_CHECK(call, rc, label)                                                            \
-    do {                                                                                           \
-        cudaError_t kvp_res_ = (call);                                                             \
-        if (kvp_res_ != cudaSuccess) {                                                             \
-            (rc) = kvp_cuda_fail_rt(kvp_res_, #call, __FILE__, __LINE__);                          \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-#define KVP_CU_CHECK(call, rc, label)                                                              \
-    do {                                                                                           \
-        CUresult kvp_res_ = (call);                                                                \
-        if (kvp_res_ != CUDA_SUCCESS) {                                                            \
-            (rc) = kvp_cuda_fail_drv(kvp_res_, #call, __FILE__, __LINE__);                         \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-/* For a kernels-library call (kvp_kernels_cuda.h), which returns a KVP_E* code itself. */
-#define KVP_KERNEL_CHECK(call, rc, label)                                                          \
-    do {                                                                                           \
-        int kvp_krc_ = (call);                                                                     \
-        if (kvp_krc_ != 0) {                                                                       \
-            (rc) = kvp_cuda_fail_kernel(kvp_krc_, #call, __FILE__, __LINE__);                      \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-/* Logs a kernels-library failure (with cudaGetLastError's name when it was a launch error)
- * and returns rc. */
-int kvp_cuda_fail_kernel(int rc, const char *call, const char *file, int line);
 
 #endif
