@@ -7,6 +7,7 @@
  * library never prints: every failure leaves its reason in the handle's last_error.
  */
 #include "kvpool.h"
+#include "kvp_limits.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <pb_decode.h>
 
 #include "kvp_client_internal.h"
+#include "kvp_knob.h"
 #include "kvp_sock.h"
 #include "kvp_wire.h"
 
@@ -31,10 +33,12 @@
 #define CLIENT_MAX_HOST_BUFFERS   64          /* staging buffers per handle */
 #define CLIENT_DEFAULT_TIMEOUT_MS 10000
 #define CLIENT_DEFAULT_NAMESPACE  "default"
+#define CLIENT_MAX_BUSY_POLL_US   1000000u /* opts.busy_poll_us, $KVPOOL_BUSY_POLL_US */
 #define CLIENT_ERR_BYTES          320
 
-_Static_assert(KVP_CLIENT_MAX_DEVICES >= KVP_MAX_FDS_PER_FRAME,
-               "one pool fd per device must fit the handle's table");
+_Static_assert(KVP_CLIENT_MAX_DEVICES == KVP_MAX_DEVICES,
+               "kvpool.h restates common/kvp_limits.h's device limit");
+_Static_assert(KVP_MAX_DEVICES <= KVP_MAX_FDS_PER_FRAME, "one pool fd per device on one frame");
 
 /* A staging buffer made by kvp_client_alloc_host_buffer, unmapped on unregister or close. */
 typedef struct {
@@ -478,7 +482,7 @@ char *kvp_client_default_socket(char *buf, size_t len)
 {
     if (!buf || !len)
         return NULL;
-    const char *env = getenv("KVPOOL_SOCKET");
+    const char *env = kvp_knob_env("KVPOOL_SOCKET");
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     int n;
     if (env && *env)
@@ -601,6 +605,10 @@ int kvp_client_connect(const kvp_client_opts_t *opts, kvp_client_t **out, char *
             snprintf(err, err_len, "the default socket path is too long");
         return KVP_EINVAL;
     }
+    uint64_t spin_us = o->busy_poll_us;
+    if (!spin_us && kvp_knob_env_u64("KVPOOL_BUSY_POLL_US", 0, CLIENT_MAX_BUSY_POLL_US, &spin_us,
+                                     err, err_len) < 0)
+        return KVP_EINVAL;
 
     int rc;
     kvp_client_t *c = calloc(1, sizeof(*c));
@@ -613,11 +621,8 @@ int kvp_client_connect(const kvp_client_opts_t *opts, kvp_client_t **out, char *
     for (unsigned i = 0; i < KVP_CLIENT_MAX_DEVICES; i++)
         c->pool_fd[i] = -1;
     c->timeout_ms = o->timeout_ms ? o->timeout_ms : CLIENT_DEFAULT_TIMEOUT_MS;
-    uint32_t spin_us = o->busy_poll_us;
-    const char *env_spin = getenv("KVPOOL_BUSY_POLL_US");
-    if (!spin_us && env_spin)
-        spin_us = (uint32_t)strtoul(env_spin, NULL, 10);
-    c->busy_poll_ns = (uint64_t)(spin_us > 1000000 ? 1000000 : spin_us) * 1000u;
+    c->busy_poll_ns =
+        (spin_us > CLIENT_MAX_BUSY_POLL_US ? CLIENT_MAX_BUSY_POLL_US : spin_us) * 1000u;
     c->next_id = random_id(c);
     c->sbuf = malloc(CLIENT_INIT_BUF_BYTES);
     c->rbuf = malloc(CLIENT_INIT_BUF_BYTES);

@@ -45,7 +45,9 @@ typedef struct {
     int map_pool;            /* ask for the pool fds and map the pool (host backend: mmap) */
     uint32_t busy_poll_us;   /* after a request, poll for the answer this long before sleeping
                                 (latency for CPU: a wake-up costs tens of us on a VM); 0: the
-                                value of $KVPOOL_BUSY_POLL_US, else off. At most 1000000. */
+                                value of $KVPOOL_BUSY_POLL_US (a decimal 0..1000000, else
+                                kvp_client_connect fails with KVP_EINVAL), else off. At most
+                                1000000. */
 } kvp_client_opts_t;
 
 /* The pool as the daemon describes it (PoolInfo). Strides in elements. */
@@ -261,8 +263,22 @@ int kvp_client_call_raw(kvp_client_t *c, void *request, void *response, void *ar
  * Every function returns KVP_EUNAVAIL when libkvpool was built without CUDA or no CUDA driver
  * is usable; CUDA failures return the KVP_E* code of kvp_error.h that fits (KVP_EINVAL for a
  * refused handle or pointer, KVP_ENOMEM, KVP_EINTERNAL) with the failing call, file and line
- * in kvp_client_last_error(). Kernels are loaded eagerly on each device the handle touches,
- * before any cross-stream wait (CUDA lazy loading deadlocks such waits). */
+ * in kvp_client_last_error() and in kvp_last_cuda_error(). Kernels are loaded eagerly on each
+ * device the handle touches, before any cross-stream wait (CUDA lazy loading deadlocks such
+ * waits). */
+
+/* What the last failing CUDA call of the CALLING THREAD was, "" when none failed (never
+ * NULL): "FILE:LINE CALL: TEXT (NAME)", e.g. "kernels/kvp_append_cuda.cu:790 kernel launch:
+ * invalid argument (cudaErrorInvalidValue)", FILE relative to kvpool's source tree. Per thread,
+ * not per handle: it covers the kvp_client_cuda_* calls and the in-process kernels of
+ * kvp_kernels_cuda.h (whose entry points return only a KVP_E* code), so a worker learns which
+ * call failed where. A success does not clear it; kvp_clear_cuda_error() does. The text is the
+ * thread's and stays valid until its next CUDA failure or clear. libkvpool logs nothing: this
+ * is how a caller reads CUDA failures. Present in every build ("" without CUDA). */
+const char *kvp_last_cuda_error(void);
+
+/* Empties the calling thread's kvp_last_cuda_error(). */
+void kvp_clear_cuda_error(void);
 
 /* Maps the pool of every device (connect with map_pool = 1): imports each pool fd with the
  * CUDA VMM API and maps pool_bytes rounded up to map_granularity read/write on CUDA device

@@ -20,6 +20,7 @@
 
 #include <type_traits>
 
+#include "kvp_cuda_err.h"
 #include "kvp_kernels_cuda.h"
 
 namespace
@@ -299,7 +300,7 @@ __device__ __forceinline__ void warp_store_token(const Geo &g, int64_t dst, uint
 }
 
 constexpr int kWarpTokens = 2;    /* warps (tokens) per block by default */
-constexpr int kMaxWarpTokens = 8; /* KVP_APPEND_WARPS_PER_BLOCK at most */
+constexpr int kMaxWarpTokens = 8; /* opts.warps_per_block at most */
 
 template <int VECS, bool FUSED>
 __global__ void __launch_bounds__(32 * kMaxWarpTokens)
@@ -513,11 +514,6 @@ int make_geo(const kvp_paged_kv_t *kv, const kvp_append_src_t *src, Geo *g)
     return 0;
 }
 
-int launched(void)
-{
-    return cudaGetLastError() == cudaSuccess ? 0 : KVP_EINTERNAL;
-}
-
 /* Multiprocessors of the current device, read once per process (a host attribute query, not
  * a stream operation: allowed while a graph is being captured). */
 uint32_t num_sms(void)
@@ -534,42 +530,29 @@ uint32_t num_sms(void)
     return (uint32_t)sms;
 }
 
-/* Tuning knobs read once per process from the environment, for benchmarking the shapes
- * against each other on one machine (tests/bench/README.md says what was chosen and why):
- *   KVP_APPEND_KERNEL=warp|block   force one copy kernel;
- *   KVP_APPEND_TPB=N               tokens per block of the block kernel (1..kMaxTokens);
- *   KVP_APPEND_BLOCKS_PER_SM=N     cap the block kernel's grid at N blocks per SM (the
- *                                  blocks then loop over the tokens: a persistent grid);
- *   KVP_APPEND_HINTS=ld|st|ldst    evict-first hints on source loads and/or pool stores;
- *   KVP_APPEND_WARPS_PER_BLOCK=N   tokens (warps) per block of the warp kernel (1..8). */
+/* The copy kernels' shape for one call, resolved from the caller's kvp_append_cuda_opts_t
+ * (validated by the entry point; NULL or 0 fields: automatic). */
 struct Knobs {
-    int kernel; /* 0 auto, 1 warp, 2 block */
+    uint32_t kernel; /* KVP_APPEND_CUDA_KERNEL_* */
     uint32_t tpb, blocks_per_sm, hints, warps;
 };
 
-const Knobs &knobs(void)
+static_assert(KVP_APPEND_CUDA_MAX_TPB == (uint32_t)kMaxTokens, "one bound, in the header");
+static_assert(KVP_APPEND_CUDA_MAX_WARPS == (uint32_t)kMaxWarpTokens, "one bound, in the header");
+
+Knobs knobs(const kvp_append_cuda_opts_t *o)
 {
-    static Knobs k;
-    static bool done = false;
-    if (!done) {
-        const char *f = getenv("KVP_APPEND_KERNEL");
-        k.kernel = !f ? 0 : !strcmp(f, "warp") ? 1 : !strcmp(f, "block") ? 2 : 0;
-        const char *t = getenv("KVP_APPEND_TPB");
-        k.tpb = t ? (uint32_t)strtoul(t, NULL, 10) : 0;
-        if (k.tpb > (uint32_t)kMaxTokens)
-            k.tpb = kMaxTokens;
-        const char *b = getenv("KVP_APPEND_BLOCKS_PER_SM");
-        k.blocks_per_sm = b ? (uint32_t)strtoul(b, NULL, 10) : 0;
-        const char *w = getenv("KVP_APPEND_WARPS_PER_BLOCK");
-        k.warps = w ? (uint32_t)strtoul(w, NULL, 10) : (uint32_t)kWarpTokens;
-        if (k.warps < 1 || k.warps > (uint32_t)kMaxWarpTokens)
-            k.warps = kWarpTokens;
-        const char *h = getenv("KVP_APPEND_HINTS");
-        k.hints = !h ? 0u
-                     : (strstr(h, "ld") ? (uint32_t)kStreamLd : 0u) |
-                           (strstr(h, "st") ? (uint32_t)kStreamSt : 0u);
-        done = true;
-    }
+    Knobs k = {};
+    k.warps = kWarpTokens;
+    if (!o)
+        return k;
+    k.kernel = o->kernel;
+    k.tpb = o->tokens_per_block;
+    k.blocks_per_sm = o->blocks_per_sm;
+    if (o->warps_per_block)
+        k.warps = o->warps_per_block;
+    k.hints = ((o->hints & KVP_APPEND_CUDA_HINT_LD) ? (uint32_t)kStreamLd : 0u) |
+              ((o->hints & KVP_APPEND_CUDA_HINT_ST) ? (uint32_t)kStreamSt : 0u);
     return k;
 }
 
@@ -590,10 +573,10 @@ bool device_has_pdl(void)
 /* Tokens per block: up to kThreads * kItems vectors a block, but never so many that fewer
  * than four blocks per multiprocessor remain: one SM moves only its share of the memory
  * bandwidth (~32 GB/s on an H200), so a small decode step must reach every SM. */
-uint32_t tokens_per_block(const Geo &g, uint32_t nnz)
+uint32_t tokens_per_block(const Geo &g, uint32_t nnz, const Knobs &kn)
 {
-    if (knobs().tpb)
-        return knobs().tpb;
+    if (kn.tpb)
+        return kn.tpb;
     uint32_t per_tok = 2 * g.num_heads * g.vecs;
     uint32_t t = (uint32_t)(kThreads * kItems) / per_tok;
     uint32_t spread = nnz / (4 * num_sms());
@@ -624,22 +607,23 @@ void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, bool pdl, cud
 
 template <int VECS, bool FUSED>
 void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
-                   uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, cudaStream_t s)
+                   uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, const Knobs &kn,
+                   cudaStream_t s)
 {
-    const Knobs &kn = knobs();
     flags |= kn.hints;
     if (!device_has_pdl())
         flags &= ~(uint32_t)kPdl;
     const bool pdl = flags & kPdl;
     /* small batches (decode) with rows a warp covers in one pass: a warp per token */
-    bool warp = kn.kernel == 1 || (kn.kernel == 0 && nnz <= 16 * num_sms());
+    bool warp = kn.kernel == KVP_APPEND_CUDA_KERNEL_WARP ||
+                (kn.kernel == KVP_APPEND_CUDA_KERNEL_AUTO && nnz <= 16 * num_sms());
     if (!gate && warp && 2 * g.num_heads * g.vecs <= 32u * kItems) {
         uint32_t blocks = (nnz + kn.warps - 1) / kn.warps;
         launch(copy_warp_kernel<VECS, FUSED>, blocks, 32 * kn.warps, pdl, s, g, bi, pos, aip, nnz,
                err, flags);
         return;
     }
-    uint32_t tpb = tokens_per_block(g, nnz);
+    uint32_t tpb = tokens_per_block(g, nnz, kn);
     uint64_t blocks = ((uint64_t)nnz + tpb - 1) / tpb;
     uint64_t cap = kn.blocks_per_sm ? (uint64_t)kn.blocks_per_sm * num_sms() : 65535u * 16u;
     if (blocks > cap)
@@ -673,10 +657,12 @@ template <typename F> void with_vecs(uint32_t vecs, F f)
 
 template <bool FUSED>
 void launch_copy(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
-                 uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, cudaStream_t s)
+                 uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags,
+                 const kvp_append_cuda_opts_t *opts, cudaStream_t s)
 {
+    const Knobs kn = knobs(opts);
     with_vecs(g.vecs, [&](auto v) {
-        launch_copy_t<decltype(v)::value, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, s);
+        launch_copy_t<decltype(v)::value, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, kn, s);
     });
 }
 
@@ -759,17 +745,23 @@ extern "C" int kvp_cuda_kernels_preload(void)
         reinterpret_cast<const void *>(batch_positions_kernel),
         reinterpret_cast<const void *>(page_copy_kernel),
     };
+    int rc = 0;
     for (const void *f : fns)
-        if (cudaFuncGetAttributes(&a, f) != cudaSuccess)
-            return KVP_EINTERNAL;
+        KVP_CUDA_TRY(cudaFuncGetAttributes(&a, f), rc, fail);
     return kvp__cuda_pack_preload();
+fail:
+    return rc;
 }
 
-extern "C" int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                              const int32_t *batch_indices,
-                                              const int32_t *positions, uint32_t nnz,
-                                              int32_t *err_dev, void *stream)
+extern "C" int kvp_append_paged_kv_cache_cuda_opts(const kvp_paged_kv_t *kv,
+                                                   const kvp_append_src_t *src,
+                                                   const int32_t *batch_indices,
+                                                   const int32_t *positions, uint32_t nnz,
+                                                   int32_t *err_dev,
+                                                   const kvp_append_cuda_opts_t *opts, void *stream)
 {
+    if (kvp_append_cuda_opts_check(opts))
+        return KVP_EINVAL;
     if (nnz == 0)
         return 0;
     Geo g;
@@ -780,25 +772,36 @@ extern "C" int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kv
         !kv->kv_last_page_len)
         return KVP_EINVAL;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (cudaMemsetAsync(err_dev, 0, sizeof(int32_t), s) != cudaSuccess)
-        return KVP_EINTERNAL;
     uint32_t n = nnz > g.batch_size ? nnz : g.batch_size;
     uint32_t blocks = (n + kThreads - 1) / kThreads;
     if (blocks > 4096)
         blocks = 4096;
+    KVP_CUDA_TRY(cudaMemsetAsync(err_dev, 0, sizeof(int32_t), s), rc, fail);
     validate_kernel<<<blocks, kThreads, 0, s>>>(g, batch_indices, positions, nnz, err_dev);
-    if ((rc = launched()))
-        return rc;
-    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, 0, s);
-    return launched();
+    KVP_LAUNCH_TRY(rc, fail);
+    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, 0, opts, s);
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
-extern "C" int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv,
-                                                        const kvp_append_src_t *src,
-                                                        const int32_t *batch_indices,
-                                                        const int32_t *positions, uint32_t nnz,
-                                                        int32_t *err_dev, void *stream)
+extern "C" int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                              const int32_t *batch_indices,
+                                              const int32_t *positions, uint32_t nnz,
+                                              int32_t *err_dev, void *stream)
 {
+    return kvp_append_paged_kv_cache_cuda_opts(kv, src, batch_indices, positions, nnz, err_dev,
+                                               nullptr, stream);
+}
+
+extern "C" int kvp_append_paged_kv_cache_cuda_unchecked_opts(
+    const kvp_paged_kv_t *kv, const kvp_append_src_t *src, const int32_t *batch_indices,
+    const int32_t *positions, uint32_t nnz, int32_t *err_dev, const kvp_append_cuda_opts_t *opts,
+    void *stream)
+{
+    if (kvp_append_cuda_opts_check(opts))
+        return KVP_EINVAL;
     if (nnz == 0)
         return 0;
     Geo g;
@@ -807,18 +810,32 @@ extern "C" int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv
         return rc;
     if (!batch_indices || !positions || !kv->kv_indptr || !kv->kv_indices || !kv->kv_last_page_len)
         return KVP_EINVAL;
-    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev, 0,
+    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev, 0, opts,
                        static_cast<cudaStream_t>(stream));
-    return launched();
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
-extern "C" int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv,
-                                                       const kvp_append_src_t *src,
-                                                       const int32_t *append_indptr, uint32_t nnz,
-                                                       int32_t *err_dev, unsigned flags,
-                                                       void *stream)
+extern "C" int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv,
+                                                        const kvp_append_src_t *src,
+                                                        const int32_t *batch_indices,
+                                                        const int32_t *positions, uint32_t nnz,
+                                                        int32_t *err_dev, void *stream)
 {
-    if (flags & ~(unsigned)KVP_CUDA_APPEND_PDL)
+    return kvp_append_paged_kv_cache_cuda_unchecked_opts(kv, src, batch_indices, positions, nnz,
+                                                         err_dev, nullptr, stream);
+}
+
+extern "C" int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv,
+                                                         const kvp_append_src_t *src,
+                                                         const int32_t *append_indptr, uint32_t nnz,
+                                                         int32_t *err_dev, unsigned flags,
+                                                         const kvp_append_cuda_opts_t *opts,
+                                                         void *stream)
+{
+    if ((flags & ~(unsigned)KVP_CUDA_APPEND_PDL) || kvp_append_cuda_opts_check(opts))
         return KVP_EINVAL;
     if (nnz == 0)
         return 0;
@@ -830,9 +847,22 @@ extern "C" int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv,
         !kv->kv_last_page_len)
         return KVP_EINVAL;
     launch_copy<true>(g, nullptr, nullptr, append_indptr, nnz, nullptr, err_dev,
-                      (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u,
+                      (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u, opts,
                       static_cast<cudaStream_t>(stream));
-    return launched();
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
+}
+
+extern "C" int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv,
+                                                       const kvp_append_src_t *src,
+                                                       const int32_t *append_indptr, uint32_t nnz,
+                                                       int32_t *err_dev, unsigned flags,
+                                                       void *stream)
+{
+    return kvp_append_paged_kv_cache_fused_cuda_opts(kv, src, append_indptr, nnz, err_dev, flags,
+                                                     nullptr, stream);
 }
 
 extern "C" int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv,
@@ -866,7 +896,10 @@ extern "C" int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_
             return KVP_ERANGE; /* checked before anything is queued */
     launch_slots(g, slots, nnz, num_layers, (int64_t)layer_stride_bytes,
                  (int64_t)src_layer_stride_bytes, static_cast<cudaStream_t>(stream));
-    return launched();
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
@@ -877,10 +910,14 @@ extern "C" int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv
         return KVP_EINVAL;
     if (!batch_size)
         return 0;
+    int rc = 0;
     uint32_t blocks = (batch_size + kThreads - 1) / kThreads;
     seq_lens_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         kv_indptr, kv_last_page_len, batch_size, page_size, seq_lens);
-    return launched();
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_get_batch_indices_positions_cuda(const int32_t *append_indptr,
@@ -894,10 +931,14 @@ extern "C" int kvp_get_batch_indices_positions_cuda(const int32_t *append_indptr
         return 0;
     if (!batch_indices || !positions)
         return KVP_EINVAL;
+    int rc = 0;
     uint32_t blocks = batch_size < 65535u ? batch_size : 65535u;
     batch_positions_kernel<<<blocks, 128, 0, static_cast<cudaStream_t>(stream)>>>(
         append_indptr, seq_lens, batch_size, batch_indices, positions);
-    return launched();
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies,
@@ -914,5 +955,8 @@ extern "C" int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_
     uint32_t blocks = 2 * (num_copies < 32768u ? num_copies : 32768u);
     page_copy_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         g, copies, num_copies, err_dev);
-    return launched();
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }

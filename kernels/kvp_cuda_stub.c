@@ -50,6 +50,38 @@ int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_
     return KVP_EUNAVAIL;
 }
 
+int kvp_append_paged_kv_cache_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                        const int32_t *batch_indices, const int32_t *positions,
+                                        uint32_t nnz, int32_t *err_dev,
+                                        const kvp_append_cuda_opts_t *opts, void *stream)
+{
+    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
+    (void)opts, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_append_paged_kv_cache_cuda_unchecked_opts(const kvp_paged_kv_t *kv,
+                                                  const kvp_append_src_t *src,
+                                                  const int32_t *batch_indices,
+                                                  const int32_t *positions, uint32_t nnz,
+                                                  int32_t *err_dev,
+                                                  const kvp_append_cuda_opts_t *opts, void *stream)
+{
+    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
+    (void)opts, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                              const int32_t *append_indptr, uint32_t nnz,
+                                              int32_t *err_dev, unsigned flags,
+                                              const kvp_append_cuda_opts_t *opts, void *stream)
+{
+    (void)kv, (void)src, (void)append_indptr, (void)nnz, (void)err_dev, (void)flags;
+    (void)opts, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
 int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                           const int32_t *slots, uint32_t nnz, uint32_t num_layers,
                           uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
@@ -112,5 +144,23 @@ int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
 {
     (void)kv, (void)pages_dev, (void)num_tokens, (void)begin, (void)end, (void)in_dev;
     (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_kv_pack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                              uint32_t num_tokens, uint64_t begin, uint64_t end, void *out_dev,
+                              const kvp_pack_cuda_opts_t *opts, void *stream)
+{
+    (void)kv, (void)pages_dev, (void)num_tokens, (void)begin, (void)end, (void)out_dev;
+    (void)opts, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_kv_unpack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                uint32_t num_tokens, uint64_t begin, uint64_t end,
+                                const void *in_dev, const kvp_pack_cuda_opts_t *opts, void *stream)
+{
+    (void)kv, (void)pages_dev, (void)num_tokens, (void)begin, (void)end, (void)in_dev;
+    (void)opts, (void)stream;
     return KVP_EUNAVAIL;
 }

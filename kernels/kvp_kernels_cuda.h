@@ -15,8 +15,12 @@
  *     bounds) and is reported in *err_dev.
  * Host-side checks (NULL pointers, sizes, strides, alignment: every row must be a multiple of
  * 16 bytes and 16-byte aligned, since the copy moves 16-byte vectors) return KVP_EINVAL before
- * anything is enqueued. Other CUDA failures return KVP_EINTERNAL (the launch error is logged by
- * no one here: the caller decides).
+ * anything is enqueued. A CUDA failure (the launch, or a call such as cudaMemsetAsync) returns
+ * the code cuda/'s kvp_cuda_code gives it and is recorded as the calling thread's last CUDA
+ * error, with this library's file and line and CUDA's error name ("kernels/kvp_append_cuda.cu:
+ * 790 kernel launch: invalid argument (cudaErrorInvalidValue)": kvp_cuda_last_error, in
+ * libkvpool kvp_last_cuda_error), and handed to the process's CUDA log hook (kvpoold logs it).
+ * Host-side refusals are not recorded: the code says it all.
  *
  * Kernels are loaded eagerly by kvp_cuda_kernels_preload(): call it once per process before
  * any cross-stream wait is enqueued (lazy module loading deadlocks such waits, DESIGN.md §4).
@@ -35,8 +39,49 @@ extern "C" {
 int kvp_cuda_available(void);
 
 /* Loads every kernel of this library in the current device's context (cudaFuncGetAttributes
- * on each). Returns 0 or KVP_EINTERNAL (no device, driver error). */
+ * on each). Returns 0 or the failing call's code (recorded as above: no device, driver
+ * error). */
 int kvp_cuda_kernels_preload(void);
+
+/* The shape of the copy kernels the appends below launch, chosen by the caller (the daemon
+ * from its [tuning] keys, a benchmark from its flags; nothing here reads the environment).
+ * NULL, or a field 0: automatic, the shapes tests/bench/README.md measured and chose. A field
+ * out of range makes the entry point return KVP_EINVAL before anything is queued. */
+typedef struct {
+    uint32_t kernel;           /* KVP_APPEND_CUDA_KERNEL_*: force the warp or the block kernel;
+                                  auto: a warp per token for small batches (decode) */
+    uint32_t tokens_per_block; /* block kernel: tokens per block, 1..KVP_APPEND_CUDA_MAX_TPB */
+    uint32_t blocks_per_sm;    /* block kernel: cap the grid at this many blocks per SM (the
+                                  blocks then loop over the tokens), 1..KVP_APPEND_CUDA_MAX_BPSM */
+    uint32_t warps_per_block;  /* warp kernel: tokens (warps) per block, 1..
+                                  KVP_APPEND_CUDA_MAX_WARPS; automatic: 2 */
+    uint32_t hints;            /* KVP_APPEND_CUDA_HINT_*: evict-first source loads and/or pool
+                                  stores; 0: none */
+} kvp_append_cuda_opts_t;
+
+enum {
+    KVP_APPEND_CUDA_KERNEL_AUTO = 0,
+    KVP_APPEND_CUDA_KERNEL_WARP = 1,
+    KVP_APPEND_CUDA_KERNEL_BLOCK = 2,
+    KVP_APPEND_CUDA_HINT_LD = 1u, /* source loads with ld.global.cs */
+    KVP_APPEND_CUDA_HINT_ST = 2u, /* pool stores with st.global.cs */
+};
+#define KVP_APPEND_CUDA_MAX_TPB   64u   /* tokens per block of the block kernel */
+#define KVP_APPEND_CUDA_MAX_BPSM  1024u /* blocks per SM of the block kernel's grid cap */
+#define KVP_APPEND_CUDA_MAX_WARPS 8u    /* warps per block of the warp kernel */
+
+/* 0 when o is NULL or every field is in range, else KVP_EINVAL. */
+static inline int kvp_append_cuda_opts_check(const kvp_append_cuda_opts_t *o)
+{
+    if (!o)
+        return 0;
+    if (o->kernel > KVP_APPEND_CUDA_KERNEL_BLOCK || o->tokens_per_block > KVP_APPEND_CUDA_MAX_TPB ||
+        o->blocks_per_sm > KVP_APPEND_CUDA_MAX_BPSM ||
+        o->warps_per_block > KVP_APPEND_CUDA_MAX_WARPS ||
+        (o->hints & ~(uint32_t)(KVP_APPEND_CUDA_HINT_LD | KVP_APPEND_CUDA_HINT_ST)))
+        return KVP_EINVAL;
+    return 0;
+}
 
 /* Checked append: validation kernel, then the copy kernel gated by *err_dev == 0. err_dev is
  * a device int the validation resets and fills (required). */
@@ -77,6 +122,23 @@ int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_
                                             const int32_t *append_indptr, uint32_t nnz,
                                             int32_t *err_dev, unsigned flags, void *stream);
 
+/* The three appends above with the copy kernels' shape given (kvp_append_cuda_opts_t; NULL:
+ * automatic, as the forms without opts). KVP_EINVAL for opts out of range, whatever nnz. */
+int kvp_append_paged_kv_cache_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                        const int32_t *batch_indices, const int32_t *positions,
+                                        uint32_t nnz, int32_t *err_dev,
+                                        const kvp_append_cuda_opts_t *opts, void *stream);
+int kvp_append_paged_kv_cache_cuda_unchecked_opts(const kvp_paged_kv_t *kv,
+                                                  const kvp_append_src_t *src,
+                                                  const int32_t *batch_indices,
+                                                  const int32_t *positions, uint32_t nnz,
+                                                  int32_t *err_dev,
+                                                  const kvp_append_cuda_opts_t *opts, void *stream);
+int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                              const int32_t *append_indptr, uint32_t nnz,
+                                              int32_t *err_dev, unsigned flags,
+                                              const kvp_append_cuda_opts_t *opts, void *stream);
+
 /* Most tokens kvp_append_slots_cuda takes in one call. */
 #define KVP_APPEND_SLOTS_MAX 1024u
 
@@ -88,8 +150,8 @@ int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_
  * l * layer_stride_bytes (non-zero when num_layers > 1) and reads src advanced by
  * l * src_layer_stride_bytes (0: every layer gets the same rows). kv's page-table fields are
  * not used. Returns 0, KVP_EINVAL (host checks, nnz > KVP_APPEND_SLOTS_MAX) or KVP_ERANGE
- * (a slot >= num_pages * page_size), before anything is queued; KVP_EINTERNAL for a launch
- * failure. */
+ * (a slot >= num_pages * page_size), before anything is queued; a launch failure's code
+ * (recorded as above). */
 int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                           const int32_t *slots, uint32_t nnz, uint32_t num_layers,
                           uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
@@ -111,11 +173,20 @@ int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies, 
  * call, pages_dev a device array of ceil(num_tokens / page_size) page ids (an id >= num_pages
  * is skipped on the device, never read or written out of bounds: the daemon passes its own
  * checked pages), out_dev / in_dev 16-byte aligned. Rows must be multiples of 16 bytes (as
- * every cuda pool's are). Returns 0, KVP_EINVAL (host-side checks) or KVP_EINTERNAL (launch). */
+ * every cuda pool's are). Returns 0, KVP_EINVAL (host-side checks) or a launch failure's code
+ * (recorded as above). */
 int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
                      void *out_dev, void *stream);
 int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
                        const void *in_dev, void *stream);
+
+/* The pack kernels' grid, chosen by the caller (the daemon: [tuning] pack_blocks). NULL or
+ * max_blocks 0: two blocks per SM. */
+typedef struct {
+    uint32_t max_blocks; /* cap of the grid (a grid-stride loop does the rest), 0..
+                            KVP_PACK_CUDA_MAX_BLOCKS */
+} kvp_pack_cuda_opts_t;
+#define KVP_PACK_CUDA_MAX_BLOCKS 65535u
 
 /* The same for the byte range [begin, end) of the layer's packed part (both multiples of 16,
  * end <= kvp_kv_packed_layer_bytes): out_dev / in_dev hold just that range. KVP_EINVAL for a
@@ -125,6 +196,15 @@ int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, u
 int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
                              uint32_t num_tokens, uint64_t begin, uint64_t end, const void *in_dev,
                              void *stream);
+
+/* The two range forms with the grid given (kvp_pack_cuda_opts_t; NULL: automatic). KVP_EINVAL
+ * also for max_blocks above KVP_PACK_CUDA_MAX_BLOCKS. */
+int kvp_kv_pack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                              uint32_t num_tokens, uint64_t begin, uint64_t end, void *out_dev,
+                              const kvp_pack_cuda_opts_t *opts, void *stream);
+int kvp_kv_unpack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                uint32_t num_tokens, uint64_t begin, uint64_t end,
+                                const void *in_dev, const kvp_pack_cuda_opts_t *opts, void *stream);
 
 #ifdef __cplusplus
 }

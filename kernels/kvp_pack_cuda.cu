@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kvp_cuda_err.h"
 #include "kvp_kernels_cuda.h"
 
 namespace
@@ -115,7 +116,7 @@ int fill_args(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_t
     return 0;
 }
 
-template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
+template <bool unpack> int launch(const pack_args &a, uint32_t max_blocks, cudaStream_t s)
 {
     if (a.vec_end <= a.vec_begin)
         return 0;
@@ -127,18 +128,19 @@ template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
             sms <= 0)
             sms = 132;
     }
-    static uint64_t cap = 0;
-    if (!cap) { /* $KVP_PACK_BLOCKS: a tuning knob, the grid's cap (default 2 per SM) */
-        const char *e = getenv("KVP_PACK_BLOCKS");
-        cap = e && atoi(e) > 0 ? (uint64_t)atoi(e) : 2ull * (uint64_t)sms;
-    }
+    /* the grid's cap: the caller's (kvp_pack_cuda_opts_t), else 2 per SM */
+    const uint64_t cap = max_blocks ? (uint64_t)max_blocks : 2ull * (uint64_t)sms;
     const unsigned threads = 256;
     const uint64_t per_block = (uint64_t)threads * kIlp;
     uint64_t blocks = (a.vec_end - a.vec_begin + per_block - 1) / per_block;
     if (blocks > cap)
         blocks = cap; /* the grid-stride loop does the rest */
+    int rc = 0;
     pack_kernel<unpack><<<(unsigned)blocks, threads, 0, s>>>(a);
-    return cudaGetLastError() == cudaSuccess ? 0 : KVP_EINTERNAL;
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 } // namespace
@@ -146,12 +148,14 @@ template <bool unpack> int launch(const pack_args &a, cudaStream_t s)
 extern "C" int kvp__cuda_pack_preload(void)
 {
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(pack_kernel<false>)) !=
-            cudaSuccess ||
-        cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(pack_kernel<true>)) !=
-            cudaSuccess)
-        return KVP_EINTERNAL;
+    int rc = 0;
+    KVP_CUDA_TRY(cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(pack_kernel<false>)),
+                 rc, fail);
+    KVP_CUDA_TRY(cudaFuncGetAttributes(&attr, reinterpret_cast<const void *>(pack_kernel<true>)),
+                 rc, fail);
     return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
@@ -159,7 +163,7 @@ extern "C" int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_d
 {
     pack_args a;
     int rc = fill_args(kv, pages_dev, num_tokens, out_dev, &a);
-    return rc ? rc : launch<false>(a, static_cast<cudaStream_t>(stream));
+    return rc ? rc : launch<false>(a, 0, static_cast<cudaStream_t>(stream));
 }
 
 extern "C" int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
@@ -167,7 +171,7 @@ extern "C" int kvp_kv_unpack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages
 {
     pack_args a;
     int rc = fill_args(kv, pages_dev, num_tokens, in_dev, &a);
-    return rc ? rc : launch<true>(a, static_cast<cudaStream_t>(stream));
+    return rc ? rc : launch<true>(a, 0, static_cast<cudaStream_t>(stream));
 }
 
 /* A byte range [begin, end) of the layer's packed part (multiples of 16): the pipelined
@@ -181,24 +185,48 @@ static int set_range(pack_args *a, uint64_t begin, uint64_t end)
     return 0;
 }
 
-extern "C" int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
-                                      uint32_t num_tokens, uint64_t begin, uint64_t end,
-                                      void *out_dev, void *stream)
+extern "C" int kvp_kv_pack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                         uint32_t num_tokens, uint64_t begin, uint64_t end,
+                                         void *out_dev, const kvp_pack_cuda_opts_t *opts,
+                                         void *stream)
 {
+    if (opts && opts->max_blocks > KVP_PACK_CUDA_MAX_BLOCKS)
+        return KVP_EINVAL;
     pack_args a;
     int rc = fill_args(kv, pages_dev, num_tokens, out_dev, &a);
     if (!rc)
         rc = set_range(&a, begin, end);
-    return rc ? rc : launch<false>(a, static_cast<cudaStream_t>(stream));
+    return rc ? rc
+              : launch<false>(a, opts ? opts->max_blocks : 0, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvp_kv_unpack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                           uint32_t num_tokens, uint64_t begin, uint64_t end,
+                                           const void *in_dev, const kvp_pack_cuda_opts_t *opts,
+                                           void *stream)
+{
+    if (opts && opts->max_blocks > KVP_PACK_CUDA_MAX_BLOCKS)
+        return KVP_EINVAL;
+    pack_args a;
+    int rc = fill_args(kv, pages_dev, num_tokens, in_dev, &a);
+    if (!rc)
+        rc = set_range(&a, begin, end);
+    return rc ? rc
+              : launch<true>(a, opts ? opts->max_blocks : 0, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int kvp_kv_pack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
+                                      uint32_t num_tokens, uint64_t begin, uint64_t end,
+                                      void *out_dev, void *stream)
+{
+    return kvp_kv_pack_range_cuda_ex(kv, pages_dev, num_tokens, begin, end, out_dev, nullptr,
+                                     stream);
 }
 
 extern "C" int kvp_kv_unpack_range_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
                                         uint32_t num_tokens, uint64_t begin, uint64_t end,
                                         const void *in_dev, void *stream)
 {
-    pack_args a;
-    int rc = fill_args(kv, pages_dev, num_tokens, in_dev, &a);
-    if (!rc)
-        rc = set_range(&a, begin, end);
-    return rc ? rc : launch<true>(a, static_cast<cudaStream_t>(stream));
+    return kvp_kv_unpack_range_cuda_ex(kv, pages_dev, num_tokens, begin, end, in_dev, nullptr,
+                                       stream);
 }

@@ -12,14 +12,30 @@
 #ifndef KVP_BACKEND_H
 #define KVP_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kvp_config.h"
 #include "kvp_geom.h"
 #include "kvp_kernels.h"
+#include "kvp_kernels_cuda.h"
 
 typedef struct kvp_backend kvp_backend_t;
+
+/* How the cuda backend, its kernels and the transfers over it run: the [tuning] keys of
+ * kvp_config.h, which kvpoold hands down (kvp_backend_choose); all zero: the defaults. The
+ * backend keeps a copy in b->tuning, where the transfer engine (kvp_xfer.c, created by the rpc
+ * layer from the backend) finds its part. The host backend uses none of it. */
+typedef struct {
+    uint32_t ready_timeout_ms;     /* tuning.cuda_ready_timeout_ms; 0: 30000 */
+    bool plan_upload;              /* tuning.cuda_plan_upload */
+    kvp_append_cuda_opts_t append; /* tuning.append_*: the copy kernels of run() */
+    uint32_t pack_blocks;          /* tuning.pack_blocks: the transfers' pack grid; 0: 2 per SM */
+    uint32_t xfer_stages;          /* tuning.xfer_stages: 2..4; 0: 2 */
+    bool xfer_register;            /* tuning.xfer_register */
+    bool xfer_priority;            /* tuning.xfer_priority */
+} kvp_backend_tuning_t;
 
 /* A buffer a worker registered: opaque to the dispatch except its size. */
 typedef struct {
@@ -97,9 +113,10 @@ struct kvp_backend {
                                  up to map_granularity); host: 0 */
     uint32_t num_device_ids;  /* cuda: one per exported fd; host: 0 */
     int32_t device_ids[KVP_GEOM_MAX_DEVICES]; /* cuda: CUDA ordinal of each fd, in order */
-    uint32_t src_align_bytes; /* alignment an Append's source offsets and strides need beyond
-                                 the element size (cuda: 16, its kernels move 16-byte vectors;
-                                 host: 0) */
+    uint32_t src_align_bytes;    /* alignment an Append's source offsets and strides need beyond
+                                    the element size (cuda: 16, its kernels move 16-byte vectors;
+                                    host: 0) */
+    kvp_backend_tuning_t tuning; /* cuda: as created; host: zero */
 };
 
 /* Creates the host backend: a memfd of pool_bytes, mapped shared, filled with zeros.
@@ -121,12 +138,12 @@ void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t la
 /* Creates the cuda backend: one pool of derived.pool_bytes (rounded up to the VMM
  * granularity) on each of the num_devices CUDA ordinals in devices (num_devices must equal the
  * geometry's num_devices), allocated with cuMemCreate, exported as a POSIX fd, zeroed; one
- * non-blocking stream per device, kernels loaded eagerly. Returns 0, KVP_EUNAVAIL (built
- * without CUDA, no driver, no device), KVP_EINVAL (bad geometry, devices or a row not a
- * multiple of 16 bytes), KVP_ENOMEM, or another code (logged). Loop thread. Destroy through
- * b->ops->destroy. */
+ * non-blocking stream per device, kernels loaded eagerly. tuning (NULL: the defaults) is copied
+ * into b->tuning. Returns 0, KVP_EUNAVAIL (built without CUDA, no driver, no device),
+ * KVP_EINVAL (bad geometry, devices, tuning out of range or a row not a multiple of 16 bytes),
+ * KVP_ENOMEM, or another code (logged). Loop thread. Destroy through b->ops->destroy. */
 int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
-                            kvp_backend_t **out);
+                            const kvp_backend_tuning_t *tuning, kvp_backend_t **out);
 
 /* For transfers (kvp_xfer.c): the CUDA ordinal of device index g of a cuda backend and the
  * daemon's device pointer to its pool. Returns 0, or KVP_EUNAVAIL (not a cuda backend, or g
@@ -140,9 +157,11 @@ int kvp_backend_cuda_probe(void);
 /* ---- choosing a backend (kvp_backend_choose.c) ---- */
 
 /* Creates the backend cfg asks for (cfg validated): pool.backend = cuda -> the cuda backend on
- * pool.devices (an error when unavailable); host -> the host backend (one device only);
- * auto -> cuda when kvp_backend_cuda_probe() says a GPU is usable, else host. Returns 0 or a
- * code with a one-line reason in err (err_len bytes). Loop thread, at start. */
-int kvp_backend_choose(const kvp_config_t *cfg, kvp_backend_t **out, char *err, size_t err_len);
+ * pool.devices with tuning (NULL: the defaults; an error when unavailable); host -> the host
+ * backend (one device only); auto -> cuda when kvp_backend_cuda_probe() says a GPU is usable,
+ * else host. Returns 0 or a code with a one-line reason in err (err_len bytes). Loop thread, at
+ * start. */
+int kvp_backend_choose(const kvp_config_t *cfg, const kvp_backend_tuning_t *tuning,
+                       kvp_backend_t **out, char *err, size_t err_len);
 
 #endif

@@ -23,8 +23,9 @@ static int choose_host(const kvp_geom_t *g, kvp_backend_t **out, char *err, size
     return rc;
 }
 
-static int choose_cuda(const kvp_config_t *cfg, const kvp_geom_t *g, const char *why,
-                       kvp_backend_t **out, char *err, size_t err_len)
+static int choose_cuda(const kvp_config_t *cfg, const kvp_geom_t *g,
+                       const kvp_backend_tuning_t *tuning, const char *why, kvp_backend_t **out,
+                       char *err, size_t err_len)
 {
     int devices[KVP_CONFIG_MAX_IDS];
     char list[KVP_CONFIG_MAX_IDS * 6] = "";
@@ -35,7 +36,7 @@ static int choose_cuda(const kvp_config_t *cfg, const kvp_geom_t *g, const char 
         if (n > 0 && (size_t)n < sizeof(list) - len)
             len += (size_t)n;
     }
-    int rc = kvp_backend_cuda_create(g, devices, (int)cfg->devices.count, out);
+    int rc = kvp_backend_cuda_create(g, devices, (int)cfg->devices.count, tuning, out);
     if (rc) {
         snprintf(err, err_len, "pool.backend=%s: cannot create the cuda pool on devices %s: %s",
                  why, list,
@@ -47,7 +48,8 @@ static int choose_cuda(const kvp_config_t *cfg, const kvp_geom_t *g, const char 
     return 0;
 }
 
-int kvp_backend_choose(const kvp_config_t *cfg, kvp_backend_t **out, char *err, size_t err_len)
+int kvp_backend_choose(const kvp_config_t *cfg, const kvp_backend_tuning_t *tuning,
+                       kvp_backend_t **out, char *err, size_t err_len)
 {
     char scratch[8];
     if (!err || !err_len) {
@@ -63,13 +65,13 @@ int kvp_backend_choose(const kvp_config_t *cfg, kvp_backend_t **out, char *err, 
     kvp_config_geom(cfg, &g);
     switch (cfg->backend) {
     case KVP_CONFIG_BACKEND_CUDA:
-        return choose_cuda(cfg, &g, "cuda", out, err, err_len);
+        return choose_cuda(cfg, &g, tuning, "cuda", out, err, err_len);
     case KVP_CONFIG_BACKEND_HOST:
         return choose_host(&g, out, err, err_len);
     case KVP_CONFIG_BACKEND_AUTO:
         if (kvp_backend_cuda_probe()) {
             kvp_log(KVP_LOG_INFO, "backend chosen backend=cuda reason=\"auto: a GPU is usable\"");
-            return choose_cuda(cfg, &g, "auto", out, err, err_len);
+            return choose_cuda(cfg, &g, tuning, "auto", out, err, err_len);
         }
         kvp_log(KVP_LOG_INFO, "backend chosen backend=host reason=\"auto: no usable GPU\"");
         return choose_host(&g, out, err, err_len);

@@ -53,8 +53,9 @@
 #include "kvp_kernels_cuda.h"
 
 #define STAGE_MIN_BYTES (64u << 10) /* first size of a staging slot and the device copy */
-/* Longest wait for a worker's ready event (SYNC_EVENT); $KVPOOL_CUDA_READY_TIMEOUT_MS (1 ms ..
- * 1 hour) overrides it when the backend is created (tests use a short one). */
+/* Longest wait for a worker's ready event (SYNC_EVENT) by default; tuning.ready_timeout_ms
+ * ([tuning] cuda_ready_timeout_ms) overrides it when the backend is created (tests use a short
+ * one). */
 #define READY_TIMEOUT_MS 30000
 
 /* Pinned host staging for one run's plan arrays. One per device is enough: a run holds the
@@ -84,7 +85,7 @@ typedef struct {
     cuda_dev_t *dev;
     atomic_int poisoned;
     uint64_t ready_timeout_ms;
-    int plan_upload; /* $KVPOOL_CUDA_PLAN_UPLOAD=1: every Append uploads its plan and runs the
+    int plan_upload; /* tuning.plan_upload: every Append uploads its plan and runs the
                         page-table kernels (the path of batches over KVP_APPEND_SLOTS_MAX or with
                         copies), to compare the two in one build */
 } cuda_backend_t;
@@ -132,22 +133,22 @@ static void buf_free(cuda_backend_t *cb, cuda_buf_t *buf)
 {
     int rc = 0;
     if (buf->dev < cb->num_devices)
-        KVP_CUDA_CHECK(cudaSetDevice(cb->dev[buf->dev].ordinal), rc, unwind);
+        KVP_CUDA_TRY(cudaSetDevice(cb->dev[buf->dev].ordinal), rc, unwind);
 unwind:
     (void)rc;
     /* no kernel reads it any more: every run waits for its work before it returns, and the
      * dispatch holds a buffer an Append uses until that Append's job is done */
     if (buf->done)
-        KVP_CUDA_CHECK(cudaEventDestroy(buf->done), rc, ev_ready);
+        KVP_CUDA_TRY(cudaEventDestroy(buf->done), rc, ev_ready);
 ev_ready:
     if (buf->ready)
-        KVP_CUDA_CHECK(cudaEventDestroy(buf->ready), rc, ipc);
+        KVP_CUDA_TRY(cudaEventDestroy(buf->ready), rc, ipc);
 ipc:
     if (buf->ipc_ptr)
-        KVP_CUDA_CHECK(cudaIpcCloseMemHandle(buf->ipc_ptr), rc, host);
+        KVP_CUDA_TRY(cudaIpcCloseMemHandle(buf->ipc_ptr), rc, host);
 host:
     if (buf->host_map) {
-        KVP_CUDA_CHECK(cudaHostUnregister(buf->host_map), rc, host_unmap);
+        KVP_CUDA_TRY(cudaHostUnregister(buf->host_map), rc, host_unmap);
     host_unmap:
         munmap(buf->host_map, buf->host_bytes);
     }
@@ -169,19 +170,19 @@ static int import_memfd(cuda_buf_t *buf, int ordinal, int fd, uint64_t size_byte
     if (seals < 0 || !(seals & F_SEAL_SHRINK))
         return KVP_EPERM;
     int ro = 0;
-    KVP_CUDA_CHECK(cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, ordinal),
-                   rc, fail);
+    KVP_CUDA_TRY(cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, ordinal), rc,
+                 fail);
     long page = sysconf(_SC_PAGESIZE);
     buf->host_bytes = (size_t)((size_bytes + (uint64_t)page - 1) / (uint64_t)page * (uint64_t)page);
     void *p =
         mmap(NULL, buf->host_bytes, ro ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return -errno;
-    KVP_CUDA_CHECK(cudaHostRegister(p, buf->host_bytes,
-                                    cudaHostRegisterMapped | (ro ? cudaHostRegisterReadOnly : 0)),
-                   rc, fail_unmap);
+    KVP_CUDA_TRY(cudaHostRegister(p, buf->host_bytes,
+                                  cudaHostRegisterMapped | (ro ? cudaHostRegisterReadOnly : 0)),
+                 rc, fail_unmap);
     void *d = NULL;
-    KVP_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0), rc, fail_unregister);
+    KVP_CUDA_TRY(cudaHostGetDevicePointer(&d, p, 0), rc, fail_unregister);
     buf->host_map = p;
     buf->dptr = d;
     return 0;
@@ -202,11 +203,11 @@ static int import_ipc(cuda_buf_t *buf, const uint8_t *handle, uint64_t size_byte
     cudaIpcMemHandle_t h;
     memcpy(&h, handle, sizeof(h));
     void *p = NULL;
-    KVP_CUDA_CHECK(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), rc, fail);
+    KVP_CUDA_TRY(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), rc, fail);
     buf->ipc_ptr = p;
     CUdeviceptr base = 0;
     size_t range = 0;
-    KVP_CU_CHECK(drv->cuMemGetAddressRange(&base, &range, (CUdeviceptr)(uintptr_t)p), rc, fail);
+    KVP_CU_TRY(drv->cuMemGetAddressRange(&base, &range, (CUdeviceptr)(uintptr_t)p), rc, fail);
     if ((uint64_t)range < size_bytes || base != (CUdeviceptr)(uintptr_t)p) {
         kvp_log(KVP_LOG_WARNING,
                 "ipc buffer refused reason=\"claims %llu bytes, the allocation holds %zu\"",
@@ -259,7 +260,7 @@ static int cuda_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_by
     buf->kind = kind;
     out->device_index = (uint32_t)di;
     int rc = 0;
-    KVP_CUDA_CHECK(cudaSetDevice(cb->dev[di].ordinal), rc, fail);
+    KVP_CUDA_TRY(cudaSetDevice(cb->dev[di].ordinal), rc, fail);
     if (kind == kvpool_BufferKind_BUFFER_MEMFD) {
         if ((rc = import_memfd(buf, cb->dev[di].ordinal, fd, size_bytes)))
             goto fail;
@@ -267,15 +268,10 @@ static int cuda_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_by
         if ((rc = import_ipc(buf, ipc_handle, size_bytes)))
             goto fail;
     } else {
-        kvp_cuda_err_t err;
-        int location = -1;
-        rc = kvp_cuda_vmm_import(fd, cb->dev[di].ordinal, (size_t)size_bytes, &buf->vmm, &location,
-                                 &err);
-        if (rc) {
-            kvp_log(KVP_LOG_WARNING, "vmm buffer refused rc=%s reason=\"%s\"", kvp_errname(rc),
-                    err.msg);
+        int location = -1; /* a failure is logged by the hook, with the failing call */
+        if ((rc = kvp_cuda_vmm_import(fd, cb->dev[di].ordinal, (size_t)size_bytes, &buf->vmm,
+                                      &location)))
             goto fail;
-        }
         if (location != cb->dev[di].ordinal)
             kvp_log(KVP_LOG_INFO, "vmm buffer lives on device %d, read from device %d", location,
                     cb->dev[di].ordinal);
@@ -284,12 +280,12 @@ static int cuda_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_by
     if (event_len) {
         cudaIpcEventHandle_t eh;
         memcpy(&eh, event_handle, sizeof(eh));
-        KVP_CUDA_CHECK(cudaIpcOpenEventHandle(&buf->ready, eh), rc, fail);
-        KVP_CUDA_CHECK(
+        KVP_CUDA_TRY(cudaIpcOpenEventHandle(&buf->ready, eh), rc, fail);
+        KVP_CUDA_TRY(
             cudaEventCreateWithFlags(&buf->done, cudaEventDisableTiming | cudaEventInterprocess),
             rc, fail);
         cudaIpcEventHandle_t dh;
-        KVP_CUDA_CHECK(cudaIpcGetEventHandle(&dh, buf->done), rc, fail);
+        KVP_CUDA_TRY(cudaIpcGetEventHandle(&dh, buf->done), rc, fail);
         memcpy(done_event_out, &dh, sizeof(dh));
     }
     if (fd >= 0)
@@ -347,10 +343,10 @@ static int stage_reserve(stage_t *st, size_t bytes)
         cap *= 2;
     /* rare (doubling); cudaFreeHost may wait for the device */
     if (st->host)
-        KVP_CUDA_CHECK(cudaFreeHost(st->host), rc, fail);
+        KVP_CUDA_TRY(cudaFreeHost(st->host), rc, fail);
     st->host = NULL;
     st->cap_bytes = 0;
-    KVP_CUDA_CHECK(cudaHostAlloc((void **)&st->host, cap, cudaHostAllocDefault), rc, fail);
+    KVP_CUDA_TRY(cudaHostAlloc((void **)&st->host, cap, cudaHostAllocDefault), rc, fail);
     st->cap_bytes = cap;
     return 0;
 fail:
@@ -367,10 +363,10 @@ static int dev_reserve(cuda_dev_t *dv, size_t bytes)
     while (cap < bytes)
         cap *= 2;
     if (dv->dev_words)
-        KVP_CUDA_CHECK(cudaFreeAsync(dv->dev_words, dv->stream), rc, fail);
+        KVP_CUDA_TRY(cudaFreeAsync(dv->dev_words, dv->stream), rc, fail);
     dv->dev_words = NULL;
     dv->dev_cap_bytes = 0;
-    KVP_CUDA_CHECK(cudaMallocAsync((void **)&dv->dev_words, cap, dv->stream), rc, fail);
+    KVP_CUDA_TRY(cudaMallocAsync((void **)&dv->dev_words, cap, dv->stream), rc, fail);
     dv->dev_cap_bytes = cap;
     return 0;
 fail:
@@ -425,7 +421,7 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
     const size_t bytes = pl.total * sizeof(int32_t);
     int rc = 0;
 
-    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
+    KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, fail);
     stage_t *st = &dv->stage;
     if ((rc = stage_reserve(st, bytes)) || (rc = dev_reserve(dv, bytes)))
         goto fail;
@@ -443,15 +439,15 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
         memcpy(h + pl.copies, e->copies, e->num_copies * sizeof(kvp_page_copy_t));
     h[pl.err] = 0;
     int32_t *d = dv->dev_words;
-    KVP_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, dv->stream), rc, fail);
+    KVP_CUDA_TRY(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, dv->stream), rc, fail);
 
     void *pool = (void *)(uintptr_t)dv->pool.ptr;
     kvp_paged_kv_t kv;
     for (uint32_t l = 0; l < b->geom.num_layers && e->num_copies; l++) {
         kvp_backend_layer_view(b, pool, l, &kv);
-        KVP_KERNEL_CHECK(kvp_page_copy_cuda(&kv, (const kvp_page_copy_t *)(d + pl.copies),
-                                            e->num_copies, d + pl.err, dv->stream),
-                         rc, fail);
+        KVP_KERNEL_TRY(kvp_page_copy_cuda(&kv, (const kvp_page_copy_t *)(d + pl.copies),
+                                          e->num_copies, d + pl.err, dv->stream),
+                       rc, fail);
     }
     if (buf && e->nnz) {
         for (uint32_t l = e->layer_begin; l < e->layer_end; l++) {
@@ -463,15 +459,15 @@ static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_
             const uint8_t *base = buf->dptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
             kvp_append_src_t src;
             kvp_backend_exec_src(b, e, base, &src);
-            KVP_KERNEL_CHECK(kvp_append_paged_kv_cache_cuda_unchecked(&kv, &src, d + pl.bidx,
-                                                                      d + pl.pos, e->nnz,
-                                                                      d + pl.err, dv->stream),
-                             rc, fail);
+            KVP_KERNEL_TRY(kvp_append_paged_kv_cache_cuda_unchecked_opts(
+                               &kv, &src, d + pl.bidx, d + pl.pos, e->nnz, d + pl.err,
+                               &b->tuning.append, dv->stream),
+                           rc, fail);
         }
     }
-    KVP_CUDA_CHECK(cudaMemcpyAsync(h + pl.err, d + pl.err, sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                   dv->stream),
-                   rc, fail);
+    KVP_CUDA_TRY(cudaMemcpyAsync(h + pl.err, d + pl.err, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                 dv->stream),
+                 rc, fail);
     st->err_word = pl.err;
     return 0;
 fail:
@@ -517,15 +513,15 @@ static int enqueue_slots(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e
 {
     kvp_backend_t *b = &cb->base;
     int rc = 0;
-    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
+    KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, fail);
     kvp_paged_kv_t kv;
     kvp_backend_layer_view(b, (void *)(uintptr_t)dv->pool.ptr, e->layer_begin, &kv);
     const uint8_t *base = buf->dptr;
     kvp_append_src_t src;
     kvp_backend_exec_src(b, e, base, &src);
-    KVP_KERNEL_CHECK(kvp_append_slots_cuda(&kv, &src, slots, e->nnz, e->layer_end - e->layer_begin,
-                                           b->derived.layer_bytes, e->layer_stride, dv->stream),
-                     rc, fail);
+    KVP_KERNEL_TRY(kvp_append_slots_cuda(&kv, &src, slots, e->nnz, e->layer_end - e->layer_begin,
+                                         b->derived.layer_bytes, e->layer_stride, dv->stream),
+                   rc, fail);
     return 0;
 fail:
     return rc ? rc : KVP_EINTERNAL;
@@ -541,8 +537,8 @@ fail:
 static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv, int has_err_word)
 {
     int rc = 0;
-    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
-    KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+    KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, fail);
+    KVP_CUDA_TRY(cudaStreamSynchronize(dv->stream), rc, fail);
     return has_err_word ? stage_check(cb, &dv->stage) : 0;
 fail:
     return rc;
@@ -567,7 +563,7 @@ static int wait_ready(const cuda_buf_t *buf, uint64_t timeout_ms)
         if (e == cudaSuccess)
             return 0;
         if (e != cudaErrorNotReady) {
-            kvp_cuda_fail_rt(e, "cudaEventQuery(buf->ready)", __FILE__, __LINE__);
+            (void)KVP_CUDA_FAILED(e, "cudaEventQuery(buf->ready)");
             return KVP_EINVAL;
         }
         if (now_ms() - start > timeout_ms) {
@@ -685,7 +681,7 @@ static int cuda_health(kvp_backend_t *b)
         cudaError_t e = cudaStreamQuery(dv->stream);
         if (e != cudaSuccess && e != cudaErrorNotReady) {
             /* a sticky error (illegal address, launch failure, ECC...) poisons the context */
-            kvp_cuda_fail_rt(e, "cudaStreamQuery(dv->stream)", __FILE__, __LINE__);
+            (void)KVP_CUDA_FAILED(e, "cudaStreamQuery(dv->stream)");
             poison(cb, "the device's stream reports an error");
             return KVP_EINTERNAL;
         }
@@ -697,21 +693,21 @@ static void dev_destroy(cuda_dev_t *dv)
 {
     int rc = 0;
     if (dv->stream) {
-        KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, sync_done);
-        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, sync_done);
+        KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, sync_done);
+        KVP_CUDA_TRY(cudaStreamSynchronize(dv->stream), rc, sync_done);
     }
 sync_done:
     if (dv->stage.host)
-        KVP_CUDA_CHECK(cudaFreeHost(dv->stage.host), rc, stage_done);
+        KVP_CUDA_TRY(cudaFreeHost(dv->stage.host), rc, stage_done);
 stage_done:
     memset(&dv->stage, 0, sizeof(dv->stage));
     if (dv->dev_words) {
-        KVP_CUDA_CHECK(cudaFreeAsync(dv->dev_words, dv->stream), rc, stream);
-        KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, stream);
+        KVP_CUDA_TRY(cudaFreeAsync(dv->dev_words, dv->stream), rc, stream);
+        KVP_CUDA_TRY(cudaStreamSynchronize(dv->stream), rc, stream);
     }
 stream:
     if (dv->stream)
-        KVP_CUDA_CHECK(cudaStreamDestroy(dv->stream), rc, pool);
+        KVP_CUDA_TRY(cudaStreamDestroy(dv->stream), rc, pool);
 pool:
     if (dv->export_fd >= 0)
         close(dv->export_fd);
@@ -747,15 +743,15 @@ static int device_ok(const kvp_cuda_drv_t *drv, int ordinal)
 {
     int rc = 0, vmm = 0, posix = 0, pools = 0;
     CUdevice cu;
-    KVP_CU_CHECK(drv->cuDeviceGet(&cu, ordinal), rc, fail);
-    KVP_CU_CHECK(drv->cuDeviceGetAttribute(
-                     &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu),
-                 rc, fail);
-    KVP_CU_CHECK(drv->cuDeviceGetAttribute(
-                     &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cu),
-                 rc, fail);
-    KVP_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal), rc,
-                   fail);
+    KVP_CU_TRY(drv->cuDeviceGet(&cu, ordinal), rc, fail);
+    KVP_CU_TRY(drv->cuDeviceGetAttribute(
+                   &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu),
+               rc, fail);
+    KVP_CU_TRY(drv->cuDeviceGetAttribute(
+                   &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cu),
+               rc, fail);
+    KVP_CUDA_TRY(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal), rc,
+                 fail);
     if (!vmm || !posix || !pools) {
         kvp_log(KVP_LOG_ERR,
                 "cuda device unsuitable device=%d vmm=%d posix_fd_export=%d memory_pools=%d",
@@ -771,30 +767,33 @@ fail:
 static int dev_create(cuda_dev_t *dv, size_t map_bytes)
 {
     int rc = 0;
-    kvp_cuda_err_t err;
-    KVP_CUDA_CHECK(cudaSetDevice(dv->ordinal), rc, fail);
-    KVP_CUDA_CHECK(cudaStreamCreateWithFlags(&dv->stream, cudaStreamNonBlocking), rc, fail);
+    KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, fail);
+    KVP_CUDA_TRY(cudaStreamCreateWithFlags(&dv->stream, cudaStreamNonBlocking), rc, fail);
     /* eager loading before any cross-stream wait can be queued (DESIGN.md §4) */
-    KVP_KERNEL_CHECK(kvp_cuda_kernels_preload(), rc, fail);
-    if ((rc = kvp_cuda_vmm_alloc(dv->ordinal, map_bytes, &dv->pool, &err)))
-        return kvp_cuda_fail_err(rc, &err, "pool allocation");
-    if ((rc = kvp_cuda_vmm_export(&dv->pool, &dv->export_fd, &err)))
-        return kvp_cuda_fail_err(rc, &err, "pool export");
-    KVP_CUDA_CHECK(cudaMemsetAsync((void *)(uintptr_t)dv->pool.ptr, 0, dv->pool.size, dv->stream),
-                   rc, fail);
+    KVP_KERNEL_TRY(kvp_cuda_kernels_preload(), rc, fail);
+    if ((rc = kvp_cuda_vmm_alloc(dv->ordinal, map_bytes, &dv->pool)) ||
+        (rc = kvp_cuda_vmm_export(&dv->pool, &dv->export_fd)))
+        goto fail;
+    KVP_CUDA_TRY(cudaMemsetAsync((void *)(uintptr_t)dv->pool.ptr, 0, dv->pool.size, dv->stream), rc,
+                 fail);
     if ((rc = dev_reserve(dv, STAGE_MIN_BYTES)))
         goto fail;
-    KVP_CUDA_CHECK(cudaStreamSynchronize(dv->stream), rc, fail);
+    KVP_CUDA_TRY(cudaStreamSynchronize(dv->stream), rc, fail);
     return 0;
 fail:
     return rc;
 }
 
 int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
-                            kvp_backend_t **out)
+                            const kvp_backend_tuning_t *tuning, kvp_backend_t **out)
 {
+    const kvp_backend_tuning_t defaults = {0};
+    if (!tuning)
+        tuning = &defaults;
     if (!g || !devices || !out || num_devices < 1 || num_devices > (int)KVP_GEOM_MAX_DEVICES ||
-        (uint32_t)num_devices != (g->num_devices ? g->num_devices : 1))
+        (uint32_t)num_devices != (g->num_devices ? g->num_devices : 1) ||
+        tuning->ready_timeout_ms > 3600000u || kvp_append_cuda_opts_check(&tuning->append) ||
+        tuning->pack_blocks > KVP_PACK_CUDA_MAX_BLOCKS)
         return KVP_EINVAL;
     kvp_geom_derived_t derived;
     int rc = kvp_geom_derive(g, &derived);
@@ -811,7 +810,7 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
     if ((rc = kvp_cuda_driver(&drv)))
         return rc;
     int count = 0;
-    KVP_CUDA_CHECK(cudaGetDeviceCount(&count), rc, fail_early);
+    KVP_CUDA_TRY(cudaGetDeviceCount(&count), rc, fail_early);
     if (count < 1)
         return KVP_EUNAVAIL;
     for (int i = 0; i < num_devices; i++) {
@@ -841,18 +840,9 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
     cb->base.kind = kvpool_BackendKind_BACKEND_CUDA;
     cb->base.src_align_bytes = 16;
     atomic_init(&cb->poisoned, 0);
-    cb->ready_timeout_ms = READY_TIMEOUT_MS;
-    const char *env = getenv("KVPOOL_CUDA_READY_TIMEOUT_MS");
-    if (env && *env) {
-        char *end;
-        unsigned long long v = strtoull(env, &end, 10);
-        if (!*end && v >= 1 && v <= 3600000)
-            cb->ready_timeout_ms = v;
-        else
-            kvp_log(KVP_LOG_WARNING, "ignored KVPOOL_CUDA_READY_TIMEOUT_MS=%s (1..3600000)", env);
-    }
-    const char *up = getenv("KVPOOL_CUDA_PLAN_UPLOAD");
-    cb->plan_upload = up && !strcmp(up, "1");
+    cb->base.tuning = *tuning;
+    cb->ready_timeout_ms = tuning->ready_timeout_ms ? tuning->ready_timeout_ms : READY_TIMEOUT_MS;
+    cb->plan_upload = tuning->plan_upload;
     for (int i = 0; i < num_devices; i++) {
         cb->dev[i].ordinal = devices[i];
         cb->dev[i].export_fd = -1;
@@ -869,11 +859,8 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
     size_t gran = 0;
     for (uint32_t i = 0; i < cb->num_devices; i++) {
         size_t gi;
-        kvp_cuda_err_t err;
-        if ((rc = kvp_cuda_vmm_granularity(cb->dev[i].ordinal, &gi, &err))) {
-            kvp_cuda_fail_err(rc, &err, "granularity query");
+        if ((rc = kvp_cuda_vmm_granularity(cb->dev[i].ordinal, &gi)))
             goto fail;
-        }
         gran = gi > gran ? gi : gran;
     }
     if (derived.pool_bytes > SIZE_MAX - gran) {
@@ -930,9 +917,9 @@ int kvp_backend_cuda_probe(void)
 #else /* !KVP_HAVE_CUDA */
 
 int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_devices,
-                            kvp_backend_t **out)
+                            const kvp_backend_tuning_t *tuning, kvp_backend_t **out)
 {
-    (void)g, (void)devices, (void)num_devices, (void)out;
+    (void)g, (void)devices, (void)num_devices, (void)tuning, (void)out;
     kvp_log(KVP_LOG_ERR, "cuda backend unavailable reason=\"built without CUDA\"");
     return KVP_EUNAVAIL;
 }

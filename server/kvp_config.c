@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "kvp_error.h"
+#include "kvp_knob.h"
 #include "kvp_log.h"
 
 typedef enum {
@@ -39,6 +40,8 @@ typedef enum {
     T_LAYOUT,  /* kvp_layout_t */
     T_STORAGE, /* kvp_storage_t */
     T_IDLIST,  /* kvp_config_idlist_t: >= min entries, each <= max, distinct */
+    T_ENUM,    /* uint32_t: the index of one of names[0..max] */
+    T_LIB,     /* char[]: a library file name or path, or empty */
 } type_t;
 
 typedef struct {
@@ -49,19 +52,30 @@ typedef struct {
     size_t size;
     uint64_t min, max;
     bool reloadable;
+    const char *const *names; /* T_ENUM */
 } setting_t;
 
 #define FIELD_SIZE(f) sizeof(((kvp_config_t *)0)->f)
 #define S(sec, f, type, min, max, reload)                                                          \
     {                                                                                              \
-#sec, #f, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload                 \
+#sec, #f, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload, NULL           \
     }
 
 /* A key whose field has another name (the [transfer] keys: transfer_<key>). */
 #define S_FIELD(sec, key, f, type, min, max, reload)                                               \
     {                                                                                              \
-#sec, #key, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload               \
+#sec, #key, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload, NULL         \
     }
+
+/* A T_ENUM key: its value is the index of one of names (max = the last index). */
+#define S_ENUM(sec, f, names, reload)                                                              \
+    {                                                                                              \
+#sec, #f, T_ENUM, offsetof(kvp_config_t, f), FIELD_SIZE(f), 0,                             \
+            sizeof(names) / sizeof(names[0]) - 1, reload, names                                    \
+    }
+
+static const char *const append_kernels[] = {"auto", "warp", "block"};
+static const char *const append_hints[] = {"none", "ld", "st", "ldst"};
 
 #define KIB (1ull << 10)
 #define MIB (1ull << 20)
@@ -99,6 +113,8 @@ static const setting_t settings[] = {
     S(limits, max_buffers_per_client, T_U32, 1, 65536, false),
     S(limits, max_buffer_bytes, T_SIZE, 1, 1ull << 50, true),
     S(limits, dedup_window, T_U32, 1, 1u << 20, false),
+    S(limits, dedup_ns_max_bytes, T_SIZE, 4 * KIB, 1ull << 40, true),
+    S(limits, dedup_max_bytes, T_SIZE, 4 * KIB, 1ull << 40, true),
     S(limits, default_lease_ms, T_U32, 0, UINT32_MAX, true),
     S(limits, max_lease_ms, T_U32, 0, UINT32_MAX, true),
     S(limits, ns_max_seqs, T_U32, 0, 1u << 26, true),
@@ -111,12 +127,25 @@ static const setting_t settings[] = {
     S_FIELD(transfer, comm_idle_ms, transfer_comm_idle_ms, T_U32, 1000, UINT32_MAX, true),
     S_FIELD(transfer, max_in_flight, transfer_max_in_flight, T_U32, 1, 64, false),
     S_FIELD(transfer, chunk_bytes, transfer_chunk_bytes, T_U32, 0, 1073741824, true),
+    /* [tuning]: the bounds of the kernel keys are kvp_kernels_cuda.h's (checked in kvpoold.c) */
+    S(tuning, cuda_ready_timeout_ms, T_U32, 1, 3600000, false),
+    S(tuning, cuda_plan_upload, T_BOOL, 0, 0, false),
+    S_ENUM(tuning, append_kernel, append_kernels, false),
+    S(tuning, append_tokens_per_block, T_U32, 0, 64, false),
+    S(tuning, append_blocks_per_sm, T_U32, 0, 1024, false),
+    S(tuning, append_warps_per_block, T_U32, 0, 8, false),
+    S_ENUM(tuning, append_hints, append_hints, false),
+    S(tuning, pack_blocks, T_U32, 0, 65535, false),
+    S(tuning, xfer_stages, T_U32, 2, 4, false),
+    S(tuning, xfer_register, T_BOOL, 0, 0, false),
+    S(tuning, xfer_priority, T_BOOL, 0, 0, false),
+    S(tuning, nccl_lib, T_LIB, 0, 0, false),
 };
 
 #define NUM_SETTINGS (sizeof(settings) / sizeof(settings[0]))
 _Static_assert(NUM_SETTINGS <= KVP_CONFIG_MAX_OVERRIDES, "one override slot per key");
 
-static const char *const sections[] = {"server", "pool", "limits", "access", "transfer"};
+static const char *const sections[] = {"server", "pool", "limits", "access", "transfer", "tuning"};
 
 /* Named flags: each is --set for one key. */
 static const struct {
@@ -218,67 +247,21 @@ static int parse_decimal(const char *s, uint64_t *out, const char **end)
     return 0;
 }
 
-static int parse_u64_full(const char *s, uint64_t *out)
+/* A T_ENUM value: the index of its name (any case), or -1. */
+static int parse_enum(const setting_t *s, const char *text)
 {
-    const char *end;
-    int r = parse_decimal(s, out, &end);
-    return r < 0 ? r : *end ? -1 : 0;
+    for (uint64_t i = 0; i <= s->max; i++)
+        if (strcasecmp(text, s->names[i]) == 0)
+            return (int)i;
+    return -1;
 }
 
-/* "<digits>[ ][K|M|G|T][iB]" -> bytes; powers of 1024. */
-static int parse_size(const char *s, uint64_t *out)
+/* "expected a|b|c" for a T_ENUM key. */
+static int enum_fail(const setting_t *s, char *why, size_t why_len)
 {
-    uint64_t v;
-    const char *p;
-    int r = parse_decimal(s, &v, &p);
-    if (r < 0)
-        return r;
-    if (!*p) {
-        *out = v;
-        return 0;
-    }
-    while (*p == ' ' || *p == '\t')
-        p++;
-    unsigned shift;
-    switch (*p) {
-    case 'K':
-        shift = 10;
-        break;
-    case 'M':
-        shift = 20;
-        break;
-    case 'G':
-        shift = 30;
-        break;
-    case 'T':
-        shift = 40;
-        break;
-    default:
-        return -1;
-    }
-    p++;
-    if (*p && strcmp(p, "iB") != 0)
-        return -1;
-    if (v > (UINT64_MAX >> shift))
-        return -2;
-    *out = v << shift;
-    return 0;
-}
-
-static int parse_bool(const char *s, bool *out)
-{
-    static const char *const yes[] = {"true", "yes", "on", "1"};
-    static const char *const no[] = {"false", "no", "off", "0"};
-    for (size_t i = 0; i < 4; i++) {
-        if (strcasecmp(s, yes[i]) == 0) {
-            *out = true;
-            return 0;
-        }
-        if (strcasecmp(s, no[i]) == 0) {
-            *out = false;
-            return 0;
-        }
-    }
+    size_t off = (size_t)snprintf(why, why_len, "expected ");
+    for (uint64_t i = 0; i <= s->max && off < why_len; i++)
+        off += (size_t)snprintf(why + off, why_len - off, "%s%s", i ? "|" : "", s->names[i]);
     return -1;
 }
 
@@ -376,8 +359,7 @@ static int check_string(const setting_t *s, const char *v, char *why, size_t why
             return 0;
         const char *colon = strrchr(v, ':');
         uint64_t port;
-        if (!colon || colon == v || parse_u64_full(colon + 1, &port) < 0 || port == 0 ||
-            port > 65535)
+        if (!colon || colon == v || kvp_knob_parse_u64(colon + 1, 1, 65535, &port) < 0)
             return fail(-1, why, why_len, "expected host:port (port 1..65535), or empty");
         if (v[0] == '[' && colon[-1] != ']')
             return fail(-1, why, why_len, "expected [ipv6-address]:port");
@@ -436,6 +418,10 @@ static int check_field(const setting_t *s, const void *p, char *why, size_t why_
                    : fail(-1, why, why_len, "not a storage");
     case T_IDLIST:
         return check_idlist(s, p, why, why_len);
+    case T_ENUM:
+        return *(const uint32_t *)p <= s->max ? 0 : enum_fail(s, why, why_len);
+    case T_LIB:
+        return check_string(s, p, why, why_len);
     }
     return -1;
 }
@@ -445,7 +431,7 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
                       size_t why_len)
 {
     union {
-        char str[KVP_CONFIG_SOCKET_MAX];
+        char str[KVP_CONFIG_LIB_MAX];
         uint32_t u32;
         uint64_t u64;
         int level;
@@ -456,7 +442,9 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
         kvp_storage_t storage;
         kvp_config_idlist_t list;
     } v;
-    _Static_assert(KVP_CONFIG_SOCKET_MAX >= KVP_CONFIG_NAME_MAX, "string fields fit v.str");
+    _Static_assert(KVP_CONFIG_LIB_MAX >= KVP_CONFIG_SOCKET_MAX &&
+                       KVP_CONFIG_LIB_MAX >= KVP_CONFIG_NAME_MAX,
+                   "string fields fit v.str");
     memset(&v, 0, sizeof(v));
     int r = 0;
     uint64_t n;
@@ -464,6 +452,7 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
     case T_SOCKET:
     case T_GROUP:
     case T_LISTEN:
+    case T_LIB:
         if (s->type == T_SOCKET && !*text)
             return fail(-1, why, why_len, "expected an absolute path");
         if (strlen(text) >= s->size)
@@ -473,13 +462,14 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
         break;
     case T_U32:
     case T_SIZE:
-        r = s->type == T_U32 ? parse_u64_full(text, &n) : parse_size(text, &n);
-        if (r == -1)
+        r = s->type == T_U32 ? kvp_knob_parse_u64(text, 0, UINT64_MAX, &n)
+                             : kvp_knob_parse_size(text, 0, UINT64_MAX, &n);
+        if (r == KVP_EINVAL)
             return fail(-1, why, why_len, "%s",
                         s->type == T_U32 ? "expected an unsigned decimal integer"
                                          : "expected a byte count with an optional K, M, G or "
                                            "T suffix (KiB, MiB, GiB, TiB)");
-        if (r == -2)
+        if (r == KVP_ERANGE)
             return fail(-1, why, why_len, "out of range %llu..%llu", (unsigned long long)s->min,
                         (unsigned long long)s->max);
         if (check_range(s, n, why, why_len) < 0)
@@ -500,7 +490,7 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
         break;
     }
     case T_BOOL:
-        if (parse_bool(text, &v.b) < 0)
+        if (kvp_knob_parse_bool(text, &v.b) < 0)
             return fail(-1, why, why_len, "expected true or false (yes/no, on/off, 1/0)");
         break;
     case T_LEVEL:
@@ -527,6 +517,13 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
     case T_IDLIST:
         r = parse_idlist(s, text, &v.list, why, why_len);
         break;
+    case T_ENUM: {
+        int e = parse_enum(s, text);
+        if (e < 0)
+            return enum_fail(s, why, why_len);
+        v.u32 = (uint32_t)e;
+        break;
+    }
     }
     if (r < 0)
         return r;
@@ -565,8 +562,14 @@ static void format_value(const kvp_config_t *cfg, const setting_t *s, char *buf,
     case T_SOCKET:
     case T_GROUP:
     case T_LISTEN:
+    case T_LIB:
         snprintf(buf, len, "%.*s", (int)strnlen(p, s->size), (const char *)p);
         return;
+    case T_ENUM: {
+        uint32_t e = *(const uint32_t *)p;
+        snprintf(buf, len, "%s", e <= s->max ? s->names[e] : "invalid");
+        return;
+    }
     case T_U32:
         snprintf(buf, len, "%u", *(const uint32_t *)p);
         return;
@@ -616,6 +619,7 @@ static bool same_value(const kvp_config_t *a, const kvp_config_t *b, const setti
     case T_SOCKET:
     case T_GROUP:
     case T_LISTEN:
+    case T_LIB:
         return strncmp(pa, pb, s->size) == 0;
     case T_IDLIST: {
         const kvp_config_idlist_t *la = pa, *lb = pb;
@@ -695,12 +699,18 @@ void kvp_config_defaults(kvp_config_t *cfg)
     cfg->max_buffers_per_client = 64;
     cfg->max_buffer_bytes = 64 * GIB;
     cfg->dedup_window = 1024;
+    cfg->dedup_ns_max_bytes = 8ull << 20;
+    cfg->dedup_max_bytes = 64ull << 20;
     cfg->default_lease_ms = 30000;
     cfg->max_lease_ms = 86400000;
 
     cfg->transfer_timeout_ms = 30000;
     cfg->transfer_comm_idle_ms = 300000;
     cfg->transfer_max_in_flight = 2;
+
+    cfg->cuda_ready_timeout_ms = 30000;
+    cfg->xfer_stages = 2;
+    snprintf(cfg->nccl_lib, sizeof(cfg->nccl_lib), "libnccl.so.2");
 }
 
 /* ---- loading INI ----------------------------------------------------------------------- */
@@ -905,6 +915,36 @@ int kvp_config_set(kvp_config_t *cfg, const char *key, const char *value, char *
     return r;
 }
 
+/* ---- the environment ------------------------------------------------------------------ */
+
+/* The [tuning] keys only: the environment is how the benchmarks and the tests used to set
+ * them, and a file or a flag says the rest. Works on a copy, like a file load. */
+int kvp_config_apply_env(kvp_config_t *cfg, char *err, size_t err_len)
+{
+    if (!cfg)
+        return fail(KVP_EINVAL, err, err_len, "no configuration given");
+    kvp_config_t *tmp = malloc(sizeof(*tmp));
+    if (!tmp)
+        return fail(KVP_ENOMEM, err, err_len, "out of memory");
+    *tmp = *cfg;
+    int r = 0;
+    for (size_t i = 0; i < NUM_SETTINGS && r == 0; i++) {
+        char name[96], msg[512];
+        if (strcmp(settings[i].section, "tuning") != 0 ||
+            kvp_knob_env_name(settings[i].name, name, sizeof(name)) < 0)
+            continue;
+        const char *v = kvp_knob_env(name);
+        if (v && set_value(tmp, (int)i, v, msg, sizeof(msg)) < 0)
+            r = fail(KVP_EINVAL, err, err_len, "environment %s: %s", name, msg);
+    }
+    if (r == 0) {
+        *cfg = *tmp;
+        clear_err(err, err_len);
+    }
+    free(tmp);
+    return r;
+}
+
 /* ---- the command line ------------------------------------------------------------------ */
 
 typedef enum { OPT_CONFIG, OPT_SET, OPT_KEY, OPT_CHECK, OPT_VERSION, OPT_HELP } opt_kind_t;
@@ -1052,7 +1092,9 @@ int kvp_config_parse_args(kvp_config_t *cfg, int argc, char *const argv[],
     *tmp = *cfg;
     if (config && (r = kvp_config_load_file(tmp, config, err, err_len)) < 0)
         goto free_tmp;
-    /* pass 2: every other setting over the file, in command-line order */
+    if ((r = kvp_config_apply_env(tmp, err, err_len)) < 0)
+        goto free_tmp;
+    /* pass 2: every other setting over the file and the environment, in command-line order */
     for (int i = 1; i < argc;) {
         next_opt(argc, argv, &i, &o, NULL, 0); /* cannot fail: pass 1 read the same */
         r = 0;
@@ -1079,7 +1121,8 @@ void kvp_config_usage(FILE *out, const char *prog)
             "Serves a paged KV-cache pool to LLM inference workers over a Unix socket.\n"
             "\n"
             "  --config FILE         read settings from FILE (INI: [server] [pool] [limits]\n"
-            "                        [access]); the options below apply over it\n"
+            "                        [access] [transfer] [tuning]); $KVPOOL_<KEY> overrides\n"
+            "                        a [tuning] key; the options below apply over both\n"
             "  --socket PATH         listening socket (server.socket)\n"
             "  --backend B           auto, host or cuda (pool.backend)\n"
             "  --devices LIST        CUDA ordinals, comma-separated (pool.devices)\n"
@@ -1224,6 +1267,8 @@ int kvp_config_reload_file(const kvp_config_t *old, const char *path, kvp_config
     int r;
     kvp_config_defaults(tmp);
     if ((r = kvp_config_load_file(tmp, path, err, err_len)) < 0)
+        goto free_tmp;
+    if ((r = kvp_config_apply_env(tmp, err, err_len)) < 0)
         goto free_tmp;
     for (uint32_t k = 0; k < old->num_overrides && k < KVP_CONFIG_MAX_OVERRIDES; k++) {
         const kvp_config_override_t *o = &old->overrides[k];

@@ -2,12 +2,14 @@
  * kvp_config.h - the configuration of kvpoold: every setting with its default, loaded from an
  * INI file (libinih), then command-line flags over it, then validated as a whole.
  *
- * Order of precedence: built-in defaults < the file named by --config < the other flags
- * (whatever their order on the command line). kvp_config_validate checks each value's range,
- * the relations between values and the pool geometry (through kvp_geom_validate), and derives
- * num_pages from pool_bytes. A reload (SIGHUP) reads the file again, re-applies the command-line
- * settings and reports the changed settings that only take effect at a restart. This module
- * only parses and checks: it opens no socket, resolves no user or group and starts nothing.
+ * Order of precedence: built-in defaults < the file named by --config < the environment (only
+ * for the [tuning] keys: KVPOOL_<KEY>, see there) < the other flags and --set (whatever their
+ * order on the command line). kvp_config_validate checks each value's range, the relations
+ * between values and the pool geometry (through kvp_geom_validate), and derives num_pages from
+ * pool_bytes. A reload (SIGHUP) reads the file and the environment again, re-applies the
+ * command-line settings and reports the changed settings that only take effect at a restart.
+ * This module only parses and checks: it opens no socket, resolves no user or group and starts
+ * nothing.
  *
  * The file (every key optional; '#' or ';' starts a comment line; sizes take a K, M, G or T
  * suffix, alone or with "iB": all are powers of 1024; booleans are true|false|yes|no|on|off|
@@ -43,7 +45,7 @@
  *                    1000000. Default 0.
  *   [pool]           (the geometry: DESIGN.md §3, kvp_geom.h)
  *   backend          auto|host|cuda. auto: cuda when a GPU is usable, else host. Default auto.
- *   devices          comma list of distinct CUDA ordinals (0..1023), 1..64 of them. The
+ *   devices          comma list of distinct CUDA ordinals (0..1023), 1..16 of them (KVP_MAX_DEVICES). The
  *                    geometry's num_devices (tensor-parallel group size G) is their number,
  *                    whatever the backend. Default "0".
  *   num_layers       Default 2.
@@ -66,6 +68,13 @@
  *                          Default 0.
  *   max_buffers_per_client registered buffers of one connection. 1..65536. Default 64.
  *   max_buffer_bytes       size of one registered buffer. 1..2^50. Default 64 GiB.
+ *   dedup_ns_max_bytes     bytes of answers one namespace's retry window keeps (an answer above
+ *                          256 KiB is never kept); the oldest answer gives way first and its
+ *                          id is then refused as "applied, not kept". 4 KiB..1 TiB. Default
+ *                          8 MiB. Reloadable.
+ *   dedup_max_bytes        the same over all namespaces together: with max_namespaces, what
+ *                          bounds the daemon's retry memory. 4 KiB..1 TiB. Default 64 MiB.
+ *                          Reloadable.
  *   dedup_window           request ids remembered per namespace for retries. 1..1048576.
  *                          Default 1024.
  *   default_lease_ms       lease of a Hello that asks for none. Default 30000.
@@ -107,15 +116,46 @@
  *                    0..1073741824 (rounded up to 256 bytes). Default 0.
  *                    transfer.timeout_ms, transfer.comm_idle_ms and transfer.chunk_bytes are
  *                    reloadable, transfer.max_in_flight needs a restart.
+ *   [tuning]         how the cuda backend, its kernels and the transfers run: the knobs the
+ *                    benchmarks compare (tests/bench/README.md); the defaults are what they
+ *                    chose. Every key may also be set by the environment variable KVPOOL_ and
+ *                    the key in upper case (cuda_plan_upload: KVPOOL_CUDA_PLAN_UPLOAD), parsed
+ *                    and range-checked as the file's value (a bad one stops the start, naming
+ *                    the variable); the environment overrides the file, --set and the flags
+ *                    override the environment. Every key needs a restart. The host backend
+ *                    uses none of them.
+ *   cuda_ready_timeout_ms  longest wait for a worker's ready event before an Append is refused
+ *                    (a dead or stuck worker). 1..3600000. Default 30000.
+ *   cuda_plan_upload every Append uploads its plan and runs the page-table kernel, even where
+ *                    the slot kernel would do (to compare the two paths). Default false.
+ *   append_kernel    the daemon's copy kernel for Appends with copies or over 1024 tokens:
+ *                    auto|warp|block (auto: a warp per token for small batches). Default auto.
+ *   append_tokens_per_block  tokens per block of the block kernel; 0: automatic. 0..64.
+ *                    Default 0.
+ *   append_blocks_per_sm  cap of the block kernel's grid in blocks per SM (a persistent grid);
+ *                    0: none. 0..1024. Default 0.
+ *   append_warps_per_block  tokens (warps) per block of the warp kernel; 0: automatic (2).
+ *                    0..8. Default 0.
+ *   append_hints     evict-first hints on the source loads and/or the pool stores:
+ *                    none|ld|st|ldst. Default none.
+ *   pack_blocks      cap of the transfer pack/unpack kernels' grid; 0: two blocks per SM.
+ *                    0..65535. Default 0.
+ *   xfer_stages      staging chunks per side of a transfer in flight. 2..4. Default 2.
+ *   xfer_register    staging buffers from ncclMemAlloc, registered with the communicator on
+ *                    both sides (when the library has it). Default false.
+ *   xfer_priority    NCCL's stream at high priority, the pack's at low. Default false.
+ *   nccl_lib         the NCCL library transfers dlopen: a file name (searched as dlopen does)
+ *                    or a path, at most 255 bytes; empty: libnccl.so.2. Default libnccl.so.2.
  *
  * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
  * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
- * limits.default_lease_ms, limits.max_lease_ms, the limits.ns_max_* quotas (applied to every
+ * limits.default_lease_ms, limits.max_lease_ms, limits.dedup_ns_max_bytes,
+ * limits.dedup_max_bytes, the limits.ns_max_* quotas (applied to every
  * namespace, existing ones included), and the [access] keys (for new connections). Every other key
  * needs a restart: the [limits] that size the daemon's tables (max_seqs, max_namespaces, max_batch,
  * max_seq_tokens, max_buffers_per_client, dedup_window), server.socket, socket_mode,
  * socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, busy_poll_us, and all of
- * [pool].
+ * [pool] and [tuning].
  */
 #ifndef KVP_CONFIG_H
 #define KVP_CONFIG_H
@@ -136,6 +176,7 @@ extern "C" {
 #define KVP_CONFIG_PATH_MAX      4096 /* the config file's path, with the NUL */
 #define KVP_CONFIG_MAX_IDS       64   /* entries of devices, allowed_uids, allowed_gids */
 #define KVP_CONFIG_VALUE_MAX     256  /* one value given on the command line, with the NUL */
+#define KVP_CONFIG_LIB_MAX       256  /* tuning.nccl_lib, with the NUL */
 #define KVP_CONFIG_MAX_OVERRIDES 64   /* >= the number of keys: one slot per key */
 
 typedef enum {
@@ -199,6 +240,8 @@ typedef struct {
     uint32_t max_buffers_per_client;
     uint64_t max_buffer_bytes;
     uint32_t dedup_window;
+    uint64_t dedup_ns_max_bytes;
+    uint64_t dedup_max_bytes;
     uint32_t default_lease_ms;
     uint32_t max_lease_ms;
     uint32_t ns_max_seqs;
@@ -213,6 +256,19 @@ typedef struct {
     uint32_t transfer_comm_idle_ms;
     uint32_t transfer_max_in_flight;
     uint32_t transfer_chunk_bytes;
+    /* [tuning] */
+    uint32_t cuda_ready_timeout_ms;
+    bool cuda_plan_upload;
+    uint32_t append_kernel; /* 0 auto, 1 warp, 2 block: KVP_APPEND_CUDA_KERNEL_* */
+    uint32_t append_tokens_per_block;
+    uint32_t append_blocks_per_sm;
+    uint32_t append_warps_per_block;
+    uint32_t append_hints; /* 0 none, 1 ld, 2 st, 3 ldst: KVP_APPEND_CUDA_HINT_* bits */
+    uint32_t pack_blocks;
+    uint32_t xfer_stages;
+    bool xfer_register;
+    bool xfer_priority;
+    char nccl_lib[KVP_CONFIG_LIB_MAX];
 
     /* Where the settings came from: the last file loaded ("" for none) and the command-line
      * settings recorded by kvp_config_parse_args, in the order of first appearance. */
@@ -245,14 +301,22 @@ int kvp_config_load_string(kvp_config_t *cfg, const char *text, const char *name
 int kvp_config_set(kvp_config_t *cfg, const char *key, const char *value, char *err,
                    size_t err_len);
 
+/* Applies the environment's overrides of the [tuning] keys over *cfg: for each key the
+ * variable KVPOOL_<KEY> (upper case), when set, is parsed and checked as a file line would be.
+ * Returns 0, or KVP_EINVAL with "environment KVPOOL_<KEY>: tuning.<key>: invalid value 'V':
+ * <the allowed values or range>"; on error *cfg is unchanged. Not recorded as an override
+ * (the environment is read again by a reload). kvp_config_parse_args calls it. */
+int kvp_config_apply_env(kvp_config_t *cfg, char *err, size_t err_len);
+
 /* Reads the command line over *cfg (normally fresh from kvp_config_defaults): argv[1..argc)
  * holds long options as "--opt value" or "--opt=value":
  *   --config FILE, --socket PATH, --backend B, --devices LIST, --num-layers N, --num-pages N,
  *   --pool-bytes SIZE, --page-size N, --num-kv-heads N, --head-dim N, --dtype T, --layout L,
  *   --storage S, --log-level L, --set SECTION.KEY=VALUE (any key; may repeat),
  *   --check-config, --version, -h/--help.
- * The file named by --config (at most once) is loaded first, then every other setting applies
- * over it in command-line order; the settings are recorded in cfg->overrides for reloads. With
+ * The file named by --config (at most once) is loaded first, then the environment's [tuning]
+ * overrides (kvp_config_apply_env), then every other setting applies over them in command-line
+ * order; the settings are recorded in cfg->overrides for reloads. With
  * -h/--help or --version nothing is loaded or applied. Sets *action. Returns 0, or -errno /
  * KVP_EINVAL with a message (unknown option, missing value, positional argument, a file or
  * value error); on error *cfg is unchanged. Does not validate: call kvp_config_validate next. */
@@ -282,9 +346,10 @@ uint32_t kvp_config_copy_threads(const kvp_config_t *cfg);
  * settings. Used by --check-config. */
 void kvp_config_dump(const kvp_config_t *cfg, FILE *out);
 
-/* For a reload: builds in *out a fresh configuration from the defaults, the file at path and
- * old's command-line settings, and validates it. Every changed key that is not reloadable keeps
- * old's value in *out (so *out is what the daemon can run with now), and is listed in err as
+/* For a reload: builds in *out a fresh configuration from the defaults, the file at path, the
+ * environment's [tuning] overrides and old's command-line settings, and validates it. Every
+ * changed key that is not reloadable keeps old's value in *out (so *out is what the daemon can
+ * run with now), and is listed in err as
  * "not reloadable, restart to apply: pool.num_pages, server.socket" (err is "" when there is
  * none); the result is validated again. Returns the number of such keys (>= 0), or a negative
  * code as kvp_config_load_file / kvp_config_validate do, with their message; on error *out is

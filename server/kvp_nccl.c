@@ -1,6 +1,6 @@
 /*
- * kvp_nccl.c - see kvp_nccl.h: dlopen of libnccl.so.2 (or $KVPOOL_NCCL_LIB) into a function
- * table, once per process, and the logging half of KVP_NCCL_CHECK.
+ * kvp_nccl.c - see kvp_nccl.h: dlopen of libnccl.so.2 (or [tuning] nccl_lib) into a function
+ * table, once per process. Failed calls are checked with cuda/'s KVP_NCCL_TRY.
  */
 #include "kvp_nccl.h"
 
@@ -22,7 +22,9 @@
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static kvp_nccl_t table;
 static int load_rc;
-static char load_why[256];
+static char load_why[512]; /* room for lib_path and dlerror() */
+static char lib_path[256]; /* kvp_nccl_set_library's; "": libnccl.so.2 */
+static int loaded;         /* load() ran: the path can no longer change */
 
 static void *sym(void *lib, const char *name)
 {
@@ -34,9 +36,8 @@ static void *sym(void *lib, const char *name)
 
 static void load(void)
 {
-    const char *path = getenv("KVPOOL_NCCL_LIB");
-    if (!path || !*path)
-        path = "libnccl.so.2";
+    __atomic_store_n(&loaded, 1, __ATOMIC_SEQ_CST);
+    const char *path = lib_path[0] ? lib_path : "libnccl.so.2";
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         snprintf(load_why, sizeof(load_why), "cannot load %s: %s", path, dlerror());
@@ -82,6 +83,16 @@ static void load(void)
     /* the library stays loaded for the life of the process */
 }
 
+int kvp_nccl_set_library(const char *path)
+{
+    if (path && strlen(path) >= sizeof(lib_path))
+        return KVP_EINVAL;
+    if (__atomic_load_n(&loaded, __ATOMIC_SEQ_CST))
+        return KVP_EBUSY;
+    snprintf(lib_path, sizeof(lib_path), "%s", path ? path : "");
+    return 0;
+}
+
 int kvp_nccl_get(const kvp_nccl_t **out, char *why, size_t why_len)
 {
     static int logged;
@@ -98,24 +109,12 @@ int kvp_nccl_get(const kvp_nccl_t **out, char *why, size_t why_len)
     return 0;
 }
 
-int kvp_nccl_fail(const kvp_nccl_t *n, ncclResult_t res, const char *call, const char *file,
-                  int line)
-{
-    kvp_log(KVP_LOG_ERR, "nccl call failed call=\"%s\" result=%d reason=\"%s\" file=%s line=%d",
-            call, (int)res, n && n->GetErrorString ? n->GetErrorString(res) : "?", file, line);
-    switch (res) {
-    case ncclRemoteError:
-    case ncclSystemError:
-        return KVP_EUNAVAIL;
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-        return KVP_EINVAL;
-    default:
-        return KVP_EINTERNAL;
-    }
-}
-
 #else /* !KVP_HAVE_NCCL */
+
+int kvp_nccl_set_library(const char *path)
+{
+    return path && strlen(path) >= 256 ? KVP_EINVAL : 0; /* as the loader would, then unused */
+}
 
 int kvp_nccl_get(const kvp_nccl_t **out, char *why, size_t why_len)
 {

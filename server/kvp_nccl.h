@@ -1,11 +1,13 @@
 /*
  * kvp_nccl.h - NCCL loaded at run time (DESIGN.md §6): kvpoold never links libnccl. The first
- * kvp_nccl_get() dlopens $KVPOOL_NCCL_LIB, else "libnccl.so.2", and resolves the handful of
- * entry points transfers use into a function table, as client/kvp_cuda_drv.c does for the CUDA
- * driver; without the library (or in a build without CUDA or nccl.h) it answers KVP_EUNAVAIL
- * and the daemon serves everything but transfers, which then answer UNAVAILABLE. nccl.h is
- * included for its types only. Every NCCL call goes through KVP_NCCL_CHECK, which logs the call,
- * file, line and NCCL's error string and turns the result into a KVP_E* code.
+ * kvp_nccl_get() dlopens the library kvp_nccl_set_library named ([tuning] nccl_lib), else
+ * "libnccl.so.2", and resolves the handful of entry points transfers use into a function
+ * table, as cuda/kvp_cuda_drv.c does for the CUDA driver; without the library (or in a build
+ * without CUDA or nccl.h) it answers KVP_EUNAVAIL and the daemon serves everything but
+ * transfers, which then answer UNAVAILABLE. nccl.h is included for its types only. Every NCCL
+ * call goes through KVP_NCCL_TRY (cuda/kvp_cuda_err.h, with this table's GetErrorString),
+ * which records and logs the call, file, line and NCCL's error string and turns the result
+ * into a KVP_E* code.
  */
 #ifndef KVP_NCCL_H
 #define KVP_NCCL_H
@@ -15,6 +17,8 @@
 #ifdef KVP_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "kvp_cuda_err.h"
 
 typedef struct {
     int version; /* ncclGetVersion: 22703 for 2.27.3 */
@@ -40,24 +44,15 @@ typedef struct {
     ncclResult_t (*CommDeregister)(const ncclComm_t comm, void *handle);
 } kvp_nccl_t;
 
-/* Logs a failed NCCL call and returns its code: KVP_EUNAVAIL for a remote or system error (a
- * peer gone, a transport down), KVP_EINVAL for an invalid argument or usage, KVP_EINTERNAL
- * for the rest. */
-int kvp_nccl_fail(const kvp_nccl_t *n, ncclResult_t res, const char *call, const char *file,
-                  int line);
-
-/* ncclInProgress is not a failure: non-blocking communicators answer it while they work. */
-#define KVP_NCCL_CHECK(n, call, rc, label)                                                         \
-    do {                                                                                           \
-        ncclResult_t kvp_nres_ = (call);                                                           \
-        if (kvp_nres_ != ncclSuccess && kvp_nres_ != ncclInProgress) {                             \
-            (rc) = kvp_nccl_fail((n), kvp_nres_, #call, __FILE__, __LINE__);                       \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
 #else
 typedef struct kvp_nccl kvp_nccl_t;
 #endif
+
+/* Names the library the first kvp_nccl_get loads: a file name (searched as dlopen does) or a
+ * path; NULL or "": libnccl.so.2. Call it before any thread calls kvp_nccl_get (kvpoold does at
+ * start). Returns 0, KVP_EINVAL (255 bytes or more) or KVP_EBUSY (the library is already
+ * loaded, or was tried). A build without NCCL ignores it (0). */
+int kvp_nccl_set_library(const char *path);
 
 /* The table, loaded once per process (thread-safe). Returns 0, or KVP_EUNAVAIL (built without
  * NCCL support, library not found, an entry point missing, a version before 2.18), logging

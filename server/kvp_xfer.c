@@ -40,6 +40,9 @@
 #include "kvp_kernels.h"
 #include "kvp_log.h"
 #include "kvp_nccl.h"
+#ifdef KVP_TEST_HOOKS
+#include "kvp_knob.h"
+#endif
 
 #ifdef KVP_HAVE_NCCL
 #include "kvp_cuda_util.h"
@@ -54,7 +57,7 @@
 #define CHUNK_AUTO_MIN (4u << 20)
 #define CHUNK_TAIL     (4u << 20) /* the schedule's smallest chunk (kvp_xfer_chunk_at) */
 #define CHUNK_LIMIT    (1u << 30) /* transfer.chunk_bytes's maximum; an importer refuses more */
-#define NSTAGE         4u         /* most staging chunks per side ($KVPOOL_XFER_STAGES: 2..4) */
+#define NSTAGE         4u         /* most staging chunks per side ([tuning] xfer_stages: 2..4) */
 #define SPIN_US        20000u     /* a wait spins this long, then naps (see poll_pause) */
 
 typedef struct comm {
@@ -117,11 +120,12 @@ struct kvp_xfer {
     uint32_t hist_next, hist_count;
     uint64_t totals[2][2], bytes[2];
     uint64_t next_id;
-    uint32_t stall_ms;
-    uint32_t chunk_test; /* $KVPOOL_XFER_TEST_CHUNK_BYTES: overrides transfer.chunk_bytes */
-    int reg;             /* $KVPOOL_XFER_REGISTER: register the staging chunks with NCCL */
-    int prio;            /* $KVPOOL_XFER_PRIORITY: NCCL's stream high, pack's low */
-    int nstage;          /* staging chunks per side: $KVPOOL_XFER_STAGES, default 2 */
+    uint32_t stall_ms;    /* test hook (KVP_TEST_HOOKS builds only, else 0) */
+    uint32_t chunk_test;  /* test hook: overrides transfer.chunk_bytes (else 0) */
+    int reg;              /* b->tuning.xfer_register: register the staging chunks with NCCL */
+    int prio;             /* b->tuning.xfer_priority: NCCL's stream high, pack's low */
+    int nstage;           /* staging chunks per side: b->tuning.xfer_stages, default 2 */
+    uint32_t pack_blocks; /* b->tuning.pack_blocks: the pack kernels' grid cap, 0: automatic */
 };
 
 /* The first message of every transfer. */
@@ -254,6 +258,22 @@ int kvp_xfer_create(kvp_backend_t *b, const kvp_xfer_config_t *cfg, kvp_xfer_t *
 {
     if (!b || !cfg || !out || !cfg->max_in_flight || !cfg->timeout_ms)
         return KVP_EINVAL;
+    const kvp_backend_tuning_t *t = &b->tuning; /* the daemon's [tuning] */
+    if (t->xfer_stages == 1 || t->xfer_stages > NSTAGE || t->pack_blocks > KVP_PACK_CUDA_MAX_BLOCKS)
+        return KVP_EINVAL;
+#ifdef KVP_TEST_HOOKS
+    /* test hooks (kvpoold-test; tests/gpu/test_multigpu_xfer.c, run_multigpu.sh): the exporter
+     * pauses between the header exchange and the payload, so a test can kill it mid-transfer;
+     * small chunks make every transfer span many */
+    uint64_t stall = 0, chunk = 0;
+    char why[200];
+    if (kvp_knob_env_u64("KVPOOL_XFER_TEST_STALL_MS", 0, 3600000, &stall, why, sizeof(why)) < 0 ||
+        kvp_knob_env_u64("KVPOOL_XFER_TEST_CHUNK_BYTES", 0, CHUNK_LIMIT, &chunk, why, sizeof(why)) <
+            0) {
+        kvp_log(KVP_LOG_ERR, "transfer test hook refused reason=\"%s\"", why);
+        return KVP_EINVAL;
+    }
+#endif
     kvp_xfer_t *x = calloc(1, sizeof(*x));
     if (!x)
         return KVP_ENOMEM;
@@ -263,19 +283,14 @@ int kvp_xfer_create(kvp_backend_t *b, const kvp_xfer_config_t *cfg, kvp_xfer_t *
     if (getrandom(&x->next_id, sizeof(x->next_id), 0) != sizeof(x->next_id))
         x->next_id = (uint64_t)mono_ms() * 2654435761u;
     x->next_id |= 1;
-    /* test hook (tests/gpu/test_multigpu_xfer.c): the exporter pauses between the header
-     * exchange and the payload, so a test can kill it mid-transfer */
-    const char *chunk = getenv("KVPOOL_XFER_TEST_CHUNK_BYTES");
-    if (chunk)
-        x->chunk_test = (uint32_t)strtoul(chunk, NULL, 10);
-    const char *reg = getenv("KVPOOL_XFER_REGISTER"), *prio = getenv("KVPOOL_XFER_PRIORITY");
-    x->reg = reg && *reg == '1';
-    x->prio = prio && *prio == '1';
-    const char *st = getenv("KVPOOL_XFER_STAGES");
-    x->nstage = st && atoi(st) >= 2 && atoi(st) <= (int)NSTAGE ? atoi(st) : 2;
-    const char *stall = getenv("KVPOOL_XFER_TEST_STALL_MS");
-    if (stall && *stall)
-        x->stall_ms = (uint32_t)strtoul(stall, NULL, 10);
+    x->reg = t->xfer_register;
+    x->prio = t->xfer_priority;
+    x->nstage = t->xfer_stages ? (int)t->xfer_stages : 2;
+    x->pack_blocks = t->pack_blocks;
+#ifdef KVP_TEST_HOOKS
+    x->stall_ms = (uint32_t)stall;
+    x->chunk_test = (uint32_t)chunk;
+#endif
     *out = x;
     return 0;
 }
@@ -493,7 +508,7 @@ int kvp_xfer_export_begin(kvp_xfer_t *x, const char *peer, const char *ns,
         if (!(c = calloc(1, sizeof(*c))))
             return KVP_ENOMEM;
         ncclUniqueId id;
-        KVP_NCCL_CHECK(n, n->GetUniqueId(&id), rc, fail_new);
+        KVP_NCCL_TRY(n, n->GetUniqueId(&id), rc, fail_new);
         memcpy(c->id, &id, sizeof(id));
         snprintf(c->peer, sizeof(c->peer), "%s", peer);
         c->rank = 0;
@@ -661,11 +676,11 @@ static int settle(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline, con
     for (;;) {
         ncclResult_t st = ncclInProgress;
         int rc = 0;
-        KVP_NCCL_CHECK(n, n->CommGetAsyncError(j->comm->comm, &st), rc, fail);
+        KVP_NCCL_TRY(n, n->CommGetAsyncError(j->comm->comm, &st), rc, fail);
         if (st == ncclSuccess)
             return 0;
         if (st != ncclInProgress)
-            return job_fail(j, kvp_nccl_fail(n, st, what, __FILE__, __LINE__),
+            return job_fail(j, KVP_NCCL_FAILED(n, st, what),
                             "NCCL reported an error while %s (peer gone?)", what);
         if (mono_ms() > deadline)
             return job_fail(j, KVP_ETIMEDOUT, "timed out while %s", what);
@@ -686,12 +701,11 @@ static int wait_on(const kvp_nccl_t *n, kvp_xfer_job_t *j, cudaStream_t s, uint6
         if (e == cudaSuccess)
             return 0;
         if (e != cudaErrorNotReady)
-            return job_fail(j, kvp_cuda_fail_rt(e, "cudaStreamQuery", __FILE__, __LINE__),
-                            "CUDA error while %s", what);
+            return job_fail(j, KVP_CUDA_FAILED(e, "cudaStreamQuery"), "CUDA error while %s", what);
         ncclResult_t st = ncclSuccess;
         if (n->CommGetAsyncError(j->comm->comm, &st) == ncclSuccess && st != ncclSuccess &&
             st != ncclInProgress)
-            return job_fail(j, kvp_nccl_fail(n, st, what, __FILE__, __LINE__),
+            return job_fail(j, KVP_NCCL_FAILED(n, st, what),
                             "NCCL reported an error while %s (peer gone?)", what);
         if (mono_ms() > deadline)
             return job_fail(j, KVP_ETIMEDOUT, "timed out while %s", what);
@@ -713,13 +727,13 @@ static int comm_join(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint64_t deadline)
     int least = 0, greatest = 0;
     if (j->x->prio)
         (void)cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    KVP_CUDA_CHECK(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, greatest), rc,
-                   fail);
+    KVP_CUDA_TRY(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, greatest), rc,
+                 fail);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* so a peer that never joins costs the deadline, not a thread forever */
     ncclUniqueId id;
     memcpy(&id, c->id, sizeof(id));
-    KVP_NCCL_CHECK(n, n->CommInitRankConfig(&c->comm, 2, id, c->rank, &cfg), rc, fail);
+    KVP_NCCL_TRY(n, n->CommInitRankConfig(&c->comm, 2, id, c->rank, &cfg), rc, fail);
     return settle(n, j, deadline, "joining the communicator");
 fail:
     return job_fail(j, rc, "cannot %s the communicator", "create");
@@ -733,9 +747,9 @@ static int queue_send_recv(const kvp_nccl_t *n, kvp_xfer_job_t *j, int send, voi
     const int peer = 1 - c->rank;
     int rc = 0;
     if (send)
-        KVP_NCCL_CHECK(n, n->Send(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
+        KVP_NCCL_TRY(n, n->Send(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
     else
-        KVP_NCCL_CHECK(n, n->Recv(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
+        KVP_NCCL_TRY(n, n->Recv(buf, bytes, ncclUint8, peer, c->comm, c->stream), rc, fail);
     return settle(n, j, deadline, what);
 fail:
     return job_fail(j, rc, "NCCL refused the call while %s", what);
@@ -751,13 +765,12 @@ static int stage_ready(const kvp_nccl_t *n, kvp_xfer_job_t *j, size_t want)
         int least = 0, greatest = 0;
         if (j->x->prio)
             (void)cudaDeviceGetStreamPriorityRange(&least, &greatest);
-        KVP_CUDA_CHECK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least), rc,
-                       fail);
+        KVP_CUDA_TRY(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, least), rc,
+                     fail);
         for (int b = 0; b < (int)NSTAGE; b++) {
-            KVP_CUDA_CHECK(cudaEventCreateWithFlags(&c->filled[b], cudaEventDisableTiming), rc,
-                           fail);
-            KVP_CUDA_CHECK(cudaEventCreateWithFlags(&c->drained[b], cudaEventDisableTiming), rc,
-                           fail);
+            KVP_CUDA_TRY(cudaEventCreateWithFlags(&c->filled[b], cudaEventDisableTiming), rc, fail);
+            KVP_CUDA_TRY(cudaEventCreateWithFlags(&c->drained[b], cudaEventDisableTiming), rc,
+                         fail);
         }
     }
     if (c->stage_cap >= want && c->stage_reg == j->reg && c->nstage == j->x->nstage)
@@ -767,18 +780,18 @@ static int stage_ready(const kvp_nccl_t *n, kvp_xfer_job_t *j, size_t want)
     c->nstage = j->x->nstage;
     for (int b = 0; b < c->nstage; b++) {
         if (j->reg) {
-            KVP_NCCL_CHECK(n, n->MemAlloc((void **)&c->stage[b], want), rc, fail_alloc);
-            KVP_NCCL_CHECK(n, n->CommRegister(c->comm, c->stage[b], want, &c->reg_handle[b]), rc,
-                           fail_reg);
+            KVP_NCCL_TRY(n, n->MemAlloc((void **)&c->stage[b], want), rc, fail_alloc);
+            KVP_NCCL_TRY(n, n->CommRegister(c->comm, c->stage[b], want, &c->reg_handle[b]), rc,
+                         fail_reg);
             if ((rc = settle(n, j, mono_ms() + 60000, "registering the staging buffers")))
                 return rc;
         } else {
-            KVP_CUDA_CHECK(cudaMallocAsync((void **)&c->stage[b], want, c->stream), rc, fail_alloc);
+            KVP_CUDA_TRY(cudaMallocAsync((void **)&c->stage[b], want, c->stream), rc, fail_alloc);
         }
     }
     /* allocated in the communicator stream's order: the side stream may use them only once
      * that has run (rare: the cache grows to the largest chunk once) */
-    KVP_CUDA_CHECK(cudaStreamSynchronize(c->stream), rc, fail);
+    KVP_CUDA_TRY(cudaStreamSynchronize(c->stream), rc, fail);
     c->stage_cap = want;
     return 0;
 fail_reg:
@@ -806,8 +819,10 @@ static int queue_pack(kvp_xfer_job_t *j, void *pool, const int32_t *pages_dev, u
         const int32_t *pg = pages_dev + j->page_off[q];
         kvp_paged_kv_t kv;
         kvp_backend_layer_view(b, pool, l, &kv);
-        int rc = unpack ? kvp_kv_unpack_range_cuda(&kv, pg, j->tokens[q], o, o + piece, buf, s)
-                        : kvp_kv_pack_range_cuda(&kv, pg, j->tokens[q], o, o + piece, buf, s);
+        const kvp_pack_cuda_opts_t po = {.max_blocks = j->x->pack_blocks};
+        int rc = unpack
+                     ? kvp_kv_unpack_range_cuda_ex(&kv, pg, j->tokens[q], o, o + piece, buf, &po, s)
+                     : kvp_kv_pack_range_cuda_ex(&kv, pg, j->tokens[q], o, o + piece, buf, &po, s);
         if (rc)
             return job_fail(j, rc, "pack kernel launch failed%s", "");
         buf += piece;
@@ -898,32 +913,32 @@ static int move_stream(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *pool, const
         len = kvp_xfer_chunk_at(ch, off, total);
         if (send) {
             if (k >= (uint64_t)c->nstage) /* the send of an earlier chunk is done with it */
-                KVP_CUDA_CHECK(cudaStreamWaitEvent(c->side, c->drained[b], 0), rc, fail);
+                KVP_CUDA_TRY(cudaStreamWaitEvent(c->side, c->drained[b], 0), rc, fail);
             trace_mark(t, k, 2, c->side);
             if ((rc = queue_pack(j, pool, pages_dev, off, len, c->stage[b], 0, c->side)))
                 return rc;
             trace_mark(t, k, 3, c->side);
-            KVP_CUDA_CHECK(cudaEventRecord(c->filled[b], c->side), rc, fail);
-            KVP_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->filled[b], 0), rc, fail);
+            KVP_CUDA_TRY(cudaEventRecord(c->filled[b], c->side), rc, fail);
+            KVP_CUDA_TRY(cudaStreamWaitEvent(c->stream, c->filled[b], 0), rc, fail);
             trace_mark(t, k, 0, c->stream);
             if ((rc = queue_send_recv(n, j, 1, c->stage[b], len, deadline, "sending the KV")))
                 return rc;
             trace_mark(t, k, 1, c->stream);
-            KVP_CUDA_CHECK(cudaEventRecord(c->drained[b], c->stream), rc, fail);
+            KVP_CUDA_TRY(cudaEventRecord(c->drained[b], c->stream), rc, fail);
         } else if (unpack) {
             if (k >= (uint64_t)c->nstage) /* the unpack of an earlier chunk is done with it */
-                KVP_CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->drained[b], 0), rc, fail);
+                KVP_CUDA_TRY(cudaStreamWaitEvent(c->stream, c->drained[b], 0), rc, fail);
             trace_mark(t, k, 0, c->stream);
             if ((rc = queue_send_recv(n, j, 0, c->stage[b], len, deadline, "receiving the KV")))
                 return rc;
             trace_mark(t, k, 1, c->stream);
-            KVP_CUDA_CHECK(cudaEventRecord(c->filled[b], c->stream), rc, fail);
-            KVP_CUDA_CHECK(cudaStreamWaitEvent(c->side, c->filled[b], 0), rc, fail);
+            KVP_CUDA_TRY(cudaEventRecord(c->filled[b], c->stream), rc, fail);
+            KVP_CUDA_TRY(cudaStreamWaitEvent(c->side, c->filled[b], 0), rc, fail);
             trace_mark(t, k, 2, c->side);
             if ((rc = queue_pack(j, pool, pages_dev, off, len, c->stage[b], 1, c->side)))
                 return rc;
             trace_mark(t, k, 3, c->side);
-            KVP_CUDA_CHECK(cudaEventRecord(c->drained[b], c->side), rc, fail);
+            KVP_CUDA_TRY(cudaEventRecord(c->drained[b], c->side), rc, fail);
         } else if ((rc = queue_send_recv(n, j, 0, c->stage[b], len, deadline,
                                          "draining a refused stream"))) {
             return rc;
@@ -949,8 +964,8 @@ static int copy_back(const kvp_nccl_t *n, kvp_xfer_job_t *j, void *dst, const vo
                      size_t bytes, uint64_t deadline)
 {
     int rc = 0;
-    KVP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, j->comm->stream), rc,
-                   fail);
+    KVP_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, j->comm->stream), rc,
+                 fail);
     return wait_stream(n, j, deadline, "copying");
 fail:
     return job_fail(j, rc, "CUDA copy failed%s", "");
@@ -960,8 +975,8 @@ fail:
 static int copy_to(kvp_xfer_job_t *j, void *dst, const void *src, size_t bytes)
 {
     int rc = 0;
-    KVP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, j->comm->stream), rc,
-                   fail);
+    KVP_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, j->comm->stream), rc,
+                 fail);
     return 0;
 fail:
     return job_fail(j, rc, "CUDA copy failed%s", "");
@@ -976,7 +991,7 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
     if (kvp_backend_cuda_device(b, 0, &ordinal, &pool))
         return job_fail(j, KVP_EUNAVAIL, "transfers need the cuda backend%s", "");
     const uint64_t deadline = mono_ms() + j->timeout_ms;
-    KVP_CUDA_CHECK(cudaSetDevice(ordinal), rc, fail_cuda);
+    KVP_CUDA_TRY(cudaSetDevice(ordinal), rc, fail_cuda);
     if (!j->comm->comm && (rc = comm_join(n, j, deadline)))
         return rc;
     const uint64_t t_joined = mono_us();
@@ -984,8 +999,8 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
      * stream itself goes through the communicator's staging chunks) */
     const size_t pages_off = 256;
     uint8_t *dev = NULL;
-    KVP_CUDA_CHECK(cudaMallocAsync((void **)&dev, pages_off + j->num_pages * 4u, j->comm->stream),
-                   rc, fail_alloc);
+    KVP_CUDA_TRY(cudaMallocAsync((void **)&dev, pages_off + j->num_pages * 4u, j->comm->stream), rc,
+                 fail_alloc);
     *dev_out = dev;
     const int32_t *pages_dev = (const int32_t *)(dev + pages_off);
     const kvp_geom_t *g = &b->geom;

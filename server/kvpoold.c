@@ -10,16 +10,20 @@
  */
 #include <errno.h>
 #include <grp.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 
+#include "kvp_backend.h"
 #include "kvp_config.h"
 #include "kvp_error.h"
 #include "kvp_http.h"
+#include "kvp_kernels_cuda.h"
 #include "kvp_log.h"
+#include "kvp_nccl.h"
 #include "kvp_notify.h"
 #include "kvp_rpc.h"
 #include "kvp_server.h"
@@ -86,6 +90,8 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
         .max_buffers_per_client = c->max_buffers_per_client,
         .max_buffer_bytes = c->max_buffer_bytes,
         .dedup_window = c->dedup_window,
+        .dedup_ns_max_bytes = c->dedup_ns_max_bytes,
+        .dedup_max_bytes = c->dedup_max_bytes,
         .default_lease_ms = c->default_lease_ms,
         .max_lease_ms = c->max_lease_ms,
         .transfer_timeout_ms = c->transfer_timeout_ms,
@@ -96,6 +102,34 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
         .ns_max_pages = c->ns_max_pages,
         .ns_max_buffer_bytes = c->ns_max_buffer_bytes,
         .ns_max_connections = c->ns_max_connections,
+    };
+}
+
+/* [tuning] -> the cuda backend and the transfers over it. The config's table holds the kernel
+ * keys' bounds and names as numbers: they must be the kernels' own. */
+_Static_assert(KVP_APPEND_CUDA_KERNEL_AUTO == 0 && KVP_APPEND_CUDA_KERNEL_WARP == 1 &&
+                   KVP_APPEND_CUDA_KERNEL_BLOCK == 2,
+               "tuning.append_kernel: auto, warp, block");
+_Static_assert(KVP_APPEND_CUDA_HINT_LD == 1 && KVP_APPEND_CUDA_HINT_ST == 2,
+               "tuning.append_hints: none, ld, st, ldst");
+_Static_assert(KVP_APPEND_CUDA_MAX_TPB == 64 && KVP_APPEND_CUDA_MAX_BPSM == 1024 &&
+                   KVP_APPEND_CUDA_MAX_WARPS == 8 && KVP_PACK_CUDA_MAX_BLOCKS == 65535,
+               "the bounds of kvp_config.c's [tuning] keys");
+
+static kvp_backend_tuning_t backend_tuning(const kvp_config_t *c)
+{
+    return (kvp_backend_tuning_t){
+        .ready_timeout_ms = c->cuda_ready_timeout_ms,
+        .plan_upload = c->cuda_plan_upload,
+        .append = {.kernel = c->append_kernel,
+                   .tokens_per_block = c->append_tokens_per_block,
+                   .blocks_per_sm = c->append_blocks_per_sm,
+                   .warps_per_block = c->append_warps_per_block,
+                   .hints = c->append_hints},
+        .pack_blocks = c->pack_blocks,
+        .xfer_stages = c->xfer_stages,
+        .xfer_register = c->xfer_register,
+        .xfer_priority = c->xfer_priority,
     };
 }
 
@@ -203,8 +237,13 @@ static int run(daemon_t *d)
     for (int i = 1; i < n; i++)
         close(fds[i]);
 
+    if ((rc = kvp_nccl_set_library(d->cfg.nccl_lib))) {
+        snprintf(err, sizeof(err), "tuning.nccl_lib: %s", kvp_strerror(rc));
+        goto fail;
+    }
     kvp_backend_t *backend;
-    if ((rc = kvp_backend_choose(&d->cfg, &backend, err, sizeof(err))))
+    kvp_backend_tuning_t tuning = backend_tuning(&d->cfg);
+    if ((rc = kvp_backend_choose(&d->cfg, &tuning, &backend, err, sizeof(err))))
         goto fail;
     kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
     if ((rc = kvp_rpc_create(backend, &lim, kvp_server_now_ms(), &d->rpc))) {
@@ -307,6 +346,11 @@ int main(int argc, char **argv)
 {
     static daemon_t d;
     char err[1024] = "";
+    /* Large blocks (big answers, kept retry answers) come from mmap and go back to the system
+     * when freed: a fixed threshold turns off glibc's sliding one, which otherwise moves up
+     * after the first large free and leaves later large blocks in the heap, resident after
+     * their release. */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     kvp_log_init();
     kvp_config_defaults(&d.cfg);
     kvp_config_action_t action;

@@ -7,15 +7,19 @@
  * 8 layers of the pool for decode steps, 10 alternating between 2 source sets for prefills.
  * Times are medians of --reps event-timed runs after warm-up; bytes = K and V rows read once
  * and written once. fp16, page 16 unless the workload says otherwise. Prints one table; exits
- * 77 without a GPU. The kernel knobs of kvp_append_cuda.cu apply: run the binary once per
- * setting in one device call to compare.
+ * 77 without a GPU. The copy kernels' shape (kvp_append_cuda_opts_t) comes from the flags below
+ * (default: automatic, what the daemon and libkvpool run): run the binary once per setting in
+ * one device call to compare.
  *
  * --host: instead, the host side of the daemon's two ways to run a decode step's Append
  * (256 x 1, H 8, D 128, one layer): the slot kernel with its slots in the launch, against the
  * plan upload + kernel + error read-back, and an empty launch as the floor; per way the host
  * time of queueing it and of queueing it and synchronising (medians of 2,000, wall clock).
  *
- *   bench_append_cuda [--reps N] [--only SUBSTRING] [--host]
+ *   bench_append_cuda [--reps N] [--only SUBSTRING] [--host] [--kernel auto|warp|block]
+ *                     [--tokens-per-block N] [--blocks-per-sm N] [--warps-per-block N]
+ *                     [--hints none|ld|st|ldst]
+ * (the kernel flags are the daemon's [tuning] append_* keys, kvp_config.h)
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
@@ -26,6 +30,7 @@
 #include "kvp_bench_kernels.h"
 #include "kvp_geom.h"
 #include "kvp_kernels_cuda.h"
+#include "kvp_knob.h"
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -39,7 +44,8 @@
 static int REPS = 50;
 static const char *ONLY = NULL; /* --only SUBSTRING: the workloads whose name contains it */
 static cudaStream_t S;
-static int HOST = 0; /* --host: the host-side costs only */
+static int HOST = 0;                /* --host: the host-side costs only */
+static kvp_append_cuda_opts_t OPTS; /* --kernel ... --hints: the copy kernels' shape */
 
 static int cmp_f(const void *a, const void *b)
 {
@@ -95,10 +101,10 @@ typedef struct {
 static void do_append(void *p)
 {
     app_arg_t *a = p;
-    int rc = a->checked
-                 ? kvp_append_paged_kv_cache_cuda(&a->kv, &a->src, a->bi, a->pos, a->nnz, a->err, S)
-                 : kvp_append_paged_kv_cache_fused_cuda_ex(&a->kv, &a->src, a->aip, a->nnz, a->err,
-                                                           a->flags, S);
+    int rc = a->checked ? kvp_append_paged_kv_cache_cuda_opts(&a->kv, &a->src, a->bi, a->pos,
+                                                              a->nnz, a->err, &OPTS, S)
+                        : kvp_append_paged_kv_cache_fused_cuda_opts(&a->kv, &a->src, a->aip, a->nnz,
+                                                                    a->err, a->flags, &OPTS, S);
     if (rc) {
         fprintf(stderr, "append failed: %d\n", rc);
         exit(1);
@@ -321,8 +327,9 @@ static void way_upload(void *p)
     kv.kv_indptr = a->plan_dev;
     kv.kv_indices = a->plan_dev + B + 1;
     kv.kv_last_page_len = a->plan_dev + 2 * B + 1;
-    if (kvp_append_paged_kv_cache_cuda_unchecked(&kv, &a->src, a->plan_dev + 3 * B + 1,
-                                                 a->plan_dev + 4 * B + 1, B, a->err_dev, S))
+    if (kvp_append_paged_kv_cache_cuda_unchecked_opts(&kv, &a->src, a->plan_dev + 3 * B + 1,
+                                                      a->plan_dev + 4 * B + 1, B, a->err_dev, &OPTS,
+                                                      S))
         exit(1);
     CK(cudaMemcpyAsync(a->plan_host + 5 * B + 1, a->err_dev, 4, cudaMemcpyDeviceToHost, S));
 }
@@ -410,8 +417,34 @@ static void run_host(void)
     free(a.slots);
 }
 
+/* The index of name in names[0..n), or exits with a usage message. */
+static uint32_t pick(const char *flag, const char *name, const char *const *names, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!strcmp(name, names[i]))
+            return i;
+    fprintf(stderr, "%s: '%s' is not one of", flag, name);
+    for (uint32_t i = 0; i < n; i++)
+        fprintf(stderr, " %s", names[i]);
+    fprintf(stderr, "\n");
+    exit(2);
+}
+
+/* A number for flag in 0..max, or exits with a usage message. */
+static uint32_t number(const char *flag, const char *text, uint32_t max)
+{
+    uint64_t v;
+    if (kvp_knob_parse_u64(text, 0, max, &v)) {
+        fprintf(stderr, "%s: '%s' is not a number in 0..%u\n", flag, text, max);
+        exit(2);
+    }
+    return (uint32_t)v;
+}
+
 int main(int argc, char **argv)
 {
+    static const char *const kernels[] = {"auto", "warp", "block"};
+    static const char *const hints[] = {"none", "ld", "st", "ldst"};
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             REPS = atoi(argv[++i]);
@@ -419,6 +452,24 @@ int main(int argc, char **argv)
             ONLY = argv[++i];
         else if (!strcmp(argv[i], "--host"))
             HOST = 1;
+        else if (!strcmp(argv[i], "--kernel") && i + 1 < argc)
+            OPTS.kernel = pick(argv[i], argv[i + 1], kernels, 3), i++;
+        else if (!strcmp(argv[i], "--tokens-per-block") && i + 1 < argc)
+            OPTS.tokens_per_block = number(argv[i], argv[i + 1], KVP_APPEND_CUDA_MAX_TPB), i++;
+        else if (!strcmp(argv[i], "--blocks-per-sm") && i + 1 < argc)
+            OPTS.blocks_per_sm = number(argv[i], argv[i + 1], KVP_APPEND_CUDA_MAX_BPSM), i++;
+        else if (!strcmp(argv[i], "--warps-per-block") && i + 1 < argc)
+            OPTS.warps_per_block = number(argv[i], argv[i + 1], KVP_APPEND_CUDA_MAX_WARPS), i++;
+        else if (!strcmp(argv[i], "--hints") && i + 1 < argc)
+            OPTS.hints = pick(argv[i], argv[i + 1], hints, 4), i++;
+        else {
+            fprintf(stderr, "unknown argument '%s' (see the file header)\n", argv[i]);
+            return 2;
+        }
+    printf("copy kernels: kernel=%s tokens_per_block=%u blocks_per_sm=%u warps_per_block=%u "
+           "hints=%s (0: automatic)\n",
+           kernels[OPTS.kernel], OPTS.tokens_per_block, OPTS.blocks_per_sm, OPTS.warps_per_block,
+           hints[OPTS.hints]);
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no usable GPU: skipped\n");

@@ -106,7 +106,8 @@ static int nccl_rank(int rank, int id_fd_w, int id_fd_r, int out_fd, size_t byte
 #ifdef KVP_HAVE_NCCL
     const kvp_nccl_t *n;
     char why[256];
-    if (kvp_nccl_get(&n, why, sizeof(why))) {
+    /* the library the daemons load too: $KVPOOL_NCCL_LIB is their [tuning] nccl_lib */
+    if (kvp_nccl_set_library(getenv("KVPOOL_NCCL_LIB")) || kvp_nccl_get(&n, why, sizeof(why))) {
         fprintf(stderr, "nccl: %s\n", why);
         return 1;
     }

@@ -1,12 +1,15 @@
 #!/bin/sh
 # run_multigpu.sh - the multigpu-labelled tests and the transfer benchmark on a machine with two
 # GPUs (build here with -DKVP_STATIC_DEPS=ON -DKVP_CUDA_ARCHS=90 into .devbuild/, carry it);
-# logs under $OUT. NCCL is loaded at run time: $KVPOOL_NCCL_LIB, else the libnccl.so.2 of
-# PyTorch's pip packages (nvidia.nccl), else any libnccl.so.2 under a site-packages directory.
+# logs under $OUT. NCCL is loaded at run time: $KVPOOL_NCCL_LIB (the daemons' [tuning]
+# nccl_lib), else the libnccl.so.2 of PyTorch's pip packages (nvidia.nccl), else any
+# libnccl.so.2 under a site-packages directory.
 #   tests/gpu/run_multigpu.sh [tp|xfer|bench|backend|all]
 set -u
 B=${KVP_DEVBUILD:-.devbuild}
 export KVPOOLD="$PWD/$B/server/kvpoold"
+# the daemon with the transfer test hooks (KVPOOL_XFER_TEST_*), for test_multigpu_xfer
+export KVPOOLD_TEST="$PWD/$B/server/kvpoold-test"
 OUT=${OUT:-/tmp/kvpool-out}
 mkdir -p "$OUT"
 what=${1:-all}
@@ -57,7 +60,8 @@ if [ "$what" = xfer ] || [ "$what" = all ]; then
     run test_multigpu_xfer "$B/tests/test_multigpu_xfer"
     run test_multigpu_xfer_net env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
         "$B/tests/test_multigpu_xfer"
-    # chunks of 4 KiB: every transfer moves in many chunks, most spanning two layers
+    # chunks of 4 KiB: every transfer moves in many chunks, most spanning two layers (a hook of
+    # kvpoold-test, which test_multigpu_xfer runs: $KVPOOLD_TEST)
     run test_multigpu_xfer_chunks env KVPOOL_XFER_TEST_CHUNK_BYTES=4096 \
         "$B/tests/test_multigpu_xfer"
 fi

@@ -30,6 +30,9 @@
     } while (0)
 
 static cudaStream_t S;
+/* The copy kernels' shape the appends below run with (NULL: automatic);
+ * kernel_shapes_match_cpu sets each forced shape in turn. */
+static const kvp_append_cuda_opts_t *OPTS;
 
 typedef struct {
     kvp_geom_t g;
@@ -153,14 +156,15 @@ static void round_once(world_t *w, kvp_rng_t *r, const uint32_t *toks, int strid
     ck_assert_int_eq(kvp_get_batch_indices_positions_cuda(d_aip, d_seq, B, nnz, d_bi, d_pos, S), 0);
     int rc;
     if (form == 0)
-        rc = kvp_append_paged_kv_cache_cuda(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S);
+        rc = kvp_append_paged_kv_cache_cuda_opts(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, OPTS, S);
     else if (form == 1)
-        rc = kvp_append_paged_kv_cache_cuda_unchecked(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S);
+        rc = kvp_append_paged_kv_cache_cuda_unchecked_opts(&dkv, &dsrc, d_bi, d_pos, nnz, d_err,
+                                                           OPTS, S);
     else if (form == 2)
-        rc = kvp_append_paged_kv_cache_fused_cuda(&dkv, &dsrc, d_aip, nnz, d_err, S);
+        rc = kvp_append_paged_kv_cache_fused_cuda_opts(&dkv, &dsrc, d_aip, nnz, d_err, 0, OPTS, S);
     else
-        rc = kvp_append_paged_kv_cache_fused_cuda_ex(&dkv, &dsrc, d_aip, nnz, d_err,
-                                                     KVP_CUDA_APPEND_PDL, S);
+        rc = kvp_append_paged_kv_cache_fused_cuda_opts(&dkv, &dsrc, d_aip, nnz, d_err,
+                                                       KVP_CUDA_APPEND_PDL, OPTS, S);
     ck_assert_int_eq(rc, 0);
     int32_t herr = -1;
     int32_t *hbi = malloc(4 * (nnz + 1)), *hpos = malloc(4 * (nnz + 1));
@@ -189,7 +193,10 @@ static int gpu_present(void)
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-START_TEST(cuda_matches_cpu_over_the_grid)
+/* Every every-th configuration of the grid (layouts, storages, head dims, dtypes, page sizes,
+ * batches, dense and strided sources), 4 rounds each, byte-exact against the CPU. Returns the
+ * number of configurations run. */
+static uint32_t run_grid(uint32_t every)
 {
     static const uint32_t page_sizes[] = {1, 3, 7, 16, 17};
     static const uint32_t batches[] = {1, 2, 7, 23, 91};
@@ -199,8 +206,6 @@ START_TEST(cuda_matches_cpu_over_the_grid)
     kvp_rng_t r;
     kvp_rng_seed(&r, kvp_test_seed(0xc0da));
     uint32_t configs = 0, idx = 0;
-    /* KVP_GPU_QUICK (compute-sanitizer runs): every 23rd configuration only */
-    const int quick = getenv("KVP_GPU_QUICK") != NULL;
     for (int lay = 0; lay < 2; lay++)
         for (int sto = 0; sto < 2; sto++)
             for (unsigned di = 0; di < 4; di++)
@@ -208,7 +213,7 @@ START_TEST(cuda_matches_cpu_over_the_grid)
                     for (unsigned pi = 0; pi < 5; pi++)
                         for (unsigned bi = 0; bi < 5; bi++)
                             for (int strided = 0; strided < 2; strided++) {
-                                if (quick && idx++ % 23)
+                                if (idx++ % every)
                                     continue;
                                 world_t w;
                                 memset(&w, 0, sizeof(w));
@@ -254,6 +259,13 @@ START_TEST(cuda_matches_cpu_over_the_grid)
                                 free(w.pages), free(w.ref), free(w.back);
                                 CK(cudaFree(w.dpool));
                             }
+    return configs;
+}
+
+START_TEST(cuda_matches_cpu_over_the_grid)
+{
+    /* KVP_GPU_QUICK (compute-sanitizer runs): every 23rd configuration only */
+    uint32_t configs = run_grid(getenv("KVP_GPU_QUICK") ? 23 : 1);
     printf("grid: %u configurations x 4 rounds byte-exact\n", configs);
 }
 END_TEST
@@ -368,11 +380,11 @@ static void prefill_case(kvp_layout_t lay, int strided, int form, kvp_rng_t *r)
     kvp_append_src_t dsrc = src;
     dsrc.key = dk;
     dsrc.value = dv;
-    int rc = form == 0
-                 ? kvp_append_paged_kv_cache_cuda_unchecked(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, S)
-             : form == 2 ? kvp_append_paged_kv_cache_fused_cuda_ex(&dkv, &dsrc, d_aip, nnz, d_err,
-                                                                   KVP_CUDA_APPEND_PDL, S)
-                         : kvp_append_paged_kv_cache_fused_cuda(&dkv, &dsrc, d_aip, nnz, d_err, S);
+    int rc = form == 0 ? kvp_append_paged_kv_cache_cuda_unchecked_opts(&dkv, &dsrc, d_bi, d_pos,
+                                                                       nnz, d_err, OPTS, S)
+                       : kvp_append_paged_kv_cache_fused_cuda_opts(
+                             &dkv, &dsrc, d_aip, nnz, d_err,
+                             form == 2 ? (unsigned)KVP_CUDA_APPEND_PDL : 0u, OPTS, S);
     ck_assert_int_eq(rc, 0);
     int32_t herr = -1;
     CK(cudaMemcpyAsync(&herr, d_err, 4, cudaMemcpyDeviceToHost, S));
@@ -387,6 +399,70 @@ static void prefill_case(kvp_layout_t lay, int strided, int form, kvp_rng_t *r)
     free(indices), free(hk), free(hv), free(ref), free(back), free(bi), free(pos);
     free(dev_bi), free(dev_indices);
 }
+
+/* Each forced shape of the copy kernels (what [tuning] append_* and bench_append_cuda's flags
+ * choose) writes the same bytes as the CPU: a seventh of the grid and every prefill case. */
+START_TEST(kernel_shapes_match_cpu)
+{
+    static const kvp_append_cuda_opts_t shapes[] = {
+        {.kernel = KVP_APPEND_CUDA_KERNEL_WARP},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_WARP, .warps_per_block = 1},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_WARP, .warps_per_block = KVP_APPEND_CUDA_MAX_WARPS},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_BLOCK},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_BLOCK, .tokens_per_block = 1},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_BLOCK,
+         .tokens_per_block = KVP_APPEND_CUDA_MAX_TPB,
+         .blocks_per_sm = 1},
+        {.blocks_per_sm = 4, .hints = KVP_APPEND_CUDA_HINT_LD | KVP_APPEND_CUDA_HINT_ST},
+    };
+    kvp_rng_t r;
+    kvp_rng_seed(&r, kvp_test_seed(0x5a9e));
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        OPTS = &shapes[i];
+        ck_assert_uint_gt(run_grid(7), 0);
+        for (int lay = 0; lay < 2; lay++)
+            for (int form = 0; form < 4; form++)
+                prefill_case((kvp_layout_t)lay, (int)(i & 1), form, &r);
+    }
+    OPTS = NULL;
+}
+END_TEST
+
+/* Options out of range are refused before anything is queued, whatever nnz. */
+START_TEST(bad_kernel_options_are_refused)
+{
+    static const kvp_append_cuda_opts_t bad[] = {
+        {.kernel = KVP_APPEND_CUDA_KERNEL_BLOCK + 1},
+        {.tokens_per_block = KVP_APPEND_CUDA_MAX_TPB + 1},
+        {.blocks_per_sm = KVP_APPEND_CUDA_MAX_BPSM + 1},
+        {.warps_per_block = KVP_APPEND_CUDA_MAX_WARPS + 1},
+        {.hints = 4},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(kvp_append_cuda_opts_check(&bad[i]), KVP_EINVAL);
+        ck_assert_int_eq(
+            kvp_append_paged_kv_cache_cuda_opts(NULL, NULL, NULL, NULL, 0, NULL, &bad[i], S),
+            KVP_EINVAL);
+        ck_assert_int_eq(kvp_append_paged_kv_cache_cuda_unchecked_opts(NULL, NULL, NULL, NULL, 0,
+                                                                       NULL, &bad[i], S),
+                         KVP_EINVAL);
+        ck_assert_int_eq(
+            kvp_append_paged_kv_cache_fused_cuda_opts(NULL, NULL, NULL, 0, NULL, 0, &bad[i], S),
+            KVP_EINVAL);
+    }
+    const kvp_append_cuda_opts_t top = {KVP_APPEND_CUDA_KERNEL_BLOCK, KVP_APPEND_CUDA_MAX_TPB,
+                                        KVP_APPEND_CUDA_MAX_BPSM, KVP_APPEND_CUDA_MAX_WARPS, 3};
+    ck_assert_int_eq(kvp_append_cuda_opts_check(&top), 0);
+    ck_assert_int_eq(kvp_append_cuda_opts_check(NULL), 0);
+    ck_assert_int_eq(kvp_append_paged_kv_cache_cuda_opts(NULL, NULL, NULL, NULL, 0, NULL, &top, S),
+                     0);
+    const kvp_pack_cuda_opts_t pack_bad = {.max_blocks = KVP_PACK_CUDA_MAX_BLOCKS + 1};
+    ck_assert_int_eq(kvp_kv_pack_range_cuda_ex(NULL, NULL, 0, 0, 0, NULL, &pack_bad, S),
+                     KVP_EINVAL);
+    ck_assert_int_eq(kvp_kv_unpack_range_cuda_ex(NULL, NULL, 0, 0, 0, NULL, &pack_bad, S),
+                     KVP_EINVAL);
+}
+END_TEST
 
 START_TEST(prefill_matches_cpu)
 {
@@ -832,6 +908,8 @@ int main(void)
     tcase_add_test(tc, slots_append_refuses_before_writing);
     tcase_add_test(tc, prefill_matches_cpu);
     tcase_add_test(tc, cuda_matches_cpu_over_the_grid);
+    tcase_add_test(tc, kernel_shapes_match_cpu);
+    tcase_add_test(tc, bad_kernel_options_are_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK); /* one CUDA context for the whole run */

@@ -26,12 +26,14 @@
 
 #include "kvp_backend.h"
 #include "kvp_cuda_drv.h"
+#include "kvp_cuda_vmm.h"
 #include "kvp_error.h"
 #include "kvp_geom.h"
 #include "kvp_gpu_test.h"
 #include "kvp_harness.h"
 #include "kvp_kernels.h"
 #include "kvp_kernels_cuda.h"
+#include "kvp_knob.h"
 #include "kvp_test_util.h"
 #include "kvpool.h"
 #include "kvpool.pb.h"
@@ -141,11 +143,24 @@ typedef struct {
     cudaStream_t s;
 } world_t;
 
+/* The in-process backends' tuning: run_device.sh sets KVPOOL_CUDA_PLAN_UPLOAD=1 to run the
+ * suite again over the plan-upload path (the daemons started here read the same variable as
+ * their [tuning] cuda_plan_upload). */
+static const kvp_backend_tuning_t *test_tuning(void)
+{
+    static kvp_backend_tuning_t t;
+    bool up = false;
+    const char *e = kvp_knob_env("KVPOOL_CUDA_PLAN_UPLOAD");
+    ck_assert_msg(!e || kvp_knob_parse_bool(e, &up) == 0, "KVPOOL_CUDA_PLAN_UPLOAD=%s", e);
+    t.plan_upload = up;
+    return &t;
+}
+
 static void world_open(world_t *w, const kvp_geom_t *g)
 {
     memset(w, 0, sizeof(*w));
     int dev = 0;
-    ck_assert_int_eq(kvp_backend_cuda_create(g, &dev, 1, &w->b), 0);
+    ck_assert_int_eq(kvp_backend_cuda_create(g, &dev, 1, test_tuning(), &w->b), 0);
     kvp_backend_t *b = w->b;
     ck_assert_int_eq(b->kind, kvpool_BackendKind_BACKEND_CUDA);
     ck_assert_uint_gt(b->map_granularity, 0);
@@ -156,10 +171,9 @@ static void world_open(world_t *w, const kvp_geom_t *g)
     ck_assert_int_eq(b->device_ids[0], 0);
     int fds[4];
     ck_assert_int_eq(b->ops->export_fds(b, fds, 4), 1);
-    kvp_cuda_err_t err;
     CK(cudaSetDevice(0));
-    int rc = kvp_cuda_vmm_import(fds[0], 0, b->map_bytes, &w->view, NULL, &err);
-    ck_assert_msg(rc == 0, "import of the pool fd: %s", err.msg);
+    int rc = kvp_cuda_vmm_import(fds[0], 0, b->map_bytes, &w->view, NULL);
+    ck_assert_msg(rc == 0, "import of the pool fd: %s", kvp_cuda_last_error());
     w->ref = calloc(1, b->derived.pool_bytes);
     w->back = malloc(b->derived.pool_bytes);
     ck_assert(w->ref && w->back);
@@ -192,15 +206,14 @@ static void world_close(world_t *w)
 static void vmm_buffer(world_t *w, size_t bytes, kvp_rng_t *r, kvp_cuda_vmm_t *m, uint8_t **host,
                        kvp_buffer_t *buf)
 {
-    kvp_cuda_err_t err;
-    int rc = kvp_cuda_vmm_alloc(0, bytes, m, &err);
-    ck_assert_msg(rc == 0, "%s", err.msg);
+    int rc = kvp_cuda_vmm_alloc(0, bytes, m);
+    ck_assert_msg(rc == 0, "%s", kvp_cuda_last_error());
     *host = malloc(m->size);
     kvp_rng_fill(r, *host, m->size);
     CK(cudaMemcpyAsync((void *)(uintptr_t)m->ptr, *host, m->size, cudaMemcpyHostToDevice, w->s));
     CK(cudaStreamSynchronize(w->s));
     int fd = -1;
-    ck_assert_int_eq(kvp_cuda_vmm_export(m, &fd, &err), 0);
+    ck_assert_int_eq(kvp_cuda_vmm_export(m, &fd), 0);
     uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
     uint32_t done_len = 99;
     rc = w->b->ops->import_buffer(w->b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd, m->size, 0, NULL,
@@ -321,11 +334,10 @@ START_TEST(refused_imports_and_sources_leave_it_healthy)
     world_t w;
     world_open(&w, g);
     kvp_backend_t *b = w.b;
-    kvp_cuda_err_t err;
     kvp_cuda_vmm_t m;
-    ck_assert_int_eq(kvp_cuda_vmm_alloc(0, 1, &m, &err), 0);
+    ck_assert_int_eq(kvp_cuda_vmm_alloc(0, 1, &m), 0);
     int fd = -1;
-    ck_assert_int_eq(kvp_cuda_vmm_export(&m, &fd, &err), 0);
+    ck_assert_int_eq(kvp_cuda_vmm_export(&m, &fd), 0);
     kvp_buffer_t buf;
     memset(&buf, 0, sizeof(buf));
     uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
@@ -414,13 +426,18 @@ START_TEST(create_refuses_what_it_cannot_serve)
     int dev0 = 0, dev_bad = 4096, two[2] = {0, 0};
     kvp_geom_t g = GEOMS[0];
     g.head_dim = 4; /* 8-byte rows: the kernels move 16-byte vectors */
-    ck_assert_int_eq(kvp_backend_cuda_create(&g, &dev0, 1, &b), KVP_EINVAL);
+    ck_assert_int_eq(kvp_backend_cuda_create(&g, &dev0, 1, NULL, &b), KVP_EINVAL);
     g = GEOMS[0];
-    ck_assert_int_eq(kvp_backend_cuda_create(&g, &dev_bad, 1, &b), KVP_EINVAL);
-    ck_assert_int_eq(kvp_backend_cuda_create(&g, two, 2, &b), KVP_EINVAL); /* geometry says 1 */
+    ck_assert_int_eq(kvp_backend_cuda_create(&g, &dev_bad, 1, NULL, &b), KVP_EINVAL);
+    ck_assert_int_eq(kvp_backend_cuda_create(&g, two, 2, NULL, &b), KVP_EINVAL); /* G is 1 */
+    /* tuning out of the kernels' range ([tuning] checks the same bounds) */
+    kvp_backend_tuning_t bad = {.append = {.warps_per_block = KVP_APPEND_CUDA_MAX_WARPS + 1}};
+    ck_assert_int_eq(kvp_backend_cuda_create(&g, &dev0, 1, &bad, &b), KVP_EINVAL);
+    bad = (kvp_backend_tuning_t){.pack_blocks = KVP_PACK_CUDA_MAX_BLOCKS + 1};
+    ck_assert_int_eq(kvp_backend_cuda_create(&g, &dev0, 1, &bad, &b), KVP_EINVAL);
     g.num_devices = 2;
     g.num_kv_heads = 4;
-    ck_assert_int_eq(kvp_backend_cuda_create(&g, two, 2, &b), KVP_EINVAL); /* twice device 0 */
+    ck_assert_int_eq(kvp_backend_cuda_create(&g, two, 2, NULL, &b), KVP_EINVAL); /* twice 0 */
     ck_assert_ptr_null(b);
     ck_assert_int_eq(kvp_backend_cuda_probe(), 1);
 }
@@ -959,7 +976,7 @@ START_TEST(two_devices_copy_everywhere_append_where_the_buffer_lives)
     g.num_devices = 2; /* 4 heads: 2 per device */
     int devs[2] = {0, 1};
     kvp_backend_t *b;
-    ck_assert_int_eq(kvp_backend_cuda_create(&g, devs, 2, &b), 0);
+    ck_assert_int_eq(kvp_backend_cuda_create(&g, devs, 2, test_tuning(), &b), 0);
     ck_assert_uint_eq(b->derived.heads, 2);
     ck_assert_uint_eq(b->num_device_ids, 2);
     int fds[4];
@@ -972,17 +989,16 @@ START_TEST(two_devices_copy_everywhere_append_where_the_buffer_lives)
     const uint64_t row = b->derived.row_bytes;
     const uint32_t H = b->derived.heads, L = g.num_layers;
     for (int d = 0; d < 2; d++) {
-        kvp_cuda_err_t err;
         CK(cudaSetDevice(d));
-        ck_assert_int_eq(kvp_cuda_vmm_import(fds[d], d, b->map_bytes, &view[d], NULL, &err), 0);
+        ck_assert_int_eq(kvp_cuda_vmm_import(fds[d], d, b->map_bytes, &view[d], NULL), 0);
         ref[d] = calloc(1, b->derived.pool_bytes);
         size_t bytes = (size_t)2 * 512 * H * row * L;
-        ck_assert_int_eq(kvp_cuda_vmm_alloc(d, bytes, &m[d], &err), 0);
+        ck_assert_int_eq(kvp_cuda_vmm_alloc(d, bytes, &m[d]), 0);
         host[d] = malloc(m[d].size);
         kvp_rng_fill(&r, host[d], m[d].size);
         CK(cudaMemcpy((void *)(uintptr_t)m[d].ptr, host[d], m[d].size, cudaMemcpyHostToDevice));
         int fd;
-        ck_assert_int_eq(kvp_cuda_vmm_export(&m[d], &fd, &err), 0);
+        ck_assert_int_eq(kvp_cuda_vmm_export(&m[d], &fd), 0);
         uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
         uint32_t dl;
         ck_assert_int_eq(b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd,

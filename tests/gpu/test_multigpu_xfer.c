@@ -5,13 +5,14 @@
  * transfer: a sequence of 77 tokens written into the sender's pool by a daemon-run Append,
  * ExportBegin there, Import on the receiver; the receiver's pages read back through its own
  * mapping must hold every row byte-exact, both ListTransfers report ok, both audits are clean.
- * Then the sending daemon is SIGKILLed mid-transfer (KVPOOL_XFER_TEST_STALL_MS holds it between
- * the header exchange and the payload): the Import fails, the receiver's usage and audit are
- * exactly as before, and it imports from a fresh sender afterwards. A mismatched Import is
- * refused and the communicator stays usable (refused_then_reused); sets of sequences move as one
- * transfer (set_transfer). Run it again with
- * NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 for the network transport (tests/gpu/run_multigpu.sh).
- * Needs libnccl.so.2 (or $KVPOOL_NCCL_LIB). Label multigpu: exits 77 with fewer than two GPUs.
+ * Then the sending daemon is SIGKILLed mid-transfer (KVPOOL_XFER_TEST_STALL_MS, a hook of the
+ * test daemon kvpoold-test, holds it between the header exchange and the payload): the Import
+ * fails, the receiver's usage and audit are exactly as before, and it imports from a fresh
+ * sender afterwards. A mismatched Import is refused and the communicator stays usable
+ * (refused_then_reused); sets of sequences move as one transfer (set_transfer). Run it again
+ * with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 for the network transport
+ * (tests/gpu/run_multigpu.sh). Needs libnccl.so.2 (or $KVPOOL_NCCL_LIB: the daemons' [tuning]
+ * nccl_lib). Label multigpu: exits 77 with fewer than two GPUs.
  */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -426,12 +427,20 @@ static int sender_killed_mid_transfer(pool_t *recv, kvp_rng_t *rng)
     return rc;
 }
 
+#ifndef KVPOOLD_TEST_PATH
+#define KVPOOLD_TEST_PATH "kvpoold-test"
+#endif
+
 int main(void)
 {
     if (kvp_gpu_count() < 2) {
         printf("fewer than two usable GPUs: skipped\n");
         return 77;
     }
+    /* every daemon here is kvpoold-test, the build with the transfer test hooks
+     * (KVPOOL_XFER_TEST_*; the production kvpoold ignores them): $KVPOOLD_TEST, else the one
+     * built next to this test */
+    setenv("KVPOOLD", getenv("KVPOOLD_TEST") ? getenv("KVPOOLD_TEST") : KVPOOLD_TEST_PATH, 1);
     printf("NCCL_P2P_DISABLE=%s NCCL_SHM_DISABLE=%s KVPOOL_NCCL_LIB=%s\n",
            getenv("NCCL_P2P_DISABLE") ? getenv("NCCL_P2P_DISABLE") : "",
            getenv("NCCL_SHM_DISABLE") ? getenv("NCCL_SHM_DISABLE") : "",

@@ -932,6 +932,38 @@ START_TEST(default_socket_follows_the_environment)
 }
 END_TEST
 
+/* $KVPOOL_BUSY_POLL_US is checked whole (common/kvp_knob.h): a bad value fails the connect
+ * before any socket is touched, instead of turning into 0. */
+START_TEST(a_bad_busy_poll_environment_fails_the_connect)
+{
+    char e[256];
+    kvp_client_t *c = NULL;
+    kvp_client_opts_t o = {.socket_path = "/nonexistent/kvpool-test/kvpool.sock"};
+    static const char *const bad[] = {"abc", "", "-1", "200us", "1000001"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        setenv("KVPOOL_BUSY_POLL_US", bad[i], 1);
+        ck_assert_int_eq(kvp_client_connect(&o, &c, e, sizeof(e)), KVP_EINVAL);
+        ck_assert_ptr_null(c);
+        char want[160];
+        snprintf(want, sizeof(want),
+                 "KVPOOL_BUSY_POLL_US: invalid value '%s': expected an unsigned decimal integer "
+                 "in 0..1000000",
+                 bad[i]);
+        ck_assert_str_eq(e, want);
+    }
+    /* given in the options, the variable is not read */
+    o.busy_poll_us = 5;
+    ck_assert_int_eq(kvp_client_connect(&o, &c, e, sizeof(e)), -ENOENT);
+    /* a good value: on to the connect, which finds no socket */
+    o.busy_poll_us = 0;
+    setenv("KVPOOL_BUSY_POLL_US", "1000000", 1);
+    ck_assert_int_eq(kvp_client_connect(&o, &c, e, sizeof(e)), -ENOENT);
+    unsetenv("KVPOOL_BUSY_POLL_US");
+    ck_assert_int_eq(kvp_client_connect(&o, &c, e, sizeof(e)), -ENOENT);
+    ck_assert_ptr_null(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("client_wire");
@@ -959,6 +991,7 @@ int main(void)
     tcase_add_test(tf, host_buffer_is_a_sealed_memfd_shared_with_the_daemon);
     tcase_add_test(tf, reserve_round_trip_fills_the_page_table);
     tcase_add_test(tf, default_socket_follows_the_environment);
+    tcase_add_test(tf, a_bad_busy_poll_environment_fails_the_connect);
     suite_add_tcase(s, tf);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -111,6 +111,18 @@ START_TEST(defaults_are_the_documented_ones)
     ck_assert_uint_eq(c.ns_max_connections, 0);
     ck_assert_uint_eq(c.allowed_uids.count, 0);
     ck_assert_uint_eq(c.allowed_gids.count, 0);
+    ck_assert_uint_eq(c.cuda_ready_timeout_ms, 30000);
+    ck_assert(!c.cuda_plan_upload);
+    ck_assert_uint_eq(c.append_kernel, 0);
+    ck_assert_uint_eq(c.append_tokens_per_block, 0);
+    ck_assert_uint_eq(c.append_blocks_per_sm, 0);
+    ck_assert_uint_eq(c.append_warps_per_block, 0);
+    ck_assert_uint_eq(c.append_hints, 0);
+    ck_assert_uint_eq(c.pack_blocks, 0);
+    ck_assert_uint_eq(c.xfer_stages, 2);
+    ck_assert(!c.xfer_register);
+    ck_assert(!c.xfer_priority);
+    ck_assert_str_eq(c.nccl_lib, "libnccl.so.2");
     ck_assert_str_eq(c.config_path, "");
     ck_assert_uint_eq(c.num_overrides, 0);
 
@@ -208,7 +220,20 @@ static const char full_file[] = "# every key, none at its default\n"
                                 "ns_max_connections = 8\n"
                                 "[access]\n"
                                 "allowed_uids = 1000,1001\r\n"
-                                "allowed_gids = 50\n";
+                                "allowed_gids = 50\n"
+                                "[tuning]\n"
+                                "cuda_ready_timeout_ms = 3000\n"
+                                "cuda_plan_upload = yes\n"
+                                "append_kernel = block\n"
+                                "append_tokens_per_block = 4\n"
+                                "append_blocks_per_sm = 8\n"
+                                "append_warps_per_block = 1\n"
+                                "append_hints = ldst\n"
+                                "pack_blocks = 66\n"
+                                "xfer_stages = 3\n"
+                                "xfer_register = on\n"
+                                "xfer_priority = true\n"
+                                "nccl_lib = /opt/nccl/lib/libnccl.so.2\n";
 
 static void expect_full_file(const kvp_config_t *c)
 {
@@ -255,6 +280,18 @@ static void expect_full_file(const kvp_config_t *c)
     ck_assert_uint_eq(c->allowed_uids.ids[1], 1001);
     ck_assert_uint_eq(c->allowed_gids.count, 1);
     ck_assert_uint_eq(c->allowed_gids.ids[0], 50);
+    ck_assert_uint_eq(c->cuda_ready_timeout_ms, 3000);
+    ck_assert(c->cuda_plan_upload);
+    ck_assert_uint_eq(c->append_kernel, 2);
+    ck_assert_uint_eq(c->append_tokens_per_block, 4);
+    ck_assert_uint_eq(c->append_blocks_per_sm, 8);
+    ck_assert_uint_eq(c->append_warps_per_block, 1);
+    ck_assert_uint_eq(c->append_hints, 3);
+    ck_assert_uint_eq(c->pack_blocks, 66);
+    ck_assert_uint_eq(c->xfer_stages, 3);
+    ck_assert(c->xfer_register);
+    ck_assert(c->xfer_priority);
+    ck_assert_str_eq(c->nccl_lib, "/opt/nccl/lib/libnccl.so.2");
 }
 
 START_TEST(file_sets_every_key)
@@ -418,6 +455,20 @@ static const struct {
     {"access.allowed_uids", "4294967295", "entry out of range 0..4294967294"},
     {"access.allowed_uids", "root", "comma-separated list"},
     {"access.allowed_gids", "5 6", "comma-separated list"},
+    {"tuning.cuda_ready_timeout_ms", "0", "out of range 1..3600000"},
+    {"tuning.cuda_ready_timeout_ms", "3600001", "out of range 1..3600000"},
+    {"tuning.cuda_plan_upload", "2", "expected true or false"},
+    {"tuning.append_kernel", "bulk", "expected auto|warp|block"},
+    {"tuning.append_tokens_per_block", "65", "out of range 0..64"},
+    {"tuning.append_blocks_per_sm", "1025", "out of range 0..1024"},
+    {"tuning.append_warps_per_block", "9", "out of range 0..8"},
+    {"tuning.append_warps_per_block", "two", "expected an unsigned decimal integer"},
+    {"tuning.append_hints", "both", "expected none|ld|st|ldst"},
+    {"tuning.pack_blocks", "65536", "out of range 0..65535"},
+    {"tuning.xfer_stages", "1", "out of range 2..4"},
+    {"tuning.xfer_stages", "5", "out of range 2..4"},
+    {"tuning.xfer_register", "maybe", "expected true or false"},
+    {"tuning.nccl_lib", "lib\tnccl", "control characters"},
 };
 
 START_TEST(bad_values_name_the_key_and_the_value)
@@ -951,6 +1002,218 @@ START_TEST(reload_keeps_and_lists_settings_that_need_a_restart)
 }
 END_TEST
 
+/* ---- [tuning]: file < environment < --set ------------------------------------------------ */
+
+static const char *const tuning_vars[] = {
+    "KVPOOL_CUDA_READY_TIMEOUT_MS", "KVPOOL_CUDA_PLAN_UPLOAD",
+    "KVPOOL_APPEND_KERNEL",         "KVPOOL_APPEND_TOKENS_PER_BLOCK",
+    "KVPOOL_APPEND_BLOCKS_PER_SM",  "KVPOOL_APPEND_WARPS_PER_BLOCK",
+    "KVPOOL_APPEND_HINTS",          "KVPOOL_PACK_BLOCKS",
+    "KVPOOL_XFER_STAGES",           "KVPOOL_XFER_REGISTER",
+    "KVPOOL_XFER_PRIORITY",         "KVPOOL_NCCL_LIB",
+};
+
+/* The tests below own the environment's [tuning] variables: none is set when they start. */
+static void clear_tuning_env(void)
+{
+    for (size_t i = 0; i < sizeof(tuning_vars) / sizeof(tuning_vars[0]); i++)
+        unsetenv(tuning_vars[i]);
+}
+
+START_TEST(tuning_key_from_the_file)
+{
+    clear_tuning_env();
+    kvp_config_t c;
+    kvp_config_defaults(&c);
+    ck_assert_int_eq(kvp_config_load_string(&c,
+                                            "[tuning]\nxfer_stages = 4\nappend_kernel = WARP\n"
+                                            "append_hints = st\ncuda_ready_timeout_ms = 1\n"
+                                            "nccl_lib =\n",
+                                            "t.ini", err, sizeof(err)),
+                     0);
+    ck_assert_uint_eq(c.xfer_stages, 4);
+    ck_assert_uint_eq(c.append_kernel, 1);
+    ck_assert_uint_eq(c.append_hints, 2);
+    ck_assert_uint_eq(c.cuda_ready_timeout_ms, 1);
+    ck_assert_str_eq(c.nccl_lib, "");    /* empty: the loader's libnccl.so.2 */
+    ck_assert_uint_eq(c.pack_blocks, 0); /* not in the file: the default */
+    ck_assert_int_eq(kvp_config_validate(&c, err, sizeof(err)), 0);
+
+    /* a value out of range names the file, the line, the key and the range */
+    expect_load_error(
+        "[tuning]\n\nappend_warps_per_block = 9\n",
+        "f.ini:3: tuning.append_warps_per_block: invalid value '9': out of range 0..8", NULL);
+    expect_load_error("[tuning]\nbogus = 1\n", "f.ini:2: unknown key 'bogus' in section [tuning]",
+                      NULL);
+    /* a file load alone never reads the environment */
+    setenv("KVPOOL_XFER_STAGES", "3", 1);
+    kvp_config_defaults(&c);
+    ck_assert_int_eq(kvp_config_load_string(&c, "[tuning]\n", "t.ini", err, sizeof(err)), 0);
+    ck_assert_uint_eq(c.xfer_stages, 2);
+    unsetenv("KVPOOL_XFER_STAGES");
+}
+END_TEST
+
+START_TEST(environment_overrides_the_file_and_set_overrides_the_environment)
+{
+    clear_tuning_env();
+    const char *path = write_temp(0, "[tuning]\nxfer_stages = 3\ncuda_ready_timeout_ms = 5000\n"
+                                     "pack_blocks = 32\n[limits]\nmax_seqs = 77\n");
+    setenv("KVPOOL_XFER_STAGES", "4", 1);
+    setenv("KVPOOL_APPEND_KERNEL", "Block", 1);
+    setenv("KVPOOL_XFER_REGISTER", "1", 1);
+    setenv("KVPOOL_PACK_BLOCKS", "66", 1);
+    setenv("KVPOOL_MAX_SEQS", "5", 1); /* not a [tuning] key: never read */
+    char *argv[] = {"kvpoold", "--set", "tuning.pack_blocks=264", "--config", (char *)path, NULL};
+    kvp_config_t c;
+    kvp_config_action_t action;
+    kvp_config_defaults(&c);
+    ck_assert_int_eq(kvp_config_parse_args(&c, 5, argv, &action, err, sizeof(err)), 0);
+    ck_assert_int_eq(action, KVP_CONFIG_RUN);
+    ck_assert_uint_eq(c.xfer_stages, 4);              /* environment over the file */
+    ck_assert_uint_eq(c.cuda_ready_timeout_ms, 5000); /* the file: no variable */
+    ck_assert_uint_eq(c.append_kernel, 2);            /* environment over the default */
+    ck_assert(c.xfer_register);
+    ck_assert_uint_eq(c.pack_blocks, 264); /* --set over the environment over the file */
+    ck_assert_uint_eq(c.max_seqs, 77);
+    ck_assert_uint_eq(c.num_overrides, 1); /* the environment is not a command-line setting */
+    ck_assert_int_eq(kvp_config_validate(&c, err, sizeof(err)), 0);
+
+    /* a reload reads the environment again: nothing changed, nothing to report */
+    kvp_config_t next;
+    strcpy(err, "x");
+    ck_assert_int_eq(kvp_config_reload_file(&c, path, &next, err, sizeof(err)), 0);
+    ck_assert_str_eq(err, "");
+    ck_assert_uint_eq(next.xfer_stages, 4);
+    ck_assert_uint_eq(next.pack_blocks, 264);
+    ck_assert_uint_eq(next.append_kernel, 2);
+    /* a changed [tuning] key needs a restart: listed, and the running value kept */
+    setenv("KVPOOL_XFER_STAGES", "2", 1);
+    ck_assert_int_eq(kvp_config_reload_file(&c, path, &next, err, sizeof(err)), 1);
+    ck_assert_str_eq(err, "not reloadable, restart to apply: tuning.xfer_stages");
+    ck_assert_uint_eq(next.xfer_stages, 4);
+
+    /* no file at all: the environment over the defaults, the flags over it */
+    char *argv2[] = {"kvpoold", "--set=tuning.xfer_stages=3", NULL};
+    kvp_config_defaults(&c);
+    ck_assert_int_eq(kvp_config_parse_args(&c, 2, argv2, &action, err, sizeof(err)), 0);
+    ck_assert_uint_eq(c.xfer_stages, 3);
+    ck_assert_uint_eq(c.append_kernel, 2);
+    ck_assert_uint_eq(c.pack_blocks, 66);
+    ck_assert_uint_eq(c.max_seqs, 65536);
+
+    /* kvp_config_apply_env alone */
+    kvp_config_defaults(&c);
+    strcpy(err, "x");
+    ck_assert_int_eq(kvp_config_apply_env(&c, err, sizeof(err)), 0);
+    ck_assert_str_eq(err, "");
+    ck_assert_uint_eq(c.xfer_stages, 2);
+    ck_assert_uint_eq(c.pack_blocks, 66);
+    unsetenv("KVPOOL_MAX_SEQS");
+    clear_tuning_env();
+    unlink(path);
+}
+END_TEST
+
+/* parse_args with the variable name=value set must fail naming it, cfg unchanged. */
+static void expect_env_error(const char *name, const char *value, const char *want)
+{
+    char *argv[] = {"kvpoold", "--check-config", NULL};
+    clear_tuning_env();
+    setenv(name, value, 1);
+    expect_args_error(2, argv, KVP_EINVAL, want, NULL);
+    ck_assert_str_eq(err, want);
+    kvp_config_t c, before;
+    kvp_config_defaults(&c);
+    before = c;
+    ck_assert_int_eq(kvp_config_apply_env(&c, err, sizeof(err)), KVP_EINVAL);
+    ck_assert_str_eq(err, want);
+    expect_unchanged(&before, &c);
+    unsetenv(name);
+}
+
+START_TEST(a_bad_environment_value_is_refused_naming_the_variable_and_the_range)
+{
+    expect_env_error("KVPOOL_XFER_STAGES", "9",
+                     "environment KVPOOL_XFER_STAGES: tuning.xfer_stages: invalid value '9': "
+                     "out of range 2..4");
+    expect_env_error("KVPOOL_CUDA_READY_TIMEOUT_MS", "",
+                     "environment KVPOOL_CUDA_READY_TIMEOUT_MS: tuning.cuda_ready_timeout_ms: "
+                     "invalid value '': expected an unsigned decimal integer");
+    expect_env_error("KVPOOL_PACK_BLOCKS", "66 ",
+                     "environment KVPOOL_PACK_BLOCKS: tuning.pack_blocks: invalid value '66 ': "
+                     "expected an unsigned decimal integer");
+    expect_env_error("KVPOOL_APPEND_HINTS", "both",
+                     "environment KVPOOL_APPEND_HINTS: tuning.append_hints: invalid value 'both': "
+                     "expected none|ld|st|ldst");
+    expect_env_error("KVPOOL_CUDA_PLAN_UPLOAD", "2",
+                     "environment KVPOOL_CUDA_PLAN_UPLOAD: tuning.cuda_plan_upload: invalid value "
+                     "'2': expected true or false (yes/no, on/off, 1/0)");
+
+    /* a bad variable stops the start even when --set would override the key afterwards: the
+     * environment is checked as a whole, like a file */
+    setenv("KVPOOL_XFER_STAGES", "0", 1);
+    char *argv[] = {"kvpoold", "--set", "tuning.xfer_stages=2", NULL};
+    expect_args_error(3, argv, KVP_EINVAL,
+                      "environment KVPOOL_XFER_STAGES: tuning.xfer_stages: "
+                      "invalid value '0': out of range 2..4",
+                      NULL);
+    unsetenv("KVPOOL_XFER_STAGES");
+    /* and a bad --set value names the flag and the range */
+    char *argv2[] = {"kvpoold", "--set", "tuning.append_blocks_per_sm=4096", NULL};
+    expect_args_error(3, argv2, KVP_EINVAL,
+                      "--set: tuning.append_blocks_per_sm: invalid value '4096': out of range "
+                      "0..1024",
+                      NULL);
+}
+END_TEST
+
+START_TEST(check_config_dump_shows_the_tuning_keys)
+{
+    static char a[8192], b[8192];
+    clear_tuning_env();
+    kvp_config_t c, d;
+    kvp_config_defaults(&c);
+    ck_assert_int_eq(kvp_config_validate(&c, err, sizeof(err)), 0);
+    dump_body(&c, a, sizeof(a));
+    const char *tuning = strstr(a, "\n[tuning]\n");
+    ck_assert_ptr_nonnull(tuning);
+    ck_assert_str_eq(tuning, "\n[tuning]\n"
+                             "cuda_ready_timeout_ms = 30000\n"
+                             "cuda_plan_upload = false\n"
+                             "append_kernel = auto\n"
+                             "append_tokens_per_block = 0\n"
+                             "append_blocks_per_sm = 0\n"
+                             "append_warps_per_block = 0\n"
+                             "append_hints = none\n"
+                             "pack_blocks = 0\n"
+                             "xfer_stages = 2\n"
+                             "xfer_register = false\n"
+                             "xfer_priority = false\n"
+                             "nccl_lib = libnccl.so.2\n");
+
+    /* what --check-config prints: the effective values, the environment's included */
+    setenv("KVPOOL_APPEND_HINTS", "ld", 1);
+    setenv("KVPOOL_NCCL_LIB", "/x/libnccl.so.2", 1);
+    char *argv[] = {"kvpoold", "--check-config", "--set", "tuning.append_warps_per_block=4", NULL};
+    kvp_config_action_t action;
+    kvp_config_defaults(&c);
+    ck_assert_int_eq(kvp_config_parse_args(&c, 4, argv, &action, err, sizeof(err)), 0);
+    ck_assert_int_eq(action, KVP_CONFIG_CHECK);
+    ck_assert_int_eq(kvp_config_validate(&c, err, sizeof(err)), 0);
+    dump_body(&c, a, sizeof(a));
+    ck_assert_ptr_nonnull(strstr(a, "\nappend_warps_per_block = 4\nappend_hints = ld\n"));
+    ck_assert_ptr_nonnull(strstr(a, "\nnccl_lib = /x/libnccl.so.2\n"));
+    clear_tuning_env();
+    /* and it loads back the same */
+    kvp_config_defaults(&d);
+    ck_assert_int_eq(kvp_config_load_string(&d, a, "dump", err, sizeof(err)), 0);
+    ck_assert_int_eq(kvp_config_validate(&d, err, sizeof(err)), 0);
+    ck_assert_str_eq(dump_body(&d, b, sizeof(b)), a);
+    ck_assert_uint_eq(d.append_hints, 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -970,6 +1233,10 @@ int main(void)
     tcase_add_test(tc, validation_checks_fields_and_relations);
     tcase_add_test(tc, dump_is_a_config_file_that_loads_back_the_same);
     tcase_add_test(tc, reload_keeps_and_lists_settings_that_need_a_restart);
+    tcase_add_test(tc, tuning_key_from_the_file);
+    tcase_add_test(tc, environment_overrides_the_file_and_set_overrides_the_environment);
+    tcase_add_test(tc, a_bad_environment_value_is_refused_naming_the_variable_and_the_range);
+    tcase_add_test(tc, check_config_dump_shows_the_tuning_keys);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
