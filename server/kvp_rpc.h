@@ -1,13 +1,17 @@
 /*
- * kvp_rpc.h - the daemon's state and the pure dispatch: a decoded Request in, a Response out
- * (STYLE.md rule 8). No sockets and no clock reads here: the server layer frames bytes, passes
- * the fds that arrived with a frame, supplies the time, and sends what dispatch answers. Unit
- * tests drive it directly (tests/unit/test_rpc.c), and the fuzzer feeds it decoded garbage.
+ * kvp_rpc.h - the daemon's state and its one entry point: a decoded Request in, a Response
+ * (or the stored answer of a retry) out (STYLE.md rule 8). No sockets and no clock reads here:
+ * the server layer frames bytes, passes the fds that arrived with a frame, supplies the time,
+ * sends what the rpc layer answers and hands the encoded answer back (kvp_rpc_answered), which
+ * is where the retry window and the metrics learn the outcome. Unit tests drive it directly
+ * (tests/unit/test_rpc.c), and the fuzzer feeds it decoded garbage.
  *
- * An Append answers asynchronously: dispatch plans it (pages allocated, tables updated, pages
- * in flight pinned) and hands back a job; the server runs kvp_rpc_job_run() on a copy worker
- * thread and then kvp_rpc_job_finish() on the loop thread, which fills the response. Every
- * other call answers at once. Loop thread only, except kvp_rpc_job_run.
+ * The calls are rows of one table (kvp_rpc.c; kvp_rpc_internal.h lists the files of the
+ * layer): dispatch, the Hello and fd rules, the idempotency protocol and the metrics labels
+ * all read it. Off-loop calls (Append, Import) answer asynchronously: the handler plans (pages
+ * allocated, tables updated, pages in flight pinned) and hands back a job; the server runs
+ * kvp_rpc_job_run() on a copy worker thread and then kvp_rpc_job_finish() on the loop thread,
+ * which fills the response. Loop thread only, except kvp_rpc_job_run.
  */
 #ifndef KVP_RPC_H
 #define KVP_RPC_H
@@ -22,6 +26,10 @@
 
 typedef struct kvp_rpc kvp_rpc_t;
 typedef struct kvp_rpc_job kvp_rpc_job_t;
+typedef struct kvp_rpc_call kvp_rpc_call_t; /* a row of the call table */
+
+/* Request body tags the table may use: 1..KVP_RPC_MAX_TAG. */
+#define KVP_RPC_MAX_TAG 63
 
 typedef struct {
     uint32_t max_seqs;
@@ -31,7 +39,9 @@ typedef struct {
     uint32_t max_batch_tokens;
     uint32_t max_buffers_per_client;
     uint64_t max_buffer_bytes;
-    uint32_t dedup_window;
+    uint32_t dedup_window;       /* request ids remembered per namespace */
+    uint64_t dedup_ns_max_bytes; /* answers kept per namespace; 0: 8 MiB */
+    uint64_t dedup_max_bytes;    /* answers kept by the daemon; 0: 64 MiB */
     uint32_t default_lease_ms;
     uint32_t max_lease_ms;
     /* transfers (kvp_xfer.h); 0: 30000, 300000, 2 */
@@ -66,6 +76,14 @@ typedef struct kvp_session {
     kvp_session_buffer_t *buffers; /* [max_buffers_per_client] */
     uint32_t num_buffers;
     uint32_t next_buffer_id;
+    /* the request being answered (at most one per connection): kvp_rpc_handle sets it,
+     * kvp_rpc_answered closes it */
+    struct {
+        const kvp_rpc_call_t *call;
+        uint64_t req_id;
+        uint64_t start_ns;
+        int in_window; /* its id was begun in the namespace's retry window */
+    } pending;
 } kvp_session_t;
 
 /* What one dispatch reads and writes besides the request. */
@@ -83,10 +101,13 @@ typedef struct {
      * with kvp_rpc_job_run on a worker thread, then kvp_rpc_bg_finish and kvp_rpc_job_free on
      * the loop thread; no response is sent for it */
     kvp_rpc_job_t *bg_job;
-    int mutating; /* set by dispatch: the call is subject to dedup */
+    const kvp_rpc_call_t *call; /* the call being answered (NULL: none decoded) */
+    const uint8_t *replay;      /* KVP_RPC_REPLAY: the stored answer frame, header included */
+    uint32_t replay_len;
 } kvp_rpc_io_t;
 
-enum { KVP_RPC_DONE = 0, KVP_RPC_ASYNC = 1 };
+/* kvp_rpc_handle: answer io->resp now; run io->job off the loop; send io->replay as is. */
+enum { KVP_RPC_DONE = 0, KVP_RPC_ASYNC = 1, KVP_RPC_REPLAY = 2 };
 
 /* Takes ownership of `backend`. Returns 0, KVP_EINVAL, KVP_ENOMEM. */
 int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t now_ms,
@@ -100,9 +121,25 @@ kvp_session_t *kvp_rpc_session_open(kvp_rpc_t *r, int32_t pid, uint32_t uid, uin
  * session's buffers and frees it. */
 void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms);
 
-/* Dispatches one request (see the file comment). Returns KVP_RPC_DONE or KVP_RPC_ASYNC. */
-int kvp_rpc_dispatch(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, kvp_rpc_io_t *io,
-                     uint64_t now_ms);
+/* The one entry point: one decoded request of session s (payload: its encoded bytes, which
+ * identify a retry; may be NULL in tests), with io->batch / fds_in / nfds_in set by the
+ * caller. Applies the Hello, fd and health rules of the call's row, the retry window
+ * (kvpool.proto, Idempotency) and dispatches. Returns KVP_RPC_DONE (io->resp holds the
+ * answer), KVP_RPC_ASYNC (io->job to run) or KVP_RPC_REPLAY (io->replay: the first answer of
+ * this request id, to send unchanged, without fds). start_ns: when the frame arrived (for
+ * the latency histogram). Every return is followed, once the answer is encoded, by one
+ * kvp_rpc_answered. */
+int kvp_rpc_handle(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, const uint8_t *payload,
+                   uint32_t len, kvp_rpc_io_t *io, uint64_t now_ms, uint64_t start_ns);
+/* A frame that did not decode: fills io->resp with err and msg for request id (0 when
+ * unknown); answered like any other (kvp_rpc_answered follows). */
+void kvp_rpc_reject(kvp_rpc_t *r, kvp_session_t *s, uint64_t id, int err, const char *msg,
+                    kvp_rpc_io_t *io, uint64_t start_ns);
+/* The answer of s's pending request is encoded: resp (NULL for a replay) and its frame (NULL
+ * when it could not be encoded or is not sent). A new mutating call's OK answer is kept for
+ * retries within the budgets; an error lets its id go. end_ns: when it was answered. */
+void kvp_rpc_answered(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Response *resp,
+                      const uint8_t *frame, uint32_t len, uint64_t end_ns);
 
 /* Copy worker thread: runs the job's plan on the backend. */
 void kvp_rpc_job_run(kvp_rpc_job_t *job);
@@ -122,42 +159,21 @@ uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms);
 /* Earliest lease deadline (ms), UINT64_MAX when none. */
 uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r);
 
-/* Idempotency (kvpool.proto): before dispatching a mutating call with id req_id, the server
- * asks replay: 1 with *frame and *len = the stored answer; 2 = still in flight (answer
- * UNAVAILABLE); 3 = answered but not kept (answer FAILED_PRECONDITION); 0 = new (dispatch it).
- * After encoding the answer of a new one it calls remember. */
-int kvp_rpc_replay(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id, const uint8_t **frame,
-                   uint32_t *len);
-void kvp_rpc_begin(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id);
-void kvp_rpc_remember(kvp_rpc_t *r, const kvp_session_t *s, uint64_t req_id, const uint8_t *frame,
-                      uint32_t len);
-/* True for the calls that change state (Append, Reserve, Fork, Truncate, Release,
- * RegisterBuffer, UnregisterBuffer). */
-int kvp_rpc_is_mutating(pb_size_t which_body);
-
 /* Fills resp with an error status (code from a KVP_E* value) and message. */
 void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Metrics: one observation per answered request (which_body 0: a frame that did not decode). */
-void kvp_rpc_observe(kvp_rpc_t *r, pb_size_t which_body, kvpool_Code code, uint64_t latency_ns);
 /* Metrics: how long one kvp_rpc_job_run took on its copy worker, measured by the server (this
  * module reads no clock). Loop thread. */
 void kvp_rpc_observe_run(kvp_rpc_t *r, uint64_t run_ns);
-/* Prometheus text exposition 0.0.4 into buf (NUL-terminated); returns its length. Every metric
- * has HELP and TYPE; names follow Prometheus conventions (kvpool_ prefix, base units,
- * _total counters). When cap is too small the text stops after the last whole line that fits
- * and ends with a "# kvpool: truncated" comment (logged as a warning): never half a sample.
- * Reads only daemon state, no per-client labels (namespaces are bounded by max_namespaces). */
+/* Prometheus text exposition 0.0.4 of the daemon's state into buf (kvp_metrics.h: written
+ * from a snapshot; truncated at a whole line when cap is too small). Returns its length. */
 size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms);
-/* Internal, exposed for the unit test: escapes a namespace name as a Prometheus label value
- * into out (cap bytes, NUL-terminated; 2 * KVP_NS_NAME_MAX + 2 always holds a whole name). */
-void kvp__rpc_label_escape(const char *in, char *out, size_t cap);
 
 /* SIGHUP: applies the limits that can change at run time (max_batch_tokens,
- * max_buffer_bytes, default_lease_ms, max_lease_ms, and the ns_max_* quotas, which apply to
- * every namespace at once); the others size tables and need a restart (the config module
- * reports them). */
+ * max_buffer_bytes, default_lease_ms, max_lease_ms, the dedup byte budgets, and the ns_max_*
+ * quotas, which apply to every namespace at once); the others size tables and need a restart
+ * (the config module reports them). */
 void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim);
 
 /* Server facts dispatch reports (Stats, metrics). */

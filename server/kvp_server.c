@@ -30,7 +30,6 @@
 #include "kvp_log.h"
 #include "kvp_wire.h"
 
-#define METRICS_CAP (1u << 20)
 
 typedef struct out_frame {
     struct out_frame *next;
@@ -55,10 +54,6 @@ typedef struct conn {
     int close_after_flush;
     kvp_job_item_t work; /* the off-loop part of the request in flight */
     kvp_rpc_job_t *job;
-    uint64_t job_start_ns;
-    pb_size_t job_which;
-    int job_mutating;
-    uint64_t job_req_id;
 } conn_t;
 
 struct kvp_server {
@@ -89,8 +84,6 @@ struct kvp_server {
     uint32_t *num_tokens;
     kvp_batch_arrays_t batch;
     kvp_rpc_io_t io;
-    char *metrics;
-    kvp_text_t metrics_text;
     uint8_t *obuf; /* [ENCODE_KEEP_BYTES]: answers are encoded here (loop thread only) */
 };
 
@@ -214,12 +207,14 @@ static void send_frame(conn_t *c, const uint8_t *buf, size_t len, const int *fds
  * answers are written by kvp_wire_encode_response_frame directly, the same bytes nanopb would
  * write). Answers up to ENCODE_KEEP_BYTES are encoded once into that buffer, which is kept between
  * answers; a larger one (long page tables, metrics, lists) is sized first, encoded into a buffer of
- * its own and freed after, so one huge answer does not hold its memory for good. A mutating
- * call's frame is also kept for replays (kvp_rpc_remember copies it). */
+ * its own and freed after, so one huge answer does not hold its memory for good. When the
+ * connection has a session the rpc layer sees the encoded answer first (kvp_rpc_answered: the
+ * retry window keeps a copy, the metrics count it); with deliver 0 (the connection closed while
+ * its Append ran) the answer is only recorded, so a retry on a new connection still gets it. */
 #define ENCODE_KEEP_BYTES (256u << 10)
 
 static void send_response(conn_t *c, const kvpool_Response *resp, const int *fds, int nfds,
-                          int remember_id_set, uint64_t remember_id)
+                          int deliver)
 {
     kvp_server_t *s = c->srv;
     uint8_t *buf = s->obuf, *big = NULL;
@@ -231,23 +226,30 @@ static void send_response(conn_t *c, const kvpool_Response *resp, const int *fds
                 : -1;
         buf = big;
     }
+    if (c->sess)
+        kvp_rpc_answered(s->rpc, c->sess, resp, n < 0 ? NULL : buf, n < 0 ? 0 : (uint32_t)n,
+                         uv_hrtime());
     if (n < 0) {
         free(big);
         kvp_log(KVP_LOG_ERR, "cannot encode response id=%llu", (unsigned long long)resp->id);
-        conn_close(c);
+        if (deliver)
+            conn_close(c);
         return;
     }
-    if (remember_id_set && c->sess)
-        kvp_rpc_remember(s->rpc, c->sess, remember_id, buf, (uint32_t)n);
-    send_frame(c, buf, (size_t)n, fds, nfds);
+    if (deliver)
+        send_frame(c, buf, (size_t)n, fds, nfds);
     free(big);
 }
 
+/* An error answer outside the rpc layer's accounting (a frame the reader refused). */
 static void send_error(conn_t *c, uint64_t id, int err, const char *msg)
 {
     kvpool_Response resp;
     kvp_rpc_error(&resp, id, err, "%s", msg);
-    send_response(c, &resp, NULL, 0, 0, 0);
+    uint8_t buf[512];
+    long n = kvp_wire_encode_response_frame(&resp, buf, sizeof(buf));
+    if (n > 0)
+        send_frame(c, buf, (size_t)n, NULL, 0);
 }
 
 /* ---- connection lifetime ------------------------------------------------------------------ */
@@ -275,7 +277,6 @@ static void on_server_handle_closed(uv_handle_t *h)
     if (--s->open_handles == 0) {
         free(s->seq_ids);
         free(s->num_tokens);
-        free(s->metrics);
         free(s->obuf);
         free(s->socket_path);
         free(s);
@@ -411,14 +412,6 @@ static ssize_t read_some(conn_t *c, int *drained)
     return n;
 }
 
-static void metrics_into(kvp_server_t *s, kvp_rpc_io_t *io)
-{
-    s->metrics_text.len =
-        kvp_rpc_metrics_text(s->rpc, s->metrics, METRICS_CAP, kvp_server_now_ms());
-    s->metrics_text.s = s->metrics;
-    kvp_text_bind_encode(&io->resp.body.metrics.text, &s->metrics_text);
-}
-
 static void after_work(kvp_job_item_t *w);
 
 /* Work a request started besides its answer (ExportBegin's send): not tied to a connection,
@@ -467,12 +460,14 @@ static void work_cb(kvp_job_item_t *w)
     kvp_rpc_job_run(c->job);
 }
 
-/* Decodes and answers one frame's payload. */
+/* Decodes one frame's payload and hands it to the rpc layer, which answers it, replays a
+ * retry's first answer, or gives back a job to run off the loop. */
 static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *fds, int nfds)
 {
     kvp_server_t *s = c->srv;
     uint64_t t0 = uv_hrtime();
     kvpool_Request *req = &s->req;
+    kvp_rpc_io_t *io = &s->io; /* the rpc layer sets every field it answers with */
     memset(req, 0, sizeof(*req));
     s->batch.seq_ids = kvp_array(s->seq_ids, 8, 0, s->cfg.max_frame_bytes / 8);
     s->batch.num_tokens = kvp_array(s->num_tokens, 4, 0, s->cfg.max_frame_bytes / 8);
@@ -483,36 +478,14 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
             close(fds[i]);
         char msg[200];
         snprintf(msg, sizeof(msg), "malformed request: %s", why ? why : "decode failed");
-        send_error(c, req->id, KVP_EINVAL, msg);
-        kvp_rpc_observe(s->rpc, 0, kvpool_Code_INVALID_ARGUMENT, uv_hrtime() - t0);
+        kvp_rpc_reject(s->rpc, c->sess, req->id, KVP_EINVAL, msg, io, t0);
+        send_response(c, &io->resp, NULL, 0, 1);
         return;
     }
-    uint64_t id = req->id;
-    int mutating = kvp_rpc_is_mutating(req->which_body) && id != 0;
-    if (mutating) {
-        const uint8_t *old;
-        uint32_t old_len;
-        int st = kvp_rpc_replay(s->rpc, c->sess, id, &old, &old_len);
-        if (st) {
-            for (int i = 0; i < nfds; i++)
-                close(fds[i]);
-            if (st == 1) {
-                send_frame(c, old, old_len, NULL, 0); /* copies what it must keep */
-            } else {
-                send_error(c, id, st == 2 ? KVP_EUNAVAIL : KVP_EPRECOND,
-                           st == 2 ? "request id still in flight; retry later"
-                                   : "request id already applied; its answer was too large "
-                                     "to keep (read it with GetPageTable)");
-            }
-            return;
-        }
-        kvp_rpc_begin(s->rpc, c->sess, id);
-    }
-    kvp_rpc_io_t *io = &s->io; /* dispatch sets every field it answers with */
     io->batch = &s->batch;
     io->fds_in = fds;
     io->nfds_in = nfds;
-    int rc = kvp_rpc_dispatch(s->rpc, c->sess, req, io, kvp_server_now_ms());
+    int rc = kvp_rpc_handle(s->rpc, c->sess, req, payload, len, io, kvp_server_now_ms(), t0);
     for (int i = 0; i < nfds; i++)
         if (fds[i] >= 0)
             close(fds[i]);
@@ -520,23 +493,22 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
         submit_bg(s, io->bg_job);
         io->bg_job = NULL;
     }
-    if (rc == KVP_RPC_ASYNC) {
+    switch (rc) {
+    case KVP_RPC_ASYNC:
         c->busy = 1;
         c->job = io->job;
-        c->job_start_ns = t0;
-        c->job_which = req->which_body;
-        c->job_mutating = mutating;
-        c->job_req_id = id;
         c->work.data = c;
         c->work.run = work_cb;
         c->work.done = after_work;
         kvp_jobs_submit(s->jobs, &c->work);
         return;
+    case KVP_RPC_REPLAY:
+        kvp_rpc_answered(s->rpc, c->sess, NULL, io->replay, io->replay_len, uv_hrtime());
+        send_frame(c, io->replay, io->replay_len, NULL, 0); /* copies what it must keep */
+        return;
+    default:
+        send_response(c, &io->resp, io->fds_out, io->nfds_out, 1);
     }
-    if (io->resp.which_body == kvpool_Response_metrics_tag && io->resp.status.code == 0)
-        metrics_into(s, io);
-    kvp_rpc_observe(s->rpc, req->which_body, io->resp.status.code, uv_hrtime() - t0);
-    send_response(c, &io->resp, io->fds_out, io->nfds_out, mutating, id);
 }
 
 static void after_work(kvp_job_item_t *w)
@@ -552,13 +524,14 @@ static void after_work(kvp_job_item_t *w)
     kvp_rpc_observe_run(s->rpc, w->end_ns - w->begin_ns); /* stamped by kvp_jobs */
     c->busy = 0;
     if (c->closing) {
+        /* closed meanwhile: the answer is recorded for a retry, not sent */
+        send_response(c, &io->resp, NULL, 0, 0);
         kvp_rpc_job_free(c->job);
         c->job = NULL;
         uv_close((uv_handle_t *)&c->poll, on_conn_closed);
         return;
     }
-    kvp_rpc_observe(s->rpc, c->job_which, io->resp.status.code, uv_hrtime() - c->job_start_ns);
-    send_response(c, &io->resp, NULL, 0, c->job_mutating, c->job_req_id);
+    send_response(c, &io->resp, NULL, 0, 1); /* may close c (not busy any more) */
     kvp_rpc_job_free(c->job);
     c->job = NULL;
     if (!c->closing)
@@ -869,9 +842,8 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->cfg.socket_path = s->socket_path;
     s->seq_ids = malloc(cfg->max_frame_bytes);
     s->num_tokens = malloc(cfg->max_frame_bytes / 2 + 4);
-    s->metrics = malloc(METRICS_CAP);
     s->obuf = malloc(ENCODE_KEEP_BYTES);
-    if (!s->seq_ids || !s->num_tokens || !s->metrics || !s->obuf ||
+    if (!s->seq_ids || !s->num_tokens || !s->obuf ||
         (cfg->socket_path && !s->socket_path)) {
         rc = KVP_ENOMEM;
         goto fail;
@@ -911,7 +883,6 @@ fail:
         close(s->listen_fd);
     free(s->seq_ids);
     free(s->num_tokens);
-    free(s->metrics);
     free(s->obuf);
     free(s->socket_path);
     free(s);

@@ -2,7 +2,7 @@
  * fuzz_rpc.c - libFuzzer target: the input is a sequence of frames (4-byte little-endian
  * length, then the payload; stops at the first incomplete frame, at most 64 frames), each
  * decoded as a kvpool_Request exactly as the server does (bulk arrays bound to bounded
- * arrays) and dispatched by kvp_rpc_dispatch on one real core (host backend, small geometry)
+ * arrays) and answered by kvp_rpc_handle (retry window included) on one real core (host backend, small geometry)
  * that lives for the whole process. One session per input: opened first, closed last, and
  * its namespace's sequences expired (far-future time) so state stays bounded. Mutating calls
  * go through the idempotency window as in the server; an Append runs inline. Every answer is
@@ -34,7 +34,6 @@ static kvp_rpc_t *R;
 static uint64_t seq_ids[MAX_BATCH_ELEM];
 static uint32_t num_tokens[MAX_BATCH_ELEM];
 static uint8_t out_buf[OUT_CAP];
-static char metrics[1 << 16];
 
 static const kvp_geom_t G = {.num_layers = 2,
                              .num_pages = 64,
@@ -126,15 +125,6 @@ static void one_frame(kvp_session_t *s, const uint8_t *payload, uint32_t len, ui
     if (kvp_wire_decode(kvpool_Request_fields, &req, payload, len, NULL))
         return;
 
-    uint64_t id = req.id;
-    int mutating = kvp_rpc_is_mutating(req.which_body) && id != 0;
-    if (mutating) {
-        const uint8_t *old;
-        uint32_t old_len;
-        if (kvp_rpc_replay(R, s, id, &old, &old_len))
-            return;
-        kvp_rpc_begin(R, s, id);
-    }
     int fds[1] = {-1};
     int nfds = 0;
     if (req.which_body == kvpool_Request_register_buffer_tag) {
@@ -145,7 +135,7 @@ static void one_frame(kvp_session_t *s, const uint8_t *payload, uint32_t len, ui
     io.batch = &batch;
     io.fds_in = fds;
     io.nfds_in = nfds;
-    int rc = kvp_rpc_dispatch(R, s, &req, &io, now);
+    int rc = kvp_rpc_handle(R, s, &req, payload, len, &io, now, 0);
     if (fds[0] >= 0)
         close(fds[0]);
     kvp_rpc_job_t *job = NULL;
@@ -153,22 +143,17 @@ static void one_frame(kvp_session_t *s, const uint8_t *payload, uint32_t len, ui
         job = io.job;
         kvp_rpc_job_run(job);
         kvp_rpc_job_finish(R, job, &io, now);
+    } else if (rc == KVP_RPC_REPLAY) {
+        kvp_rpc_answered(R, s, NULL, io.replay, io.replay_len, 1000);
+        return;
     } else if (rc != KVP_RPC_DONE) {
         abort();
     }
-    static kvp_text_t text;
-    if (io.resp.which_body == kvpool_Response_metrics_tag && io.resp.status.code == 0) {
-        text.len = kvp_rpc_metrics_text(R, metrics, sizeof(metrics), now);
-        text.s = metrics;
-        kvp_text_bind_encode(&io.resp.body.metrics.text, &text);
-    }
-    kvp_rpc_observe(R, req.which_body, io.resp.status.code, 1000);
     if (getenv("KVP_FUZZ_VERBOSE")) /* to check what a seed reaches */
         fprintf(stderr, "call %u -> %s %s\n", (unsigned)req.which_body,
                 kvp_wire_code_name(io.resp.status.code), io.resp.status.message);
     long n = kvp_wire_encode_frame(kvpool_Response_fields, &io.resp, out_buf, sizeof(out_buf));
-    if (mutating && n > 0)
-        kvp_rpc_remember(R, s, id, out_buf, (uint32_t)n);
+    kvp_rpc_answered(R, s, &io.resp, n > 0 ? out_buf : NULL, n > 0 ? (uint32_t)n : 0, 1000);
     if (job)
         kvp_rpc_job_free(job);
 }

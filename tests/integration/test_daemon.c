@@ -20,6 +20,7 @@
 #include "kvp_geom.h"
 #include "kvp_harness.h"
 #include "kvp_kernels.h"
+#include "kvp_raw.h"
 #include "kvp_sock.h"
 #include "kvp_test_util.h"
 #include "kvp_wire.h"
@@ -354,68 +355,13 @@ END_TEST
 
 /* ---- bad input ---------------------------------------------------------------------------- */
 
-typedef struct {
-    int fd;
-    uint8_t *rbuf;
-    size_t rcap;
-    uint32_t len; /* payload bytes of the last frame received */
-} raw_t;
-
-/* The bulk arrays of the last response raw_recv decoded. */
-static int32_t R_ARR[6][4096];
-static kvp_reply_arrays_t R_LAST;
-
-static void raw_open(raw_t *w)
-{
-    memset(w, 0, sizeof(*w));
-    ck_assert_int_eq(kvp_sock_connect(DMN.sock, 2000, &w->fd), 0);
-}
-
-static void raw_close(raw_t *w)
-{
-    close(w->fd);
-    free(w->rbuf);
-}
-
-static void raw_send_req(raw_t *w, kvpool_Request *q, const int *fds, unsigned nfds)
-{
-    uint8_t buf[4096];
-    long n = kvp_wire_encode_frame(kvpool_Request_fields, q, buf, sizeof(buf));
-    ck_assert_int_gt(n, 0);
-    ck_assert_int_eq(kvp_sock_send_frame(w->fd, buf, (size_t)n, fds, nfds, kvp_sock_deadline(2000)),
-                     0);
-}
-
-/* Receives one response; returns its status code (or -1 on a closed connection). */
-static int raw_recv(raw_t *w, kvpool_Response *resp)
-{
-    uint32_t len;
-    int fds[4];
-    unsigned nfds = 0;
-    int rc = kvp_sock_recv_frame(w->fd, &w->rbuf, &w->rcap, &len, 1 << 24, fds, 4, &nfds,
-                                 kvp_sock_deadline(5000));
-    for (unsigned i = 0; i < nfds; i++)
-        close(fds[i]);
-    if (rc)
-        return -1;
-    w->len = len;
-    memset(resp, 0, sizeof(*resp));
-    memset(&R_LAST, 0, sizeof(R_LAST));
-    kvp_array_t *all[] = {&R_LAST.kv_indptr,     &R_LAST.kv_indices, &R_LAST.kv_last_page_len,
-                          &R_LAST.append_indptr, &R_LAST.seq_lens,   &R_LAST.copies};
-    for (int i = 0; i < 6; i++)
-        *all[i] = kvp_array(R_ARR[i], 4, 0, 4096);
-    kvp_wire_response_bind_decode(resp, &R_LAST);
-    ck_assert_int_eq(kvp_wire_decode(kvpool_Response_fields, resp, w->rbuf, len, NULL), 0);
-    return resp->status.code;
-}
-
-static void raw_hello(raw_t *w, uint32_t version)
+/* Sends a Hello in namespace "raw" with this protocol version (the answer is read apart). */
+static void raw_hello(kvp_raw_t *w, uint32_t version)
 {
     kvpool_Request q = {.id = 1, .which_body = kvpool_Request_hello_tag};
     q.body.hello.protocol_version = version;
     snprintf(q.body.hello.namespace, sizeof(q.body.hello.namespace), "raw");
-    raw_send_req(w, &q, NULL, 0);
+    kvp_raw_send(w, &q, NULL, 0);
 }
 
 START_TEST(bad_input_gets_its_exact_status_and_changes_nothing)
@@ -459,39 +405,39 @@ START_TEST(bad_input_gets_its_exact_status_and_changes_nothing)
     ck_assert_uint_eq(after.num_seqs, before.num_seqs);
 
     /* raw frames: a request before Hello, wrong protocol version, garbage, fds */
-    raw_t w;
-    raw_open(&w);
+    kvp_raw_t w;
+    kvp_raw_open(&w, DMN.sock);
     kvpool_Response resp;
     kvpool_Request q = {.id = 3, .which_body = kvpool_Request_stats_tag};
-    raw_send_req(&w, &q, NULL, 0);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_FAILED_PRECONDITION);
+    kvp_raw_send(&w, &q, NULL, 0);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_FAILED_PRECONDITION);
     ck_assert_uint_eq(resp.id, 3);
     raw_hello(&w, 99);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_FAILED_PRECONDITION);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_FAILED_PRECONDITION);
     raw_hello(&w, KVP_PROTOCOL_VERSION);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_OK);
     /* garbage payload in a well-formed frame: an error, and the connection lives on */
     uint8_t garbage[12] = {8, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
     ck_assert_int_eq(kvp_sock_send_frame(w.fd, garbage, 12, NULL, 0, kvp_sock_deadline(2000)), 0);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(resp.status.message, "malformed"));
     /* an fd where none is expected */
     int memfd = memfd_create("x", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ck_assert_int_eq(ftruncate(memfd, 4096), 0);
     ck_assert_int_eq(fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
     q = (kvpool_Request){.id = 4, .which_body = kvpool_Request_stats_tag};
-    raw_send_req(&w, &q, &memfd, 1);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
+    kvp_raw_send(&w, &q, &memfd, 1);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(resp.status.message, "fds"));
     /* none where one is */
     q = (kvpool_Request){.id = 5, .which_body = kvpool_Request_register_buffer_tag};
     q.body.register_buffer.size_bytes = 4096;
-    raw_send_req(&w, &q, NULL, 0);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
+    kvp_raw_send(&w, &q, NULL, 0);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
     /* and with the fd it works */
     q.id = 6;
-    raw_send_req(&w, &q, &memfd, 1);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+    kvp_raw_send(&w, &q, &memfd, 1);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_OK);
     close(memfd);
     /* a retried Reserve (same request id, even on a new connection of the namespace) gets the
      * first answer, byte for byte, and is applied once */
@@ -504,57 +450,57 @@ START_TEST(bad_input_gets_its_exact_status_and_changes_nothing)
         q.body.reserve.has_batch = true;
         kvp_wire_batch_bind_encode(&q.body.reserve.batch, &rb);
         uint8_t first[4096];
-        raw_send_req(&w, &q, NULL, 0);
-        ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+        kvp_raw_send(&w, &q, NULL, 0);
+        ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_OK);
         ck_assert_uint_le(w.len, sizeof(first));
         uint32_t first_len = w.len;
         memcpy(first, w.rbuf, first_len);
-        ck_assert_int_eq(R_ARR[4][0], 5); /* seq_lens */
-        raw_t w2;
-        raw_open(&w2);
+        ck_assert_int_eq(w.arr[4][0], 5); /* seq_lens */
+        kvp_raw_t w2;
+        kvp_raw_open(&w2, DMN.sock);
         raw_hello(&w2, KVP_PROTOCOL_VERSION); /* the same namespace "raw" */
-        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
-        raw_send_req(&w2, &q, NULL, 0);
-        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
+        ck_assert_int_eq(kvp_raw_recv(&w2, &resp), kvpool_Code_OK);
+        kvp_raw_send(&w2, &q, NULL, 0);
+        ck_assert_int_eq(kvp_raw_recv(&w2, &resp), kvpool_Code_OK);
         ck_assert_uint_eq(w2.len, first_len);
         ck_assert_int_eq(memcmp(w2.rbuf, first, first_len), 0);
         q = (kvpool_Request){.id = 0x5152, .which_body = kvpool_Request_get_page_table_tag};
         q.body.get_page_table.has_batch = true;
         kvp_wire_batch_bind_encode(&q.body.get_page_table.batch, &rb);
-        raw_send_req(&w2, &q, NULL, 0);
-        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
+        kvp_raw_send(&w2, &q, NULL, 0);
+        ck_assert_int_eq(kvp_raw_recv(&w2, &resp), kvpool_Code_OK);
         ck_assert_uint_eq(resp.body.get_page_table.table.batch_size, 1);
-        ck_assert_int_eq(R_LAST.seq_lens.count, 1);
-        ck_assert_int_eq(R_ARR[4][0], 5); /* applied once, not 10 */
+        ck_assert_int_eq(w2.last.seq_lens.count, 1);
+        ck_assert_int_eq(w2.arr[4][0], 5); /* applied once, not 10 */
         q = (kvpool_Request){.id = 0x5153, .which_body = kvpool_Request_release_tag};
         q.body.release.has_batch = true;
         kvp_wire_batch_bind_encode(&q.body.release.batch, &rb);
-        raw_send_req(&w2, &q, NULL, 0);
-        ck_assert_int_eq(raw_recv(&w2, &resp), kvpool_Code_OK);
+        kvp_raw_send(&w2, &q, NULL, 0);
+        ck_assert_int_eq(kvp_raw_recv(&w2, &resp), kvpool_Code_OK);
         ck_assert_uint_eq(resp.body.release.released, 1);
-        raw_close(&w2);
+        kvp_raw_close(&w2);
     }
     /* still served after all that */
     q = (kvpool_Request){.id = 7, .which_body = kvpool_Request_ping_tag};
-    raw_send_req(&w, &q, NULL, 0);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
-    raw_close(&w);
+    kvp_raw_send(&w, &q, NULL, 0);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_OK);
+    kvp_raw_close(&w);
 
     /* oversize frame: an error answer, then the connection is closed */
-    raw_open(&w);
+    kvp_raw_open(&w, DMN.sock);
     uint8_t hdr[4];
     kvp_frame_put_len(hdr, 0x7fffffffu);
     ck_assert_int_eq(write(w.fd, hdr, 4), 4);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(resp.status.message, "above max_frame_bytes"));
-    ck_assert_int_eq(raw_recv(&w, &resp), -1); /* closed */
-    raw_close(&w);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), -1); /* closed */
+    kvp_raw_close(&w);
     /* truncated frame: half a frame, then hang up */
-    raw_open(&w);
+    kvp_raw_open(&w, DMN.sock);
     kvp_frame_put_len(hdr, 100);
     ck_assert_int_eq(write(w.fd, hdr, 4), 4);
     ck_assert_int_eq(write(w.fd, garbage, 10), 10);
-    raw_close(&w);
+    kvp_raw_close(&w);
 
     /* the daemon and the other clients noticed nothing */
     ck_assert_int_eq(kvp_client_ping(c, NULL), 0);
@@ -576,11 +522,11 @@ END_TEST
 START_TEST(pipelined_frames_keep_their_own_fds)
 {
     start();
-    raw_t w;
-    raw_open(&w);
+    kvp_raw_t w;
+    kvp_raw_open(&w, DMN.sock);
     kvpool_Response resp;
     raw_hello(&w, KVP_PROTOCOL_VERSION);
-    ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+    ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_OK);
     int memfd = memfd_create("pipelined", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ck_assert_int_ge(memfd, 0);
     ck_assert_int_eq(ftruncate(memfd, 4096), 0);
@@ -591,21 +537,21 @@ START_TEST(pipelined_frames_keep_their_own_fds)
         ck_assert_int_eq(waitpid(DMN.pid, &st, WUNTRACED), DMN.pid);
         ck_assert(WIFSTOPPED(st));
         kvpool_Request q = {.id = 100 + 2 * (uint64_t)round, .which_body = kvpool_Request_ping_tag};
-        raw_send_req(&w, &q, NULL, 0);
+        kvp_raw_send(&w, &q, NULL, 0);
         q = (kvpool_Request){.id = 101 + 2 * (uint64_t)round,
                              .which_body = kvpool_Request_register_buffer_tag};
         q.body.register_buffer.size_bytes = 4096;
-        raw_send_req(&w, &q, &memfd, 1);
+        kvp_raw_send(&w, &q, &memfd, 1);
         ck_assert_int_eq(kill(DMN.pid, SIGCONT), 0);
-        ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+        ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_OK);
         ck_assert_uint_eq(resp.id, 100 + 2 * (uint64_t)round);
         ck_assert_int_eq(resp.which_body, kvpool_Response_ping_tag);
-        ck_assert_int_eq(raw_recv(&w, &resp), kvpool_Code_OK);
+        ck_assert_int_eq(kvp_raw_recv(&w, &resp), kvpool_Code_OK);
         ck_assert_uint_eq(resp.id, 101 + 2 * (uint64_t)round);
         ck_assert_int_eq(resp.which_body, kvpool_Response_register_buffer_tag);
     }
     close(memfd);
-    raw_close(&w);
+    kvp_raw_close(&w);
     stop_expect_clean();
 }
 END_TEST

@@ -14,6 +14,7 @@
 
 #include "kvp_error.h"
 #include "kvp_geom.h"
+#include "kvp_metrics.h"
 #include "kvp_rpc.h"
 #include "kvp_test_util.h"
 
@@ -25,6 +26,9 @@ static kvp_batch_arrays_t B;
 static kvp_rpc_io_t IO;
 static kvpool_Request Q;
 static uint64_t next_id = 100;
+static uint64_t LAT_NS = 1000; /* the latency call_on reports for each answer */
+static uint8_t ANSWER[1 << 16]; /* the last answer's frame, as the server would send it */
+static long ANSWER_LEN;
 
 static const kvp_geom_t G = {.num_layers = 2,
                              .num_pages = 32,
@@ -65,23 +69,46 @@ static void teardown(void)
     R = NULL;
 }
 
-/* Dispatches Q (body already set) on session s; returns the status code. */
-static kvpool_Code call_on(kvp_session_t *s, int *fds, int nfds)
+/* Hands Q (id and body already set) to the rpc layer on session s as the server would: its
+ * encoded bytes identify a retry, the answer is encoded into ANSWER and handed back. Returns
+ * the status code (OK for a replay, whose frame is then in ANSWER). */
+static kvpool_Code handle_on(kvp_session_t *s, int *fds, int nfds)
 {
-    Q.id = next_id++;
+    static uint8_t payload[1 << 16];
+    long plen = kvp_wire_encode_frame(kvpool_Request_fields, &Q, payload, sizeof(payload));
+    ck_assert_int_gt(plen, 0);
     memset(&IO, 0, sizeof(IO));
     IO.batch = &B;
     IO.fds_in = fds;
     IO.nfds_in = nfds;
-    int rc = kvp_rpc_dispatch(R, s, &Q, &IO, 2000);
-    if (rc == KVP_RPC_ASYNC) {
-        kvp_rpc_job_run(IO.job);
-        kvp_rpc_job_t *j = IO.job;
-        kvp_rpc_job_finish(R, j, &IO, 2000);
-        kvp_rpc_job_free(j); /* the arrays are not read after this in the tests below */
+    int rc = kvp_rpc_handle(R, s, &Q, payload + KVP_FRAME_HDR_BYTES,
+                            (uint32_t)plen - KVP_FRAME_HDR_BYTES, &IO, 2000, 0);
+    if (rc == KVP_RPC_REPLAY) {
+        ck_assert_uint_le(IO.replay_len, sizeof(ANSWER));
+        memcpy(ANSWER, IO.replay, IO.replay_len);
+        ANSWER_LEN = IO.replay_len;
+        kvp_rpc_answered(R, s, NULL, IO.replay, IO.replay_len, LAT_NS);
+        return kvpool_Code_OK;
     }
+    kvp_rpc_job_t *j = NULL;
+    if (rc == KVP_RPC_ASYNC) {
+        j = IO.job;
+        kvp_rpc_job_run(j);
+        kvp_rpc_job_finish(R, j, &IO, 2000);
+    }
+    ANSWER_LEN = kvp_wire_encode_frame(kvpool_Response_fields, &IO.resp, ANSWER, sizeof(ANSWER));
+    kvp_rpc_answered(R, s, &IO.resp, ANSWER_LEN > 0 ? ANSWER : NULL,
+                     ANSWER_LEN > 0 ? (uint32_t)ANSWER_LEN : 0, LAT_NS);
+    kvp_rpc_job_free(j); /* the arrays are not read after this in the tests below */
     ck_assert_uint_eq(IO.resp.id, Q.id);
     return IO.resp.status.code;
+}
+
+/* handle_on with a fresh request id. */
+static kvpool_Code call_on(kvp_session_t *s, int *fds, int nfds)
+{
+    Q.id = next_id++;
+    return handle_on(s, fds, nfds);
 }
 
 static kvpool_Code call(void)
@@ -443,7 +470,7 @@ START_TEST(rank_sources_name_buffers_of_other_sessions_of_the_namespace)
     Q.id = next_id++;
     memset(&IO, 0, sizeof(IO));
     IO.batch = &B;
-    ck_assert_int_eq(kvp_rpc_dispatch(R, S, &Q, &IO, 2000), KVP_RPC_ASYNC);
+    ck_assert_int_eq(kvp_rpc_handle(R, S, &Q, NULL, 0, &IO, 2000, 0), KVP_RPC_ASYNC);
     kvp_rpc_job_t *job = IO.job;
     kvp_rpc_io_t io2;
     memset(&io2, 0, sizeof(io2));
@@ -453,11 +480,13 @@ START_TEST(rank_sources_name_buffers_of_other_sessions_of_the_namespace)
     q2.which_body = kvpool_Request_unregister_buffer_tag;
     q2.body.unregister_buffer.buffer_id = rank_buf;
     io2.batch = &B;
-    ck_assert_int_eq(kvp_rpc_dispatch(R, rank, &q2, &io2, 2000), KVP_RPC_DONE);
+    ck_assert_int_eq(kvp_rpc_handle(R, rank, &q2, NULL, 0, &io2, 2000, 0), KVP_RPC_DONE);
     ck_assert_int_eq(io2.resp.status.code, kvpool_Code_OK);
+    kvp_rpc_answered(R, rank, &io2.resp, NULL, 0, 0);
     kvp_rpc_job_run(job);
     kvp_rpc_job_finish(R, job, &IO, 2000);
     ck_assert_int_eq(IO.resp.status.code, kvpool_Code_OK);
+    kvp_rpc_answered(R, S, &IO.resp, NULL, 0, 0);
     kvp_rpc_job_free(job);
     for (uint32_t l = 0; l < L; l++)
         for (uint32_t t = 0; t < nnz; t++)
@@ -597,89 +626,60 @@ START_TEST(replay_returns_the_first_answer_and_applies_nothing_twice)
 {
     setup();
     hello_on(S, "eng", 0);
-    ck_assert_int_eq(kvp_rpc_is_mutating(kvpool_Request_reserve_tag), 1);
-    ck_assert_int_eq(kvp_rpc_is_mutating(kvpool_Request_stats_tag), 0);
-    const uint8_t *frame;
-    uint32_t len;
-    ck_assert_int_eq(kvp_rpc_replay(R, S, 555, &frame, &len), 0);
-    kvp_rpc_begin(R, S, 555);
-    ck_assert_int_eq(kvp_rpc_replay(R, S, 555, &frame, &len), 2); /* in flight */
-    const uint8_t answer[5] = {1, 2, 3, 4, 5};
-    kvp_rpc_remember(R, S, 555, answer, 5);
-    ck_assert_int_eq(kvp_rpc_replay(R, S, 555, &frame, &len), 1);
-    ck_assert_uint_eq(len, 5);
-    ck_assert_int_eq(memcmp(frame, answer, 5), 0);
-    /* the window holds 8: after 8 more ids the first one is forgotten */
+    uint64_t id = 1;
+    uint32_t n = 3;
+    body(kvpool_Request_reserve_tag);
+    batch(1, &id, &n);
+    Q.id = 555;
+    ck_assert_int_eq(handle_on(S, NULL, 0), kvpool_Code_OK);
+    uint8_t first[4096];
+    long first_len = ANSWER_LEN;
+    ck_assert_int_gt(first_len, 0);
+    memcpy(first, ANSWER, (size_t)first_len);
+    /* the retry, on another session of the namespace: the same bytes, nothing applied */
+    kvp_session_t *s2 = kvp_rpc_session_open(R, 1, getuid(), 0, 2000);
+    hello_on(s2, "eng", 0);
+    body(kvpool_Request_reserve_tag);
+    batch(1, &id, &n);
+    Q.id = 555;
+    ck_assert_int_eq(handle_on(s2, NULL, 0), kvpool_Code_OK);
+    ck_assert_int_eq(ANSWER_LEN, first_len);
+    ck_assert_int_eq(memcmp(ANSWER, first, (size_t)first_len), 0);
+    ck_assert_uint_eq(kvp_seqtab_find(kvp_rpc_seqtab(R), S->ns, 1)->num_tokens, 3);
+    /* the id for another call: refused, naming the first call */
+    body(kvpool_Request_fork_tag);
+    Q.body.fork.parent = 1;
+    Q.body.fork.child = 2;
+    Q.id = 555;
+    ck_assert_int_eq(handle_on(s2, NULL, 0), kvpool_Code_ALREADY_EXISTS);
+    ck_assert_ptr_nonnull(strstr(IO.resp.status.message, "reserve"));
+    ck_assert_ptr_null(kvp_seqtab_find(kvp_rpc_seqtab(R), S->ns, 2));
+    /* an error is not remembered: the same id runs again */
+    Q.id = 556;
+    Q.body.fork.parent = 9; /* no such sequence */
+    ck_assert_int_eq(handle_on(s2, NULL, 0), kvpool_Code_NOT_FOUND);
+    ck_assert_int_eq(handle_on(s2, NULL, 0), kvpool_Code_NOT_FOUND);
+    /* per-connection calls are never answered from the window */
+    body(kvpool_Request_unregister_buffer_tag);
+    Q.body.unregister_buffer.buffer_id = 77;
+    Q.id = 557;
+    ck_assert_int_eq(handle_on(s2, NULL, 0), kvpool_Code_NOT_FOUND);
+    ck_assert_int_eq(handle_on(s2, NULL, 0), kvpool_Code_NOT_FOUND);
+    /* the window holds 8: after 8 more ids the first one is forgotten and applies again */
     for (uint64_t i = 0; i < 8; i++) {
-        kvp_rpc_begin(R, S, 1000 + i);
-        kvp_rpc_remember(R, S, 1000 + i, answer, 5);
+        body(kvpool_Request_truncate_tag);
+        Q.body.truncate.seq_id = 1;
+        Q.body.truncate.num_tokens = 3;
+        Q.id = 1000 + i;
+        ck_assert_int_eq(handle_on(S, NULL, 0), kvpool_Code_OK);
     }
-    ck_assert_int_eq(kvp_rpc_replay(R, S, 555, &frame, &len), 0);
-    ck_assert_int_eq(kvp_rpc_replay(R, S, 1007, &frame, &len), 1);
+    body(kvpool_Request_reserve_tag);
+    batch(1, &id, &n);
+    Q.id = 555;
+    ck_assert_int_eq(handle_on(S, NULL, 0), kvpool_Code_OK);
+    ck_assert_uint_eq(kvp_seqtab_find(kvp_rpc_seqtab(R), S->ns, 1)->num_tokens, 6);
+    kvp_rpc_session_close(R, s2, 3000);
     teardown();
-}
-END_TEST
-
-/* The dedup window against a model of it (a ring scanned in order): after every begin and
- * end, looking any id up gives the entry the model's first match is, with the same state and
- * frame, through wrap-arounds, ids begun twice and answers too large to keep. */
-START_TEST(dedup_window_finds_what_a_scan_of_the_ring_would)
-{
-    static const uint32_t windows[] = {1, 2, 8, 1000};
-    kvp_rng_t rng;
-    kvp_rng_seed(&rng, kvp_test_seed(77));
-    for (unsigned w = 0; w < sizeof(windows) / sizeof(windows[0]); w++) {
-        const uint32_t W = windows[w];
-        kvp_ns_table_t t;
-        ck_assert_int_eq(kvp_ns_table_init(&t, 2, W), 0);
-        t.dedup_max_entry_bytes = 6;
-        uint32_t ns;
-        ck_assert_int_eq(kvp_ns_attach(&t, "a", 1, 0, 0, &ns), 0);
-        uint64_t *ids = calloc(W, sizeof(uint64_t));
-        uint8_t *state = calloc(W, 1);
-        uint32_t next = 0;
-        for (int step = 0; step < 20000; step++) {
-            /* ids from a small range, so they repeat, wrap and are begun twice */
-            uint64_t id = 1 + kvp_rng_below(&rng, 3 * W + 3);
-            if (kvp_rng_below(&rng, 2)) {
-                kvp_ns_dedup_begin(&t, ns, id);
-                ids[next] = id;
-                state[next] = 1;
-                next = (next + 1) % W;
-            } else {
-                uint8_t frame[8];
-                uint32_t len = 1 + kvp_rng_below(&rng, 8);
-                memset(frame, (int)(id & 0xff), sizeof(frame));
-                int m = -1;
-                for (uint32_t i = 0; i < W && m < 0; i++)
-                    if (state[i] && ids[i] == id)
-                        m = (int)i;
-                kvp_ns_dedup_end(&t, ns, id, frame, len);
-                if (m >= 0 && state[m] == 1)
-                    state[m] = len <= 6 ? 2 : 3;
-            }
-            uint64_t probe = 1 + kvp_rng_below(&rng, 3 * W + 4);
-            const kvp_dedup_entry_t *e = kvp_ns_dedup_find(&t, ns, probe);
-            int m = -1;
-            for (uint32_t i = 0; i < W && m < 0; i++)
-                if (state[i] && ids[i] == probe)
-                    m = (int)i;
-            if (m < 0) {
-                ck_assert_ptr_null(e);
-                continue;
-            }
-            ck_assert_ptr_nonnull(e);
-            ck_assert_ptr_eq(e, &t.ns[ns].dedup[m]);
-            ck_assert_uint_eq(e->req_id, probe);
-            ck_assert_uint_eq(e->state, state[m]);
-            if (e->state == 2)
-                ck_assert_uint_eq(e->frame[0], probe & 0xff);
-        }
-        ck_assert_ptr_null(kvp_ns_dedup_find(&t, ns, 0));
-        free(ids);
-        free(state);
-        kvp_ns_table_free(&t);
-    }
 }
 END_TEST
 
@@ -687,13 +687,22 @@ START_TEST(metrics_text_follows_the_exposition_format)
 {
     setup();
     hello_on(S, "eng", 0);
-    kvp_rpc_observe(R, kvpool_Request_reserve_tag, kvpool_Code_OK, 3000);
-    kvp_rpc_observe(R, kvpool_Request_reserve_tag, kvpool_Code_RESOURCE_EXHAUSTED, 500);
+    uint64_t id = 1, big_id = 2;
+    uint32_t n = 1, big = 1000;
+    body(kvpool_Request_reserve_tag);
+    batch(1, &id, &n);
+    LAT_NS = 3000;
+    ck_assert_int_eq(call(), kvpool_Code_OK);
+    body(kvpool_Request_reserve_tag);
+    batch(1, &big_id, &big);
+    LAT_NS = 500;
+    ck_assert_int_eq(call(), kvpool_Code_RESOURCE_EXHAUSTED);
+    LAT_NS = 1000;
     static char text[1 << 16];
-    size_t n = kvp_rpc_metrics_text(R, text, sizeof(text), 5000);
-    ck_assert_uint_eq(n, strlen(text));
+    size_t len = kvp_rpc_metrics_text(R, text, sizeof(text), 5000);
+    ck_assert_uint_eq(len, strlen(text));
     ck_assert_ptr_nonnull(strstr(text, "kvpool_pages{device=\"0\",state=\"capacity\"} 32\n"));
-    ck_assert_ptr_nonnull(strstr(text, "kvpool_pages{device=\"0\",state=\"free\"} 32\n"));
+    ck_assert_ptr_nonnull(strstr(text, "kvpool_pages{device=\"0\",state=\"free\"} 31\n"));
     ck_assert_ptr_nonnull(
         strstr(text, "kvpool_rpc_requests_total{call=\"reserve\",code=\"OK\"} 1\n"));
     ck_assert_ptr_nonnull(strstr(
@@ -703,7 +712,7 @@ START_TEST(metrics_text_follows_the_exposition_format)
     ck_assert_ptr_nonnull(
         strstr(text, "kvpool_rpc_duration_seconds_bucket{call=\"reserve\",le=\"+Inf\"} 2\n"));
     ck_assert_ptr_nonnull(strstr(text, "kvpool_rpc_duration_seconds_count{call=\"reserve\"} 2\n"));
-    ck_assert_ptr_nonnull(strstr(text, "kvpool_sequences{namespace=\"eng\"} 0\n"));
+    ck_assert_ptr_nonnull(strstr(text, "kvpool_sequences{namespace=\"eng\"} 1\n"));
     ck_assert_ptr_nonnull(strstr(text, "kvpool_uptime_seconds 4.000\n"));
     /* every sample line's metric has a TYPE line before it */
     for (char *line = text; *line;) {
@@ -731,12 +740,12 @@ END_TEST
 START_TEST(metrics_label_values_are_escaped)
 {
     char out[2 * KVP_NS_NAME_MAX + 2];
-    kvp__rpc_label_escape("a\"b\\c\nd", out, sizeof(out));
+    kvp__metrics_label_escape("a\"b\\c\nd", out, sizeof(out));
     ck_assert_str_eq(out, "a\\\"b\\\\c\\nd");
-    kvp__rpc_label_escape("t\x01\x7f\xff\xc3\xa9", out, sizeof(out)); /* é stays */
+    kvp__metrics_label_escape("t\x01\x7f\xff\xc3\xa9", out, sizeof(out)); /* é stays */
     ck_assert_str_eq(out, "t???\xc3\xa9");
     char tiny[5];
-    kvp__rpc_label_escape("\"\"\"", tiny, sizeof(tiny)); /* never half an escape */
+    kvp__metrics_label_escape("\"\"\"", tiny, sizeof(tiny)); /* never half an escape */
     ck_assert_str_eq(tiny, "\\\"");
 }
 END_TEST
@@ -780,7 +789,6 @@ int main(void)
     tcase_add_test(tc, refusals_change_nothing);
     tcase_add_test(tc, namespaces_are_owned_and_leases_keep_sequences);
     tcase_add_test(tc, replay_returns_the_first_answer_and_applies_nothing_twice);
-    tcase_add_test(tc, dedup_window_finds_what_a_scan_of_the_ring_would);
     tcase_add_test(tc, metrics_text_follows_the_exposition_format);
     tcase_add_test(tc, metrics_label_values_are_escaped);
     tcase_add_test(tc, metrics_text_truncates_at_a_line_boundary_and_says_so);

@@ -220,7 +220,11 @@ END_TEST
 
 START_TEST(nccl_that_cannot_load_is_unavailable)
 {
-    setenv("KVPOOL_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+    char longer[300];
+    memset(longer, 'x', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    ck_assert_int_eq(kvp_nccl_set_library(longer), KVP_EINVAL); /* [tuning] nccl_lib's bound */
+    ck_assert_int_eq(kvp_nccl_set_library("/nonexistent/libnccl.so.2"), 0);
     const kvp_nccl_t *n = NULL;
     char why[256] = "";
     ck_assert_int_eq(kvp_nccl_get(&n, why, sizeof(why)), KVP_EUNAVAIL);
@@ -241,12 +245,14 @@ static kvp_batch_arrays_t B;
 
 static kvpool_Code call(pb_size_t which)
 {
+    static uint64_t next_id = 1; /* fresh ids: the retry window refuses one reused for another call */
     Q.which_body = which;
-    Q.id++;
+    Q.id = next_id++;
     memset(&IO, 0, sizeof(IO));
     IO.batch = &B;
-    int rc = kvp_rpc_dispatch(R, S, &Q, &IO, 2000);
+    int rc = kvp_rpc_handle(R, S, &Q, NULL, 0, &IO, 2000, 0);
     ck_assert_int_eq(rc, KVP_RPC_DONE); /* a host backend never starts a transfer */
+    kvp_rpc_answered(R, S, &IO.resp, NULL, 0, 0);
     ck_assert_ptr_null(IO.bg_job);
     return IO.resp.status.code;
 }

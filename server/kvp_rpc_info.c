@@ -1,0 +1,264 @@
+/*
+ * kvp_rpc_info.c - the introspection calls (Ping, PoolInfo, Stats, ListSequences, ListClients,
+ * Audit, Metrics) and the metrics snapshot (see kvp_rpc_internal.h).
+ */
+#include "kvp_rpc_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_error.h"
+#include "kvp_log.h"
+
+void kvp__rpc_fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi)
+{
+    const kvp_backend_t *b = r->backend;
+    const kvp_geom_t *g = &b->geom;
+    const kvp_geom_derived_t *d = &b->derived;
+    pi->has_geometry = true;
+    pi->geometry.num_layers = g->num_layers;
+    pi->geometry.num_pages = g->num_pages;
+    pi->geometry.page_size = g->page_size;
+    pi->geometry.num_kv_heads = g->num_kv_heads;
+    pi->geometry.head_dim = g->head_dim;
+    pi->geometry.dtype = (kvpool_DType)g->dtype;
+    pi->geometry.layout = (kvpool_Layout)g->layout;
+    pi->geometry.storage = (kvpool_Storage)g->storage;
+    pi->geometry.num_devices = g->num_devices ? g->num_devices : 1;
+    pi->backend = (kvpool_BackendKind)b->kind;
+    pi->pool_bytes = d->pool_bytes;
+    pi->layer_bytes = d->layer_bytes;
+    pi->v_offset_bytes = d->v_offset_bytes;
+    pi->stride_page = d->stride_page;
+    pi->stride_n = d->stride_n;
+    pi->stride_h = d->stride_h;
+    pi->elem_bytes = d->elem_bytes;
+    pi->heads_per_device = d->heads;
+    pi->map_granularity = b->map_granularity;
+    for (uint32_t i = 0; i < b->num_device_ids && i < KVP_MAX_DEVICES; i++)
+        pi->device_ids[pi->device_ids_count++] = b->device_ids[i];
+}
+
+int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi)
+{
+    int n = r->backend->ops->export_fds(r->backend, io->fds_out, KVP_MAX_FDS_PER_FRAME);
+    if (n < 0)
+        return n;
+    io->nfds_out = n;
+    pi->num_fds = (uint32_t)n;
+    return 0;
+}
+int kvp__rpc_stats(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    (void)s;
+    kvp__rpc_ok(io, id);
+    kvpool_StatsResponse *sr = &io->resp.body.stats;
+    sr->has_stats = true;
+    kvpool_Stats *st = &sr->stats;
+    kvp_stats_t p;
+    kvp_seqtab_stats(r->seqs, &p);
+    st->num_pages = p.num_pages;
+    st->free_pages = p.free_pages;
+    st->used_pages = p.used_pages;
+    st->shared_pages = p.shared_pages;
+    st->num_seqs = p.num_seqs;
+    st->num_tokens = p.num_tokens;
+    st->page_refs = p.page_refs;
+    st->page_bytes =
+        r->backend->derived.layer_bytes / r->backend->geom.num_pages * r->backend->geom.num_layers;
+    st->num_clients = r->num_clients;
+    st->uptime_ms = now_ms - r->start_ms;
+    st->requests_total = r->counters.requests_total;
+    st->append_bytes_total = r->counters.append_bytes_total;
+    st->dedup_bytes = r->dedup.bytes;
+    st->dedup_evictions_total = r->dedup.evictions_total;
+    for (uint32_t i = 0; i < r->ns.max && st->namespaces_count < 64; i++) {
+        const kvp_ns_t *n = &r->ns.ns[i];
+        if (!n->in_use)
+            continue;
+        kvp_ns_stats_t ns;
+        kvp_seqtab_ns_stats(r->seqs, i, &ns);
+        kvpool_NamespaceStats *o = &st->namespaces[st->namespaces_count++];
+        snprintf(o->name, sizeof(o->name), "%s", n->name);
+        o->num_seqs = ns.num_seqs;
+        o->num_tokens = ns.num_tokens;
+        o->page_refs = ns.page_refs;
+        o->sessions = n->sessions;
+        o->lease_ms = n->lease_ms;
+        o->lease_expires_in_ms = n->expires_at_ms > now_ms ? n->expires_at_ms - now_ms : 0;
+        o->dedup_bytes = r->dedup.w[i].bytes;
+        o->dedup_entries = r->dedup.w[i].entries;
+    }
+    return 0;
+}
+
+int kvp__rpc_list_sequences(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    const kvpool_ListSequencesRequest *q = &req->body.list_sequences;
+    uint32_t ns = s->ns;
+    if (q->namespace[0]) {
+        int found = -1;
+        for (uint32_t i = 0; i < r->ns.max; i++)
+            if (r->ns.ns[i].in_use && strcmp(r->ns.ns[i].name, q->namespace) == 0)
+                found = (int)i;
+        if (found < 0) {
+            kvp_rpc_error(&io->resp, id, KVP_ENOENT, "no namespace '%s'", q->namespace);
+            return 0;
+        }
+        ns = (uint32_t)found;
+    }
+    uint32_t limit = q->limit && q->limit < 256 ? q->limit : 256;
+    kvp__rpc_ok(io, id);
+    kvpool_ListSequencesResponse *lr = &io->resp.body.list_sequences;
+    uint32_t cur = q->cursor;
+    const kvp_seq_t *seq;
+    while (lr->seqs_count < limit && (seq = kvp_seqtab_next(r->seqs, &cur))) {
+        if (seq->ns != ns)
+            continue;
+        kvpool_SequenceInfo *o = &lr->seqs[lr->seqs_count++];
+        o->seq_id = seq->id;
+        o->num_tokens = seq->num_tokens;
+        o->num_pages = seq->num_pages;
+        for (uint32_t i = 0; i < seq->num_pages; i++)
+            o->shared_pages += kvp_alloc_refcount(r->alloc, seq->pages[i]) > 1;
+        o->idle_ms = now_ms > seq->last_touch_ms ? now_ms - seq->last_touch_ms : 0;
+    }
+    /* a cursor is a record index + 1; 0 means done */
+    uint32_t probe = cur;
+    lr->next_cursor = kvp_seqtab_next(r->seqs, &probe) ? cur : 0;
+    return 0;
+}
+
+int kvp__rpc_list_clients(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                          kvp_rpc_io_t *io, uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    (void)s;
+    kvp__rpc_ok(io, id);
+    kvpool_ListClientsResponse *lr = &io->resp.body.list_clients;
+    for (kvp_session_t *o_s = r->sessions; o_s && lr->clients_count < 256; o_s = o_s->next) {
+        kvpool_ClientInfo *o = &lr->clients[lr->clients_count++];
+        o->session_id = o_s->id;
+        snprintf(o->namespace, sizeof(o->namespace), "%s", o_s->ns_name);
+        snprintf(o->client_name, sizeof(o->client_name), "%s", o_s->name);
+        o->pid = o_s->pid;
+        o->uid = o_s->uid;
+        o->gid = o_s->gid;
+        o->requests = o_s->requests;
+        o->connected_ms = now_ms - o_s->connected_ms;
+        o->buffers = o_s->num_buffers;
+    }
+    return 0;
+}
+
+int kvp__rpc_audit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    (void)s;
+    (void)now_ms;
+    kvp__rpc_ok(io, id);
+    kvpool_AuditResponse *ar = &io->resp.body.audit;
+    int rc = kvp_seqtab_audit(r->seqs, ar->message, sizeof(ar->message));
+    ar->ok = rc == 0;
+    if (rc == 0)
+        snprintf(ar->message, sizeof(ar->message), "ok");
+    else if (rc != KVP_EAUDIT)
+        snprintf(ar->message, sizeof(ar->message), "audit could not run: %s", kvp_strerror(rc));
+    if (rc)
+        kvp_log(KVP_LOG_ERR, "audit failed reason=\"%s\"", ar->message);
+    return 0;
+}
+
+KVP_RPC_HANDLER(ping)
+{
+    (void)r, (void)s, (void)now_ms;
+    kvp__rpc_ok(io, req->id);
+    io->resp.body.ping.nonce = req->body.ping.nonce;
+    return KVP_RPC_DONE;
+}
+
+KVP_RPC_HANDLER(pool_info)
+{
+    (void)s, (void)now_ms;
+    kvp__rpc_ok(io, req->id);
+    kvp__rpc_fill_pool_info(r, &io->resp.body.pool_info);
+    int rc = req->body.pool_info.want_pool_fds
+                 ? kvp__rpc_attach_pool_fds(r, io, &io->resp.body.pool_info)
+                 : 0;
+    if (rc)
+        kvp_rpc_error(&io->resp, req->id, KVP_EINTERNAL, "cannot export the pool");
+    return KVP_RPC_DONE;
+}
+
+/* The text goes into a buffer the rpc state keeps (allocated on the first scrape over the
+ * socket: most daemons are scraped over HTTP, which has its own). */
+KVP_RPC_HANDLER(metrics)
+{
+    (void)s;
+    if (!r->metrics_buf && !(r->metrics_buf = malloc(KVP_RPC_METRICS_CAP))) {
+        kvp_rpc_error(&io->resp, req->id, KVP_ENOMEM, "no memory for the metrics text");
+        return KVP_RPC_DONE;
+    }
+    kvp__rpc_ok(io, req->id);
+    r->metrics_text.len = kvp_rpc_metrics_text(r, r->metrics_buf, KVP_RPC_METRICS_CAP, now_ms);
+    r->metrics_text.s = r->metrics_buf;
+    kvp_text_bind_encode(&io->resp.body.metrics.text, &r->metrics_text);
+    return KVP_RPC_DONE;
+}
+
+size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms)
+{
+    const kvp_backend_t *be = r->backend;
+    const char *names[KVP_METRICS_MAX_CALLS];
+    for (unsigned i = 0; i < kvp__rpc_num_calls; i++)
+        names[i] = kvp__rpc_calls[i].name;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < r->ns.max; i++)
+        n += r->ns.ns[i].in_use != 0;
+    kvp_metrics_ns_t *ns = calloc(n ? n : 1, sizeof(*ns));
+    if (!ns) {
+        if (buf && cap)
+            buf[0] = '\0';
+        return 0;
+    }
+    kvp_metrics_t m = {.version = KVP_VERSION,
+                       .backend = be->ops->name,
+                       .up = kvp_rpc_healthy(r),
+                       .uptime_ms = now_ms - r->start_ms,
+                       .num_devices = be->geom.num_devices,
+                       .device_ids = be->device_ids,
+                       .num_device_ids = be->num_device_ids,
+                       .page_bytes =
+                           be->derived.layer_bytes / be->geom.num_pages * be->geom.num_layers,
+                       .ns = ns,
+                       .clients = r->num_clients,
+                       .dedup_bytes = r->dedup.bytes,
+                       .dedup_evictions_total = r->dedup.evictions_total,
+                       .counters = &r->counters,
+                       .call_names = names,
+                       .num_calls = kvp__rpc_num_calls};
+    kvp_seqtab_stats(r->seqs, &m.pool);
+    for (uint32_t i = 0; i < r->ns.max && m.num_ns < n; i++) {
+        if (!r->ns.ns[i].in_use)
+            continue;
+        kvp_ns_stats_t st;
+        kvp_seqtab_ns_stats(r->seqs, i, &st);
+        kvp_metrics_ns_t *o = &ns[m.num_ns++];
+        snprintf(o->name, sizeof(o->name), "%s", r->ns.ns[i].name);
+        o->num_seqs = st.num_seqs;
+        o->num_tokens = st.num_tokens;
+        o->page_refs = st.page_refs;
+        o->dedup_bytes = r->dedup.w[i].bytes;
+        m.dedup_entries += r->dedup.w[i].entries;
+    }
+    kvp_xfer_counters(r->xfer, m.xfer_total, m.xfer_bytes, &m.xfer_in_flight, &m.xfer_comms);
+    size_t len = kvp_metrics_text(&m, buf, cap);
+    free(ns);
+    return len;
+}

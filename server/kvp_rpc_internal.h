@@ -1,0 +1,177 @@
+/*
+ * kvp_rpc_internal.h - what the files of the rpc layer share and nothing outside it uses: the
+ * daemon state, the job of an off-loop call, the call table's row type, and the handlers.
+ *
+ *   kvp_rpc.c       state, the call table, the one entry point (dedup, dispatch, accounting),
+ *                   sessions, leases, Hello
+ *   kvp_rpc_seq.c   Reserve, Append (and its job), Fork, Truncate, Release, GetPageTable
+ *   kvp_rpc_buf.c   RegisterBuffer, UnregisterBuffer, buffers held by jobs in flight
+ *   kvp_rpc_xfer.c  ExportBegin, Import, ListTransfers
+ *   kvp_rpc_info.c  Ping, PoolInfo, Stats, ListSequences, ListClients, Audit, Metrics, and the
+ *                   metrics snapshot kvp_metrics.c writes as text
+ *
+ * A handler validates its request before it touches anything, answers in io->resp (through
+ * kvp__rpc_ok or kvp_rpc_error) and returns KVP_RPC_DONE, or KVP_RPC_ASYNC with io->job set
+ * when its call is flagged KVP_CALL_OFF_LOOP. Loop thread only.
+ */
+#ifndef KVP_RPC_INTERNAL_H
+#define KVP_RPC_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvp_dedup.h"
+#include "kvp_metrics.h"
+#include "kvp_rpc.h"
+#include "kvp_xfer.h"
+
+#ifndef KVP_VERSION
+#define KVP_VERSION "0.1.0"
+#endif
+
+/* The largest metrics text a Metrics call answers (truncated at a whole line beyond). */
+#define KVP_RPC_METRICS_CAP (1u << 20)
+
+/* The facts of one call. Adding a call to the daemon is one row in kvp_rpc.c's table and one
+ * handler. */
+enum {
+    KVP_CALL_MUTATING = 1u << 0,       /* changes daemon state */
+    KVP_CALL_PER_CONN = 1u << 1,       /* changes only its connection's state: its request id
+                                          is not deduplicated (kvpool.proto, Idempotency) */
+    KVP_CALL_BEFORE_HELLO = 1u << 2,   /* may come before Hello */
+    KVP_CALL_WHEN_UNHEALTHY = 1u << 3, /* answered while the daemon is unhealthy */
+    KVP_CALL_TAKES_FDS = 1u << 4,      /* its frame may carry descriptors */
+    KVP_CALL_OFF_LOOP = 1u << 5,       /* may return KVP_RPC_ASYNC: runs on a copy worker */
+};
+
+typedef int (*kvp_rpc_handler_t)(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                                 kvp_rpc_io_t *io, uint64_t now_ms);
+
+struct kvp_rpc_call {
+    pb_size_t req_tag;   /* kvpool_Request_<x>_tag */
+    pb_size_t resp_tag;  /* kvpool_Response_<x>_tag */
+    const char *name;    /* the metrics label and log name */
+    uint32_t flags;      /* KVP_CALL_* */
+    uint32_t resp_bytes; /* of the response's body member (cleared by kvp__rpc_ok) */
+    kvp_rpc_handler_t handler;
+};
+
+struct kvp_rpc_job {
+    kvp_rpc_t *rpc;
+    const kvp_rpc_call_t *call;
+    kvp_exec_t exec;
+    int rc;
+    uint64_t req_id;
+    uint32_t batch_size, nnz, num_copies, num_indices;
+    int32_t *kv_indptr, *kv_indices, *kv_last_page_len, *append_indptr, *seq_lens;
+    int32_t *batch_indices, *positions;
+    kvp_page_copy_t *copies;
+    uint32_t *pinned;
+    uint32_t num_pinned;
+    uint64_t bytes;
+    uint32_t ns;       /* for a rollback when the backend refuses the source */
+    uint64_t *seq_ids; /* [batch_size] */
+    /* tensor-parallel form: each rank's buffer, copied by value (another session may move or
+     * drop its entry while the job runs; the hold keeps the backend state alive) */
+    kvp_buffer_t rank_buf[KVP_GEOM_MAX_DEVICES];
+    const kvp_buffer_t *rank_ptr[KVP_GEOM_MAX_DEVICES];
+    uint32_t num_ranks;
+    /* a transfer (ExportBegin's background job, or Import) instead of an append */
+    kvp_xfer_job_t *xfer;
+    int xfer_dir; /* KVP_XFER_EXPORT / _IMPORT */
+    uint64_t xfer_seq, xfer_id;
+    uint32_t xfer_tokens;
+};
+
+/* A buffer a job in flight reads. Only the job's own connection waits for its job, so a buffer
+ * of another session (a tensor-parallel rank's) may be unregistered, or its session closed,
+ * while the copy still reads it: its release is then deferred to the last job's finish. */
+typedef struct held_buf {
+    struct held_buf *next;
+    const void *key; /* the buffer's priv (cuda) or host_ptr (host) */
+    uint32_t refs;
+    int released;     /* its owner let go: release when refs reaches 0 */
+    kvp_buffer_t buf; /* the value to release */
+} held_buf_t;
+
+struct kvp_rpc {
+    kvp_backend_t *backend;
+    kvp_alloc_t *alloc;
+    kvp_seqtab_t *seqs;
+    kvp_plan_t plan;
+    kvp_plan_limits_t plan_limits;
+    kvp_ns_table_t ns;
+    kvp_dedup_t dedup;
+    kvp_rpc_limits_t lim;
+    kvp_plan_item_t *items; /* [max_batch] */
+    kvp_session_t *sessions;
+    uint32_t num_sessions;
+    uint32_t num_clients;
+    uint64_t next_session_id;
+    uint64_t start_ms;
+    int draining;
+    int unhealthy;
+    const kvp_rpc_call_t *by_tag[KVP_RPC_MAX_TAG + 1]; /* request tag -> row */
+    kvp_counters_t counters;                           /* kvp_metrics.h */
+    char *metrics_buf; /* [KVP_RPC_METRICS_CAP], the text of the last Metrics call */
+    kvp_text_t metrics_text;
+    held_buf_t *held;                                  /* buffers that jobs in flight read */
+    kvp_xfer_t *xfer;                                  /* transfers between daemons */
+};
+
+/* The table (kvp_rpc.c), in row order; kvp__rpc_calls[0] is the "invalid" pseudo-call (a
+ * frame that did not decode or named no call). A row's index labels its metrics. */
+extern const kvp_rpc_call_t kvp__rpc_calls[];
+extern const unsigned kvp__rpc_num_calls;
+#define KVP_RPC_CALL_INDEX(c) ((unsigned)((c)-kvp__rpc_calls))
+
+/* An OK answer of io->call with its body member cleared. */
+void kvp__rpc_ok(kvp_rpc_io_t *io, uint64_t id);
+
+/* kvp_rpc_seq.c: the batch of a request into r->items (ns of the session; n_tokens optional);
+ * 0, or an error answered in resp */
+int kvp__rpc_take_batch(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io_t *io,
+                        int with_tokens, uint32_t *n_out, kvpool_Response *resp, uint64_t id);
+void kvp__rpc_table_from_plan(kvp_rpc_t *r, kvpool_PageTable *t, kvp_reply_arrays_t *out);
+void kvp__rpc_count_alloc_failure(kvp_rpc_t *r, int rc);
+const char *kvp__rpc_plan_error_text(int rc);
+
+/* kvp_rpc_buf.c */
+kvp_session_buffer_t *kvp__rpc_find_buffer(kvp_session_t *s, uint32_t buffer_id);
+int kvp__rpc_buf_hold(kvp_rpc_t *r, const kvp_buffer_t *b);
+void kvp__rpc_buf_unhold(kvp_rpc_t *r, const kvp_buffer_t *b);
+void kvp__rpc_buf_release(kvp_rpc_t *r, kvp_buffer_t *b);
+
+/* kvp_rpc_info.c */
+void kvp__rpc_fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi);
+int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi);
+
+/* kvp_rpc_xfer.c */
+void kvp__rpc_finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms);
+void kvp__rpc_xfer_unpin(kvp_rpc_t *r, kvp_rpc_job_t *j);
+
+/* The handlers, one per row of the table. */
+#define KVP_RPC_HANDLER(name)                                                                      \
+    int kvp__rpc_##name(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,                 \
+                        kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(hello);
+KVP_RPC_HANDLER(ping);
+KVP_RPC_HANDLER(pool_info);
+KVP_RPC_HANDLER(register_buffer);
+KVP_RPC_HANDLER(unregister_buffer);
+KVP_RPC_HANDLER(append);
+KVP_RPC_HANDLER(reserve);
+KVP_RPC_HANDLER(fork);
+KVP_RPC_HANDLER(truncate);
+KVP_RPC_HANDLER(release);
+KVP_RPC_HANDLER(get_page_table);
+KVP_RPC_HANDLER(stats);
+KVP_RPC_HANDLER(list_sequences);
+KVP_RPC_HANDLER(list_clients);
+KVP_RPC_HANDLER(audit);
+KVP_RPC_HANDLER(metrics);
+KVP_RPC_HANDLER(export_begin);
+KVP_RPC_HANDLER(import);
+KVP_RPC_HANDLER(list_transfers);
+
+#endif

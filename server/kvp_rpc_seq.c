@@ -1,0 +1,531 @@
+/*
+ * kvp_rpc_seq.c - the sequence calls: Reserve, Append and its off-loop job, Fork, Truncate,
+ * Release, GetPageTable (see kvp_rpc_internal.h).
+ */
+#include "kvp_rpc_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_error.h"
+#include "kvp_log.h"
+
+const char *kvp__rpc_plan_error_text(int rc)
+{
+    switch (rc) {
+    case KVP_ENOSPC:
+        return "pool exhausted";
+    case KVP_ELIMIT:
+        return "limit or quota exceeded";
+    case KVP_EDUPSEQ:
+        return "sequence named twice in one batch";
+    case KVP_EINVAL:
+        return "invalid batch";
+    default:
+        return kvp_strerror(rc);
+    }
+}
+
+/* Reads the batch of a request into r->items (ns of the session); n_tokens optional. */
+int kvp__rpc_take_batch(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io_t *io,
+                        int with_tokens, uint32_t *n_out, kvpool_Response *resp, uint64_t id)
+{
+    const kvp_batch_arrays_t *b = io->batch;
+    uint32_t n = b->seq_ids.count;
+    if (n == 0) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "empty batch: seq_ids has no entries");
+        return KVP_EINVAL;
+    }
+    if (n > r->lim.max_batch) {
+        kvp_rpc_error(resp, id, KVP_ELIMIT, "batch of %u sequences above max_batch %u", n,
+                      r->lim.max_batch);
+        return KVP_ELIMIT;
+    }
+    if (with_tokens && b->num_tokens.count != n) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "num_tokens has %u entries, seq_ids %u",
+                      b->num_tokens.count, n);
+        return KVP_EINVAL;
+    }
+    const uint64_t *ids = b->seq_ids.data;
+    const uint32_t *toks = b->num_tokens.data;
+    for (uint32_t i = 0; i < n; i++) {
+        r->items[i].ns = s->ns;
+        r->items[i].seq_id = ids[i];
+        r->items[i].num_tokens = with_tokens ? toks[i] : 0;
+    }
+    *n_out = n;
+    return 0;
+}
+
+/* Points the response arrays at the planner's page table. */
+void kvp__rpc_table_from_plan(kvp_rpc_t *r, kvpool_PageTable *t, kvp_reply_arrays_t *out)
+{
+    const kvp_plan_t *p = &r->plan;
+    uint32_t B = p->batch_size;
+    t->batch_size = B;
+    t->nnz = p->nnz;
+    out->kv_indptr = kvp_array(p->kv_indptr, 4, B + 1, B + 1);
+    out->kv_indices = kvp_array(p->kv_indices, 4, (uint32_t)p->kv_indptr[B], 0);
+    out->kv_last_page_len = kvp_array(p->kv_last_page_len, 4, B, B);
+    out->append_indptr = kvp_array(p->append_indptr, 4, B + 1, B + 1);
+    out->seq_lens = kvp_array(p->seq_lens, 4, B, B);
+    out->copies = kvp_array(p->copies, 4, 2 * p->num_copies, 0);
+    kvp_wire_table_bind_encode(t, out);
+}
+
+void kvp__rpc_count_alloc_failure(kvp_rpc_t *r, int rc)
+{
+    r->counters.alloc_failures[rc == KVP_ENOSPC   ? 0
+                               : rc == KVP_ELIMIT ? 1
+                               : rc == KVP_EINVAL ? 2
+                                                  : 3]++;
+}
+
+/* ---- the calls -------------------------------------------------------------------------- */
+int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    uint32_t n;
+    if (kvp__rpc_take_batch(r, s, io, 1, &n, &io->resp, id))
+        return 0;
+    int rc = kvp_plan_append(r->seqs, r->items, n, &r->plan_limits, now_ms, &r->plan);
+    if (rc) {
+        kvp__rpc_count_alloc_failure(r, rc);
+        kvp_rpc_error(&io->resp, id, rc, "%s (batch item %u)", kvp__rpc_plan_error_text(rc),
+                      r->plan.fail_index);
+        return 0;
+    }
+    r->counters.pages_allocated_total += r->plan.num_new_pages;
+    r->counters.cow_copies_total += r->plan.num_copies;
+    kvp__rpc_ok(io, id);
+    io->resp.body.reserve.has_table = true;
+    kvp__rpc_table_from_plan(r, &io->resp.body.reserve.table, &io->out);
+    return 0;
+}
+
+/* Checks the source ranges of an append against the buffer: every byte any layer, token and
+ * head reads lies inside it, offsets and strides are multiples of the element size. */
+static int check_source(const kvp_rpc_t *r, const kvpool_Source *src, const kvp_buffer_t *buf,
+                        uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
+{
+    const kvp_geom_derived_t *d = &r->backend->derived;
+    /* offsets and strides: whole elements, and what the backend's copy needs on top */
+    uint64_t e =
+        d->elem_bytes > r->backend->src_align_bytes ? d->elem_bytes : r->backend->src_align_bytes;
+    uint64_t vals[] = {src->k_offset,   src->v_offset,   src->k_stride_n,  src->k_stride_h,
+                       src->v_stride_n, src->v_stride_h, src->layer_stride};
+    for (unsigned i = 0; i < 7; i++)
+        if (vals[i] % e) {
+            snprintf(why, why_len, "source offsets and strides must be multiples of %llu bytes",
+                     (unsigned long long)e);
+            return KVP_EINVAL;
+        }
+    if (nnz == 0)
+        return 0;
+    uint64_t H = d->heads;
+    for (int kv = 0; kv < 2; kv++) {
+        uint64_t off = kv ? src->v_offset : src->k_offset;
+        uint64_t sn = kv ? src->v_stride_n : src->k_stride_n;
+        uint64_t sh = kv ? src->v_stride_h : src->k_stride_h;
+        uint64_t a, b, c, end;
+        if (__builtin_mul_overflow((uint64_t)(le - lb - 1), src->layer_stride, &a) ||
+            __builtin_mul_overflow((uint64_t)(nnz - 1), sn, &b) ||
+            __builtin_mul_overflow(H - 1, sh, &c) || __builtin_add_overflow(off, a, &end) ||
+            __builtin_add_overflow(end, b, &end) || __builtin_add_overflow(end, c, &end) ||
+            __builtin_add_overflow(end, d->row_bytes, &end) || end > buf->size_bytes) {
+            snprintf(why, why_len, "%s source range exceeds buffer of %llu bytes", kv ? "V" : "K",
+                     (unsigned long long)buf->size_bytes);
+            return KVP_ERANGE;
+        }
+    }
+    return 0;
+}
+
+static void job_free_arrays(kvp_rpc_job_t *j)
+{
+    free(j->kv_indptr);
+    free(j->pinned);
+    free(j->seq_ids);
+}
+
+void kvp_rpc_job_free(kvp_rpc_job_t *job)
+{
+    if (!job)
+        return;
+    job_free_arrays(job);
+    free(job);
+}
+
+/* Copies the plan into a job (the planner's arrays are reused by the next call) and pins
+ * every page the job reads or writes. */
+static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const kvp_buffer_t *buf,
+                               const kvp_buffer_t *const *ranks, uint32_t num_ranks,
+                               const kvpool_Source *src, uint32_t lb, uint32_t le, uint64_t id,
+                               uint32_t sync)
+{
+    const kvp_plan_t *p = &r->plan;
+    uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies, N = p->nnz;
+    kvp_rpc_job_t *j = calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    size_t words = (size_t)(B + 1) * 2 + (size_t)B * 2 + I + (size_t)N * 2 + (size_t)C * 2;
+    int32_t *w = malloc(words * sizeof(int32_t) + 4);
+    j->pinned = malloc(((size_t)I + 2 * C + 1) * sizeof(uint32_t));
+    j->seq_ids = malloc(((size_t)B + 1) * sizeof(uint64_t));
+    if (!w || !j->pinned || !j->seq_ids) {
+        free(w);
+        free(j->pinned);
+        free(j->seq_ids);
+        free(j);
+        return NULL;
+    }
+    for (uint32_t g = 0; g < num_ranks; g++) {
+        if (kvp__rpc_buf_hold(r, ranks[g])) {
+            while (g-- > 0)
+                kvp__rpc_buf_unhold(r, &j->rank_buf[g]);
+            free(w);
+            free(j->pinned);
+            free(j->seq_ids);
+            free(j);
+            return NULL;
+        }
+        j->rank_buf[g] = *ranks[g];
+        j->rank_ptr[g] = &j->rank_buf[g];
+    }
+    j->num_ranks = num_ranks;
+    for (uint32_t b = 0; b < B; b++)
+        j->seq_ids[b] = r->items[b].seq_id;
+    j->ns = B ? r->items[0].ns : 0;
+    j->kv_indptr = w, w += B + 1;
+    j->append_indptr = w, w += B + 1;
+    j->kv_last_page_len = w, w += B;
+    j->seq_lens = w, w += B;
+    j->kv_indices = w, w += I;
+    j->batch_indices = w, w += N;
+    j->positions = w, w += N;
+    j->copies = (kvp_page_copy_t *)w;
+    memcpy(j->kv_indptr, p->kv_indptr, (B + 1) * 4);
+    memcpy(j->append_indptr, p->append_indptr, (B + 1) * 4);
+    memcpy(j->kv_last_page_len, p->kv_last_page_len, B * 4);
+    memcpy(j->seq_lens, p->seq_lens, B * 4);
+    if (I)
+        memcpy(j->kv_indices, p->kv_indices, (size_t)I * 4);
+    if (C)
+        memcpy(j->copies, p->copies, (size_t)C * sizeof(kvp_page_copy_t));
+    if (N)
+        kvp_get_batch_indices_positions_cpu(j->append_indptr, j->seq_lens, B, N, j->batch_indices,
+                                            j->positions);
+    j->rpc = r;
+    j->call = call;
+    j->req_id = id;
+    j->batch_size = B, j->nnz = N, j->num_copies = C, j->num_indices = I;
+    /* pin: copy sources and destinations, and the pages that receive tokens */
+    for (uint32_t c = 0; c < C; c++) {
+        kvp_alloc_pin(r->alloc, j->copies[c].src);
+        j->pinned[j->num_pinned++] = j->copies[c].src;
+        kvp_alloc_pin(r->alloc, j->copies[c].dst);
+        j->pinned[j->num_pinned++] = j->copies[c].dst;
+    }
+    const uint32_t ps = r->backend->geom.page_size;
+    for (uint32_t b = 0; b < B; b++) {
+        uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]);
+        if (!add)
+            continue;
+        uint32_t first = (uint32_t)(j->seq_lens[b] - (int32_t)add) / ps;
+        for (int32_t k = j->kv_indptr[b] + (int32_t)first; k < j->kv_indptr[b + 1]; k++) {
+            kvp_alloc_pin(r->alloc, (uint32_t)j->kv_indices[k]);
+            j->pinned[j->num_pinned++] = (uint32_t)j->kv_indices[k];
+        }
+    }
+    kvp_exec_t *e = &j->exec;
+    e->batch_size = B;
+    e->nnz = N;
+    e->kv_indptr = j->kv_indptr;
+    e->kv_indices = j->kv_indices;
+    e->kv_last_page_len = j->kv_last_page_len;
+    e->batch_indices = j->batch_indices;
+    e->positions = j->positions;
+    e->copies = j->copies;
+    e->num_copies = C;
+    e->src = num_ranks ? NULL : buf;
+    e->rank_src = num_ranks ? j->rank_ptr : NULL;
+    e->num_rank_src = num_ranks;
+    e->k_offset = src->k_offset;
+    e->v_offset = src->v_offset;
+    e->k_stride_n = src->k_stride_n;
+    e->k_stride_h = src->k_stride_h;
+    e->v_stride_n = src->v_stride_n;
+    e->v_stride_h = src->v_stride_h;
+    e->layer_stride = src->layer_stride;
+    e->layer_begin = lb;
+    e->layer_end = le;
+    e->sync = sync;
+    j->bytes = (uint64_t)N * 2 * r->backend->derived.heads * r->backend->derived.row_bytes *
+               (le - lb) * (num_ranks ? num_ranks : 1);
+    return j;
+}
+
+/* Resolves a tensor-parallel Append's rank_sources (kvpool.proto, AppendRequest): one buffer
+ * per device of the group, in device order, each registered for its device by a session of
+ * the caller's namespace. Returns 0 with ranks[0..G) set, or a code with the reason in why. */
+static int take_rank_sources(kvp_rpc_t *r, kvp_session_t *s, const kvpool_AppendRequest *q,
+                             const kvp_buffer_t **ranks, uint32_t *num_out, char *why,
+                             size_t why_len)
+{
+    const uint32_t G = r->backend->geom.num_devices ? r->backend->geom.num_devices : 1;
+    if (q->rank_sources_count != G) {
+        snprintf(why, why_len, "rank_sources has %u entries; the pool's group has %u devices",
+                 (unsigned)q->rank_sources_count, G);
+        return KVP_EINVAL;
+    }
+    if (q->source.buffer_id != 0) {
+        snprintf(why, why_len, "with rank_sources, source.buffer_id must be 0 (got %u)",
+                 q->source.buffer_id);
+        return KVP_EINVAL;
+    }
+    for (uint32_t g = 0; g < G; g++) {
+        const kvpool_RankSource *rs = &q->rank_sources[g];
+        kvp_session_t *owner = NULL;
+        if (rs->session_id == 0 || rs->session_id == s->id)
+            owner = s;
+        for (kvp_session_t *o = r->sessions; o && !owner; o = o->next)
+            if (o->id == rs->session_id && o->hello_done && o->ns == s->ns)
+                owner = o;
+        if (!owner) {
+            snprintf(why, why_len, "rank %u: no session %llu in this namespace", g,
+                     (unsigned long long)rs->session_id);
+            return KVP_ENOENT;
+        }
+        kvp_session_buffer_t *b = kvp__rpc_find_buffer(owner, rs->buffer_id);
+        if (!b) {
+            snprintf(why, why_len, "rank %u: session %llu has no buffer %u", g,
+                     (unsigned long long)owner->id, rs->buffer_id);
+            return KVP_ENOENT;
+        }
+        if (b->buf.device_index != g) {
+            snprintf(why, why_len,
+                     "rank %u: buffer %u of session %llu was registered for device index %u, "
+                     "not %u",
+                     g, rs->buffer_id, (unsigned long long)owner->id, b->buf.device_index, g);
+            return KVP_EINVAL;
+        }
+        ranks[g] = &b->buf;
+    }
+    *num_out = G;
+    return 0;
+}
+
+int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    const kvpool_AppendRequest *q = &req->body.append;
+    kvpool_Response *resp = &io->resp;
+    if (!q->has_source) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "append needs a source");
+        return KVP_RPC_DONE;
+    }
+    const kvpool_Source *src = &q->source;
+    kvp_session_buffer_t *sb = NULL;
+    if (!q->rank_sources_count && !(sb = kvp__rpc_find_buffer(s, src->buffer_id))) {
+        kvp_rpc_error(resp, id, KVP_ENOENT, "no buffer %u registered on this connection",
+                      src->buffer_id);
+        return KVP_RPC_DONE;
+    }
+    if (q->sync != kvpool_SyncMode_SYNC_NONE &&
+        r->backend->kind == kvpool_BackendKind_BACKEND_HOST) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "sync mode %d needs the cuda backend", (int)q->sync);
+        return KVP_RPC_DONE;
+    }
+    uint32_t L = r->backend->geom.num_layers;
+    uint32_t lb = src->layer_begin, le = src->layer_end ? src->layer_end : L;
+    if (lb >= le || le > L) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "layer range [%u, %u) outside [0, %u)", lb, le, L);
+        return KVP_RPC_DONE;
+    }
+    uint32_t n;
+    if (kvp__rpc_take_batch(r, s, io, 1, &n, resp, id))
+        return KVP_RPC_DONE;
+    uint64_t nnz = 0;
+    for (uint32_t i = 0; i < n; i++)
+        nnz += r->items[i].num_tokens;
+    if (nnz == 0) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "nothing to append: every num_tokens is 0");
+        return KVP_RPC_DONE;
+    }
+    char why[160];
+    const kvp_buffer_t *ranks[KVP_GEOM_MAX_DEVICES];
+    uint32_t num_ranks = 0;
+    int rc = nnz > 0x7fffffffu ? KVP_ELIMIT : 0;
+    if (!rc && q->rank_sources_count)
+        rc = take_rank_sources(r, s, q, ranks, &num_ranks, why, sizeof(why));
+    for (uint32_t g = 0; g < num_ranks && !rc; g++)
+        rc = check_source(r, src, ranks[g], (uint32_t)nnz, lb, le, why, sizeof(why));
+    if (!rc && !num_ranks)
+        rc = check_source(r, src, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
+    if (rc) {
+        kvp_rpc_error(resp, id, rc, "%s", rc == KVP_ELIMIT ? "too many tokens" : why);
+        return KVP_RPC_DONE;
+    }
+    rc = kvp_plan_append(r->seqs, r->items, n, &r->plan_limits, now_ms, &r->plan);
+    if (rc) {
+        kvp__rpc_count_alloc_failure(r, rc);
+        kvp_rpc_error(resp, id, rc, "%s (batch item %u)", kvp__rpc_plan_error_text(rc),
+                      r->plan.fail_index);
+        return KVP_RPC_DONE;
+    }
+    r->counters.pages_allocated_total += r->plan.num_new_pages;
+    r->counters.cow_copies_total += r->plan.num_copies;
+    kvp_rpc_job_t *j = make_job(r, io->call, sb ? &sb->buf : NULL, ranks, num_ranks, src, lb, le,
+                                id, (uint32_t)q->sync);
+    if (!j) {
+        /* the plan is committed but cannot be executed: give the pages back by rolling the
+         * sequences back to their previous lengths */
+        for (uint32_t i = 0; i < n; i++)
+            kvp_seqtab_truncate(r->seqs, s->ns, r->items[i].seq_id,
+                                (uint32_t)r->plan.seq_lens[i] - r->items[i].num_tokens, now_ms);
+        kvp_rpc_error(resp, id, KVP_ENOMEM, "out of memory for the append job");
+        return KVP_RPC_DONE;
+    }
+    io->job = j;
+    return KVP_RPC_ASYNC;
+}
+
+void kvp_rpc_job_run(kvp_rpc_job_t *job)
+{
+    if (job->xfer) {
+        kvp_xfer_run(job->xfer);
+        return;
+    }
+    kvp_backend_t *b = job->rpc->backend;
+    job->rc = b->ops->run(b, &job->exec);
+}
+
+void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms)
+{
+    io->call = j->call; /* io served other connections' calls while the job ran */
+    if (j->xfer) {
+        kvp__rpc_finish_import(r, j, io, now_ms);
+        return;
+    }
+    for (uint32_t i = 0; i < j->num_pinned; i++)
+        kvp_alloc_unpin(r->alloc, j->pinned[i]);
+    j->num_pinned = 0;
+    for (uint32_t g = 0; g < j->num_ranks; g++)
+        kvp__rpc_buf_unhold(r, &j->rank_buf[g]);
+    j->num_ranks = 0;
+    if (j->rc == KVP_ETIMEDOUT || j->rc == KVP_EINVAL) {
+        /* the backend refused or could not wait for the source (a dead worker's event, an
+         * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
+        for (uint32_t b = 0; b < j->batch_size; b++) {
+            uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]);
+            kvp_seqtab_truncate(r->seqs, j->ns, j->seq_ids[b], (uint32_t)j->seq_lens[b] - add,
+                                now_ms);
+        }
+        kvp_rpc_error(&io->resp, j->req_id, j->rc == KVP_ETIMEDOUT ? KVP_EUNAVAIL : KVP_EINVAL,
+                      "append not applied: %s",
+                      j->rc == KVP_ETIMEDOUT ? "the worker's ready event never completed"
+                                             : "the backend cannot read the source");
+        return;
+    }
+    if (j->rc) {
+        /* a validated plan failed in the backend: the pool can no longer be trusted */
+        r->unhealthy = 1;
+        kvp_log(KVP_LOG_CRIT, "append failed in backend rc=%s", kvp_errname(j->rc));
+        kvp_rpc_error(&io->resp, j->req_id, KVP_EINTERNAL, "append failed in the backend: %s",
+                      kvp_strerror(j->rc));
+        return;
+    }
+    r->counters.append_bytes_total += j->bytes;
+    kvp__rpc_ok(io, j->req_id);
+    kvpool_AppendResponse *ar = &io->resp.body.append;
+    ar->completed = true; /* run() returns once the copy is done (kvp_backend.h) */
+    ar->has_table = true;
+    uint32_t B = j->batch_size;
+    ar->table.batch_size = B;
+    ar->table.nnz = j->nnz;
+    io->out.kv_indptr = kvp_array(j->kv_indptr, 4, B + 1, 0);
+    io->out.kv_indices = kvp_array(j->kv_indices, 4, j->num_indices, 0);
+    io->out.kv_last_page_len = kvp_array(j->kv_last_page_len, 4, B, 0);
+    io->out.append_indptr = kvp_array(j->append_indptr, 4, B + 1, 0);
+    io->out.seq_lens = kvp_array(j->seq_lens, 4, B, 0);
+    io->out.copies = kvp_array(j->copies, 4, 2 * j->num_copies, 0);
+    kvp_wire_table_bind_encode(&ar->table, &io->out);
+}
+
+int kvp__rpc_fork(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                  uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    const kvpool_ForkRequest *q = &req->body.fork;
+    int rc = kvp_seqtab_fork(r->seqs, s->ns, q->parent, q->child, now_ms);
+    if (rc) {
+        kvp_rpc_error(&io->resp, id, rc,
+                      rc == KVP_ENOENT   ? "no sequence %llu"
+                      : rc == KVP_EEXIST ? "sequence %llu already exists"
+                                         : "cannot fork %llu: limit or quota",
+                      (unsigned long long)(rc == KVP_EEXIST ? q->child : q->parent));
+        return 0;
+    }
+    kvp__rpc_ok(io, id);
+    io->resp.body.fork.num_tokens = kvp_seqtab_find(r->seqs, s->ns, q->child)->num_tokens;
+    return 0;
+}
+
+int kvp__rpc_truncate(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                      uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    const kvpool_TruncateRequest *q = &req->body.truncate;
+    const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, s->ns, q->seq_id);
+    uint32_t before = seq ? seq->num_pages : 0;
+    int rc = kvp_seqtab_truncate(r->seqs, s->ns, q->seq_id, q->num_tokens, now_ms);
+    if (rc) {
+        if (rc == KVP_ENOENT)
+            kvp_rpc_error(&io->resp, id, rc, "no sequence %llu", (unsigned long long)q->seq_id);
+        else
+            kvp_rpc_error(&io->resp, id, KVP_EINVAL, "cannot truncate %u-token sequence to %u",
+                          seq ? seq->num_tokens : 0, q->num_tokens);
+        return 0;
+    }
+    kvp__rpc_ok(io, id);
+    io->resp.body.truncate.pages_freed = before - seq->num_pages;
+    return 0;
+}
+
+int kvp__rpc_release(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    (void)now_ms;
+    uint32_t n, released = 0;
+    if (kvp__rpc_take_batch(r, s, io, 0, &n, &io->resp, id))
+        return 0;
+    for (uint32_t i = 0; i < n; i++)
+        released += kvp_seqtab_release(r->seqs, s->ns, r->items[i].seq_id) == 0;
+    kvp__rpc_ok(io, id);
+    io->resp.body.release.released = released;
+    return 0;
+}
+
+int kvp__rpc_get_page_table(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms)
+{
+    const uint64_t id = req->id;
+    (void)now_ms;
+    uint32_t n;
+    if (kvp__rpc_take_batch(r, s, io, 0, &n, &io->resp, id))
+        return 0;
+    int rc = kvp_plan_page_table(r->seqs, r->items, n, &r->plan_limits, &r->plan);
+    if (rc) {
+        kvp_rpc_error(&io->resp, id, rc, "%s (batch item %u)",
+                      rc == KVP_ENOENT ? "no such sequence" : kvp_strerror(rc), r->plan.fail_index);
+        return 0;
+    }
+    kvp__rpc_ok(io, id);
+    io->resp.body.get_page_table.has_table = true;
+    kvp__rpc_table_from_plan(r, &io->resp.body.get_page_table.table, &io->out);
+    return 0;
+}
