@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -284,38 +285,26 @@ typedef struct {
     size_t rows, cap;
 } table_t;
 
-/* Adds a row; cells are given as one format whose output separates cells with '\t'. */
-static void table_addf(table_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void table_addf(table_t *t, const char *fmt, ...)
+/* Adds a row of t->ncols cells (copied). */
+static void table_add(table_t *t, char *const *cells)
 {
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
     if (t->rows == t->cap) {
         size_t cap = t->cap ? 2 * t->cap : 64;
-        char **cells = realloc(t->cells, cap * t->ncols * sizeof(char *));
-        if (!cells) {
+        char **grown = realloc(t->cells, cap * t->ncols * sizeof(char *));
+        if (!grown) {
             fputs("kvpoolctl: out of memory\n", stderr);
             exit(EXIT_SERVER);
         }
-        t->cells = cells;
+        t->cells = grown;
         t->cap = cap;
     }
-    char *p = line;
     for (unsigned i = 0; i < t->ncols; i++) {
-        char *tab = strchr(p, '\t');
-        if (tab)
-            *tab = '\0';
-        char *cell = strdup(p);
+        char *cell = strdup(cells[i]);
         if (!cell) {
             fputs("kvpoolctl: out of memory\n", stderr);
             exit(EXIT_SERVER);
         }
         t->cells[t->rows * t->ncols + i] = cell;
-        p = tab ? tab + 1 : p + strlen(p);
     }
     t->rows++;
 }
@@ -354,6 +343,197 @@ static void table_free(table_t *t)
     for (size_t i = 0; i < t->rows * t->ncols; i++)
         free(t->cells[i]);
     free(t->cells);
+}
+
+/* ---- records: one column table drives both a record's text table and its JSON ------------
+ * A list record (a namespace of stats, a sequence, a client, a transfer) is described once, as
+ * an array of columns: the table's title, the JSON key, how the table shows the value and
+ * where the value comes from (a field of the record, its type taken from the field itself, or
+ * a function for what is not one field). The table shows the columns that have a title, the
+ * JSON the ones that have a key, each in array order; adding a field is one row. */
+
+typedef enum { COL_U32, COL_U64, COL_I32, COL_STR, COL_BOOL } col_type_t;
+
+typedef enum {
+    SHOW_PLAIN,    /* a number in decimal; text made safe for a terminal (kvp_ctl_safe) */
+    SHOW_RAW,      /* text as it is: words the daemon itself writes ("export", "running") */
+    SHOW_OR_DASH,  /* text made safe, "-" when empty */
+    SHOW_DURATION, /* milliseconds, as fmt_duration */
+    SHOW_BYTES,    /* bytes, as fmt_bytes */
+    SHOW_CUSTOM,   /* the column's cell function writes it */
+} col_show_t;
+
+typedef struct {
+    uint64_t u; /* COL_U32, COL_U64, COL_BOOL */
+    int64_t i;  /* COL_I32 */
+    const char *s;
+} col_val_t;
+
+/* Bytes of one table cell: the longest text field (127 bytes) with room to spare. */
+#define CELL_BYTES 260
+#define MAX_COLS   16
+
+typedef struct {
+    const char *header; /* table title; NULL: JSON only */
+    const char *key;    /* JSON member; NULL: table only */
+    char align;         /* table: 'l' or 'r' */
+    col_show_t show;
+    col_type_t type;
+    size_t offset; /* of the field in the record (unless get) */
+    /* computed columns; ctx is the command's (e.g. the own session id) */
+    void (*get)(const void *rec, const void *ctx, col_val_t *v);
+    void (*cell)(const void *rec, const void *ctx, char *buf, size_t len); /* SHOW_CUSTOM */
+} col_t;
+
+/* .offset and .type of field m of record type T; a field of another type does not compile. */
+#define FIELD(T, m)                                                                                \
+    .offset = offsetof(T, m),                                                                      \
+    .type = _Generic(((T *)0)->m, uint32_t: COL_U32, uint64_t: COL_U64, int32_t: COL_I32,         \
+                     char *: COL_STR)
+
+typedef struct {
+    const col_t *cols;
+    size_t ncols;
+    size_t size; /* of one record: the records are an array */
+} record_t;
+
+#define RECORD(cols, T)                                                                            \
+    {                                                                                              \
+        cols, sizeof(cols) / sizeof(cols[0]), sizeof(T)                                            \
+    }
+
+static void col_value(const col_t *c, const void *rec, const void *ctx, col_val_t *v)
+{
+    memset(v, 0, sizeof(*v));
+    if (c->get) {
+        c->get(rec, ctx, v);
+        return;
+    }
+    const void *p = (const char *)rec + c->offset;
+    switch (c->type) {
+    case COL_U32:
+        v->u = *(const uint32_t *)p;
+        break;
+    case COL_U64:
+        v->u = *(const uint64_t *)p;
+        break;
+    case COL_I32:
+        v->i = *(const int32_t *)p;
+        break;
+    case COL_STR:
+        v->s = p;
+        break;
+    case COL_BOOL: /* computed only */
+        break;
+    }
+}
+
+static void col_cell(const col_t *c, const void *rec, const void *ctx, char *buf, size_t len)
+{
+    col_val_t v;
+    if (c->show == SHOW_CUSTOM) {
+        c->cell(rec, ctx, buf, len);
+        return;
+    }
+    col_value(c, rec, ctx, &v);
+    switch (c->show) {
+    case SHOW_DURATION:
+        fmt_duration(v.u, buf, len);
+        return;
+    case SHOW_BYTES:
+        fmt_bytes(v.u, buf, len);
+        return;
+    default:
+        break;
+    }
+    switch (c->type) {
+    case COL_U32:
+    case COL_U64:
+        snprintf(buf, len, "%llu", (unsigned long long)v.u);
+        break;
+    case COL_I32:
+        snprintf(buf, len, "%lld", (long long)v.i);
+        break;
+    case COL_BOOL:
+        snprintf(buf, len, "%s", v.u ? "true" : "false");
+        break;
+    case COL_STR:
+        if (c->show == SHOW_OR_DASH && !v.s[0])
+            snprintf(buf, len, "-");
+        else if (c->show == SHOW_RAW)
+            snprintf(buf, len, "%s", v.s);
+        else
+            kvp_ctl_safe(v.s, buf, len);
+        break;
+    }
+}
+
+/* n records as the JSON array `key`, one object each. */
+static void json_records(json_t *j, const char *key, const record_t *r, const void *recs, size_t n,
+                         const void *ctx)
+{
+    j_open(j, key, '[');
+    for (size_t k = 0; k < n; k++) {
+        const void *rec = (const char *)recs + k * r->size;
+        j_open(j, NULL, '{');
+        for (size_t i = 0; i < r->ncols; i++) {
+            const col_t *c = &r->cols[i];
+            col_val_t v;
+            if (!c->key)
+                continue;
+            col_value(c, rec, ctx, &v);
+            switch (c->type) {
+            case COL_U32:
+            case COL_U64:
+                j_u64(j, c->key, v.u);
+                break;
+            case COL_I32:
+                j_i64(j, c->key, v.i);
+                break;
+            case COL_STR:
+                j_str(j, c->key, v.s);
+                break;
+            case COL_BOOL:
+                j_bool(j, c->key, v.u != 0);
+                break;
+            }
+        }
+        j_close(j, '}');
+    }
+    j_close(j, ']');
+}
+
+/* n records as an aligned table on f, the title row first. */
+static void table_records(FILE *f, const record_t *r, const void *recs, size_t n, const void *ctx)
+{
+    const char *hdr[MAX_COLS];
+    char align[MAX_COLS + 1];
+    const col_t *cols[MAX_COLS];
+    unsigned nc = 0;
+    for (size_t i = 0; i < r->ncols; i++)
+        if (r->cols[i].header) {
+            if (nc == MAX_COLS) {
+                fputs("kvpoolctl: too many columns\n", stderr); /* our bug */
+                abort();
+            }
+            hdr[nc] = r->cols[i].header;
+            align[nc] = r->cols[i].align;
+            cols[nc++] = &r->cols[i];
+        }
+    align[nc] = '\0';
+    table_t t = {.ncols = nc, .header = hdr, .align = align};
+    char text[MAX_COLS][CELL_BYTES];
+    char *cells[MAX_COLS];
+    for (size_t k = 0; k < n; k++) {
+        const void *rec = (const char *)recs + k * r->size;
+        for (unsigned i = 0; i < nc; i++) {
+            col_cell(cols[i], rec, ctx, text[i], sizeof(text[i]));
+            cells[i] = text[i];
+        }
+        table_add(&t, cells);
+    }
+    table_print(&t, f);
+    table_free(&t);
 }
 
 /* ---- talking to the daemon ---------------------------------------------------------------- */
@@ -545,6 +725,29 @@ static int cmd_status(ctl_t *x)
     return EXIT_OK;
 }
 
+/* stats: one namespace */
+static void ns_expires_cell(const void *rec, const void *ctx, char *buf, size_t len)
+{
+    const kvpool_NamespaceStats *n = rec;
+    (void)ctx;
+    if (n->sessions)
+        snprintf(buf, len, "-"); /* attached: no expiry pending */
+    else
+        fmt_duration(n->lease_expires_in_ms, buf, len);
+}
+
+static const col_t ns_cols[] = {
+    {"NAMESPACE", "name", 'l', SHOW_PLAIN, FIELD(kvpool_NamespaceStats, name)},
+    {"SEQS", "num_seqs", 'r', SHOW_PLAIN, FIELD(kvpool_NamespaceStats, num_seqs)},
+    {"TOKENS", "num_tokens", 'r', SHOW_PLAIN, FIELD(kvpool_NamespaceStats, num_tokens)},
+    {"PAGE_REFS", "page_refs", 'r', SHOW_PLAIN, FIELD(kvpool_NamespaceStats, page_refs)},
+    {"SESSIONS", "sessions", 'r', SHOW_PLAIN, FIELD(kvpool_NamespaceStats, sessions)},
+    {"LEASE", "lease_ms", 'r', SHOW_DURATION, FIELD(kvpool_NamespaceStats, lease_ms)},
+    {"EXPIRES_IN", "lease_expires_in_ms", 'r', SHOW_CUSTOM,
+     FIELD(kvpool_NamespaceStats, lease_expires_in_ms), .cell = ns_expires_cell},
+};
+static const record_t ns_record = RECORD(ns_cols, kvpool_NamespaceStats);
+
 static int cmd_stats(ctl_t *x)
 {
     int rc = ctl_connect(x, NULL, 0);
@@ -558,7 +761,7 @@ static int cmd_stats(ctl_t *x)
         free(s);
         return report(x, rc, "stats");
     }
-    char b1[64], b2[128];
+    char b1[64];
     if (x->o->json) {
         json_t j = {.f = stdout};
         j_open(&j, NULL, '{');
@@ -574,20 +777,7 @@ static int cmd_stats(ctl_t *x)
         j_u64(&j, "uptime_ms", s->uptime_ms);
         j_u64(&j, "requests_total", s->requests_total);
         j_u64(&j, "append_bytes_total", s->append_bytes_total);
-        j_open(&j, "namespaces", '[');
-        for (pb_size_t i = 0; i < s->namespaces_count; i++) {
-            const kvpool_NamespaceStats *n = &s->namespaces[i];
-            j_open(&j, NULL, '{');
-            j_str(&j, "name", n->name);
-            j_u64(&j, "num_seqs", n->num_seqs);
-            j_u64(&j, "num_tokens", n->num_tokens);
-            j_u64(&j, "page_refs", n->page_refs);
-            j_u64(&j, "sessions", n->sessions);
-            j_u64(&j, "lease_ms", n->lease_ms);
-            j_u64(&j, "lease_expires_in_ms", n->lease_expires_in_ms);
-            j_close(&j, '}');
-        }
-        j_close(&j, ']');
+        json_records(&j, "namespaces", &ns_record, s->namespaces, s->namespaces_count, NULL);
         j_close(&j, '}');
         free(s);
         return EXIT_OK;
@@ -603,24 +793,8 @@ static int cmd_stats(ctl_t *x)
     printf("appended     %s\n", fmt_bytes(s->append_bytes_total, b1, sizeof(b1)));
     printf("uptime       %s\n", fmt_duration(s->uptime_ms, b1, sizeof(b1)));
     if (s->namespaces_count) {
-        static const char *hdr[] = {"NAMESPACE", "SEQS",  "TOKENS",    "PAGE_REFS",
-                                    "SESSIONS",  "LEASE", "EXPIRES_IN"};
-        table_t t = {.ncols = 7, .header = hdr, .align = "lrrrrrr"};
-        for (pb_size_t i = 0; i < s->namespaces_count; i++) {
-            const kvpool_NamespaceStats *n = &s->namespaces[i];
-            char lease[32], exp[32];
-            fmt_duration(n->lease_ms, lease, sizeof(lease));
-            if (n->sessions)
-                snprintf(exp, sizeof(exp), "-");
-            else
-                fmt_duration(n->lease_expires_in_ms, exp, sizeof(exp));
-            table_addf(&t, "%s\t%u\t%llu\t%llu\t%u\t%s\t%s", kvp_ctl_safe(n->name, b2, sizeof(b2)),
-                       n->num_seqs, (unsigned long long)n->num_tokens,
-                       (unsigned long long)n->page_refs, n->sessions, lease, exp);
-        }
         putchar('\n');
-        table_print(&t, stdout);
-        table_free(&t);
+        table_records(stdout, &ns_record, s->namespaces, s->namespaces_count, NULL);
     }
     free(s);
     return EXIT_OK;
@@ -694,9 +868,20 @@ static int cmd_pool(ctl_t *x)
 }
 
 typedef struct {
-    char ns[64];
+    char ns[sizeof(((kvpool_NamespaceStats *)0)->name)];
     kvpool_SequenceInfo info;
 } seq_row_t;
+
+/* seqs: one sequence and its namespace */
+static const col_t seq_cols[] = {
+    {"NAMESPACE", "namespace", 'l', SHOW_PLAIN, FIELD(seq_row_t, ns)},
+    {"SEQ_ID", "seq_id", 'r', SHOW_PLAIN, FIELD(seq_row_t, info.seq_id)},
+    {"TOKENS", "num_tokens", 'r', SHOW_PLAIN, FIELD(seq_row_t, info.num_tokens)},
+    {"PAGES", "num_pages", 'r', SHOW_PLAIN, FIELD(seq_row_t, info.num_pages)},
+    {"SHARED", "shared_pages", 'r', SHOW_PLAIN, FIELD(seq_row_t, info.shared_pages)},
+    {"IDLE", "idle_ms", 'r', SHOW_DURATION, FIELD(seq_row_t, info.idle_ms)},
+};
+static const record_t seq_record = RECORD(seq_cols, seq_row_t);
 
 static int cmd_seqs(ctl_t *x)
 {
@@ -765,22 +950,11 @@ static int cmd_seqs(ctl_t *x)
         } while (cursor && !truncated);
     }
 
-    char b1[128], b2[32];
+    char b1[128];
     if (x->o->json) {
         json_t j = {.f = stdout};
         j_open(&j, NULL, '{');
-        j_open(&j, "sequences", '[');
-        for (size_t r = 0; r < nrows; r++) {
-            j_open(&j, NULL, '{');
-            j_str(&j, "namespace", rows[r].ns);
-            j_u64(&j, "seq_id", rows[r].info.seq_id);
-            j_u64(&j, "num_tokens", rows[r].info.num_tokens);
-            j_u64(&j, "num_pages", rows[r].info.num_pages);
-            j_u64(&j, "shared_pages", rows[r].info.shared_pages);
-            j_u64(&j, "idle_ms", rows[r].info.idle_ms);
-            j_close(&j, '}');
-        }
-        j_close(&j, ']');
+        json_records(&j, "sequences", &seq_record, rows, nrows, NULL);
         j_u64(&j, "count", nrows);
         j_bool(&j, "truncated", truncated);
         j_close(&j, '}');
@@ -788,15 +962,7 @@ static int cmd_seqs(ctl_t *x)
         fprintf(stderr, "no sequences%s%s\n", x->o->list_ns ? " in namespace " : "",
                 x->o->list_ns ? kvp_ctl_safe(x->o->list_ns, b1, sizeof(b1)) : "");
     } else {
-        static const char *hdr[] = {"NAMESPACE", "SEQ_ID", "TOKENS", "PAGES", "SHARED", "IDLE"};
-        table_t t = {.ncols = 6, .header = hdr, .align = "lrrrrr"};
-        for (size_t r = 0; r < nrows; r++)
-            table_addf(&t, "%s\t%llu\t%u\t%u\t%u\t%s", kvp_ctl_safe(rows[r].ns, b1, sizeof(b1)),
-                       (unsigned long long)rows[r].info.seq_id, rows[r].info.num_tokens,
-                       rows[r].info.num_pages, rows[r].info.shared_pages,
-                       fmt_duration(rows[r].info.idle_ms, b2, sizeof(b2)));
-        table_print(&t, stdout);
-        table_free(&t);
+        table_records(stdout, &seq_record, rows, nrows, NULL);
         if (truncated) {
             fflush(stdout); /* the note comes after the table, also on a shared terminal */
             fprintf(stderr, "(stopped at --limit %u)\n", x->o->limit);
@@ -806,6 +972,35 @@ static int cmd_seqs(ctl_t *x)
     free(s);
     return EXIT_OK;
 }
+
+/* clients: one session; ctx is kvpoolctl's own session id (marked "*" in the table) */
+static void client_session_cell(const void *rec, const void *ctx, char *buf, size_t len)
+{
+    const kvpool_ClientInfo *ci = rec;
+    snprintf(buf, len, "%llu%s", (unsigned long long)ci->session_id,
+             ci->session_id == *(const uint64_t *)ctx ? "*" : "");
+}
+
+static void client_self(const void *rec, const void *ctx, col_val_t *v)
+{
+    v->u = ((const kvpool_ClientInfo *)rec)->session_id == *(const uint64_t *)ctx;
+}
+
+static const col_t client_cols[] = {
+    {"SESSION", "session_id", 'r', SHOW_CUSTOM, FIELD(kvpool_ClientInfo, session_id),
+     .cell = client_session_cell},
+    {"NAMESPACE", "namespace", 'l', SHOW_PLAIN, FIELD(kvpool_ClientInfo, namespace)},
+    {"NAME", "client_name", 'l', SHOW_PLAIN, FIELD(kvpool_ClientInfo, client_name)},
+    {"PID", "pid", 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, pid)},
+    {"UID", "uid", 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, uid)},
+    {"GID", "gid", 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, gid)},
+    {"REQUESTS", "requests", 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, requests)},
+    {NULL, "connected_ms", 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, connected_ms)},
+    {"BUFFERS", "buffers", 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, buffers)},
+    {"AGE", NULL, 'r', SHOW_DURATION, FIELD(kvpool_ClientInfo, connected_ms)},
+    {NULL, "self", 'l', SHOW_PLAIN, .type = COL_BOOL, .get = client_self},
+};
+static const record_t client_record = RECORD(client_cols, kvpool_ClientInfo);
 
 static int cmd_clients(ctl_t *x)
 {
@@ -817,47 +1012,44 @@ static int cmd_clients(ctl_t *x)
     if (rc)
         return report(x, rc, "list clients");
     const kvpool_ListClientsResponse *l = &x->resp->body.list_clients;
+    uint64_t self = kvp_client_session_id(x->c);
     if (x->o->json) {
         json_t j = {.f = stdout};
         j_open(&j, NULL, '{');
-        j_open(&j, "clients", '[');
-        for (pb_size_t i = 0; i < l->clients_count; i++) {
-            const kvpool_ClientInfo *ci = &l->clients[i];
-            j_open(&j, NULL, '{');
-            j_u64(&j, "session_id", ci->session_id);
-            j_str(&j, "namespace", ci->namespace);
-            j_str(&j, "client_name", ci->client_name);
-            j_i64(&j, "pid", ci->pid);
-            j_u64(&j, "uid", ci->uid);
-            j_u64(&j, "gid", ci->gid);
-            j_u64(&j, "requests", ci->requests);
-            j_u64(&j, "connected_ms", ci->connected_ms);
-            j_u64(&j, "buffers", ci->buffers);
-            j_bool(&j, "self", ci->session_id == kvp_client_session_id(x->c));
-            j_close(&j, '}');
-        }
-        j_close(&j, ']');
+        json_records(&j, "clients", &client_record, l->clients, l->clients_count, &self);
         j_close(&j, '}');
         return EXIT_OK;
     }
-    static const char *hdr[] = {"SESSION", "NAMESPACE", "NAME",    "PID", "UID",
-                                "GID",     "REQUESTS",  "BUFFERS", "AGE"};
-    table_t t = {.ncols = 9, .header = hdr, .align = "rllrrrrrr"};
-    for (pb_size_t i = 0; i < l->clients_count; i++) {
-        const kvpool_ClientInfo *ci = &l->clients[i];
-        char b1[128], b2[128], b3[32];
-        table_addf(&t, "%llu%s\t%s\t%s\t%d\t%u\t%u\t%llu\t%u\t%s",
-                   (unsigned long long)ci->session_id,
-                   ci->session_id == kvp_client_session_id(x->c) ? "*" : "",
-                   kvp_ctl_safe(ci->namespace, b1, sizeof(b1)),
-                   kvp_ctl_safe(ci->client_name, b2, sizeof(b2)), ci->pid, ci->uid, ci->gid,
-                   (unsigned long long)ci->requests, ci->buffers,
-                   fmt_duration(ci->connected_ms, b3, sizeof(b3)));
-    }
-    table_print(&t, stdout);
-    table_free(&t);
+    table_records(stdout, &client_record, l->clients, l->clients_count, &self);
     return EXIT_OK;
 }
+
+/* transfers: one transfer (a set shows its first sequence and how many more) */
+static void transfer_seq_cell(const void *rec, const void *ctx, char *buf, size_t len)
+{
+    const kvpool_TransferInfo *t = rec;
+    (void)ctx;
+    if (t->num_seqs > 1)
+        snprintf(buf, len, "%llu+%u", (unsigned long long)t->seq_id, t->num_seqs - 1);
+    else
+        snprintf(buf, len, "%llu", (unsigned long long)t->seq_id);
+}
+
+static const col_t transfer_cols[] = {
+    {"TRANSFER", "transfer_id", 'r', SHOW_PLAIN, FIELD(kvpool_TransferInfo, transfer_id)},
+    {"DIR", "direction", 'l', SHOW_RAW, FIELD(kvpool_TransferInfo, direction)},
+    {"STATE", "state", 'l', SHOW_RAW, FIELD(kvpool_TransferInfo, state)},
+    {"PEER", "peer", 'l', SHOW_OR_DASH, FIELD(kvpool_TransferInfo, peer)},
+    {"NAMESPACE", "namespace", 'l', SHOW_PLAIN, FIELD(kvpool_TransferInfo, namespace)},
+    {"SEQ", "seq_id", 'l', SHOW_CUSTOM, FIELD(kvpool_TransferInfo, seq_id),
+     .cell = transfer_seq_cell},
+    {NULL, "num_seqs", 'r', SHOW_PLAIN, FIELD(kvpool_TransferInfo, num_seqs)},
+    {"TOKENS", "num_tokens", 'r', SHOW_PLAIN, FIELD(kvpool_TransferInfo, num_tokens)},
+    {"BYTES", "bytes", 'r', SHOW_BYTES, FIELD(kvpool_TransferInfo, bytes)},
+    {"ELAPSED", "elapsed_ms", 'r', SHOW_DURATION, FIELD(kvpool_TransferInfo, elapsed_ms)},
+    {"MESSAGE", "message", 'l', SHOW_OR_DASH, FIELD(kvpool_TransferInfo, message)},
+};
+static const record_t transfer_record = RECORD(transfer_cols, kvpool_TransferInfo);
 
 static int cmd_transfers(ctl_t *x)
 {
@@ -872,47 +1064,11 @@ static int cmd_transfers(ctl_t *x)
     if (x->o->json) {
         json_t j = {.f = stdout};
         j_open(&j, NULL, '{');
-        j_open(&j, "transfers", '[');
-        for (pb_size_t i = 0; i < l->transfers_count; i++) {
-            const kvpool_TransferInfo *t = &l->transfers[i];
-            j_open(&j, NULL, '{');
-            j_u64(&j, "transfer_id", t->transfer_id);
-            j_str(&j, "direction", t->direction);
-            j_str(&j, "state", t->state);
-            j_str(&j, "peer", t->peer);
-            j_str(&j, "namespace", t->namespace);
-            j_u64(&j, "seq_id", t->seq_id);
-            j_u64(&j, "num_seqs", t->num_seqs);
-            j_u64(&j, "num_tokens", t->num_tokens);
-            j_u64(&j, "bytes", t->bytes);
-            j_u64(&j, "elapsed_ms", t->elapsed_ms);
-            j_str(&j, "message", t->message);
-            j_close(&j, '}');
-        }
-        j_close(&j, ']');
+        json_records(&j, "transfers", &transfer_record, l->transfers, l->transfers_count, NULL);
         j_close(&j, '}');
         return EXIT_OK;
     }
-    static const char *hdr[] = {"TRANSFER", "DIR",    "STATE", "PEER",    "NAMESPACE",
-                                "SEQ",      "TOKENS", "BYTES", "ELAPSED", "MESSAGE"};
-    table_t t = {.ncols = 10, .header = hdr, .align = "rlllllrrrl"};
-    for (pb_size_t i = 0; i < l->transfers_count; i++) {
-        const kvpool_TransferInfo *ti = &l->transfers[i];
-        char b1[128], b2[128], b3[64], b4[32], b5[260], b6[48];
-        /* a set: its first sequence and how many more */
-        if (ti->num_seqs > 1)
-            snprintf(b6, sizeof(b6), "%llu+%u", (unsigned long long)ti->seq_id, ti->num_seqs - 1);
-        else
-            snprintf(b6, sizeof(b6), "%llu", (unsigned long long)ti->seq_id);
-        table_addf(
-            &t, "%llu\t%s\t%s\t%s\t%s\t%s\t%u\t%s\t%s\t%s", (unsigned long long)ti->transfer_id,
-            ti->direction, ti->state, ti->peer[0] ? kvp_ctl_safe(ti->peer, b1, sizeof(b1)) : "-",
-            kvp_ctl_safe(ti->namespace, b2, sizeof(b2)), b6, ti->num_tokens,
-            fmt_bytes(ti->bytes, b3, sizeof(b3)), fmt_duration(ti->elapsed_ms, b4, sizeof(b4)),
-            ti->message[0] ? kvp_ctl_safe(ti->message, b5, sizeof(b5)) : "-");
-    }
-    table_print(&t, stdout);
-    table_free(&t);
+    table_records(stdout, &transfer_record, l->transfers, l->transfers_count, NULL);
     return EXIT_OK;
 }
 

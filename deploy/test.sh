@@ -1,17 +1,20 @@
 #!/bin/sh
 # test.sh - THE test command of the README: on a fresh Debian 12 machine it installs what is
-# missing, configures, builds and runs the whole test suite, then builds the unit tests again
-# under AddressSanitizer + UndefinedBehaviorSanitizer and runs them (with the stress tests),
-# then a bounded valgrind memcheck run (tests/valgrind.sh quick: the daemon under valgrind
-# too) and the fuzzers. The Python package's pytest suite (tests/python) runs against the
-# default build.
+# missing, configures, builds and runs the whole test suite, then builds everything again as
+# Release (build only, no test run, to keep CI time down: it is there because -O3 -DNDEBUG
+# finds warnings, hence errors, that RelWithDebInfo's -O2 does not), then builds the unit
+# tests again under AddressSanitizer + UndefinedBehaviorSanitizer and runs them (with the
+# stress tests), then a bounded valgrind memcheck run (tests/valgrind.sh quick: the daemon
+# under valgrind too) and the fuzzers. The Python package's pytest suite (tests/python) runs
+# against the default build.
 #
 #   deploy/test.sh              everything (what .ci/run calls)
-#   KVP_TEST_QUICK=1 deploy/test.sh   skip the sanitizer build, valgrind and the fuzzers
+#   KVP_TEST_QUICK=1 deploy/test.sh   skip the Release and sanitizer builds, valgrind and the
+#                                     fuzzers
 #   KVP_FUZZ_SECONDS=600 deploy/test.sh   a longer fuzz run (default 20 s per target)
 #
-# Build trees: build/ (default, CUDA when nvcc is found), build-asan/, build-valgrind/ and
-# build-fuzz/ (CUDA off).
+# Build trees: build/ (default, RelWithDebInfo) and build-release/ (Release, built only), both
+# with CUDA when nvcc is found; build-asan/, build-valgrind/ and build-fuzz/ (CUDA off).
 # GPU tests exit 77 where there is no GPU and CTest counts them as skipped.
 set -eu
 
@@ -29,6 +32,9 @@ echo "== tests (python package, host backend) =="
 BUILD_DIR="$root/build" sh "$root/tests/python/run.sh"
 
 if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
+    echo "== build (release, build only: no tests run) =="
+    cmake -S "$root" -B "$root/build-release" -DCMAKE_BUILD_TYPE=Release
+    cmake --build "$root/build-release" -j "$jobs"
     echo "== build (asan+ubsan) =="
     cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=ON \
         -DKVP_WITH_CUDA=OFF

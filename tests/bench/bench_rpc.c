@@ -60,9 +60,11 @@ typedef struct {
 
 static int redis_connect(const char *path)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    if (strlen(path) >= sizeof(a.sun_path))
+        return -1;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memcpy(a.sun_path, path, strlen(path) + 1);
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
         if (fd >= 0)
             close(fd);

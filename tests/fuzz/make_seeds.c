@@ -2,7 +2,8 @@
  * make_seeds.c - writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/):
  * nanopb-encoded requests cut into frames for fuzz_rpc (a Hello, then every other call),
  * encoded responses for fuzz_response, a few hand-made inputs for fuzz_kernel, and scripts
- * of stream chunks, fds and cuts for fuzz_frame (the format is in fuzz_frame.c).
+ * of stream chunks, fds and cuts for fuzz_frame (the format is in fuzz_frame.c), and raw
+ * HTTP request heads for fuzz_http.
  * Usage: make_seeds CORPUS_DIR (its subdirectories must exist). Run by hand when the protocol
  * changes; the output is checked in.
  */
@@ -371,6 +372,37 @@ static void frame_seeds(const char *dir)
     script_put(dir, "largest_frame");
 }
 
+/* fuzz_http: request heads as a connection reads them (raw bytes, no framing). */
+static void put_head(const char *dir, const char *name, const char *head, size_t len)
+{
+    memcpy(file_buf, head, len);
+    file_len = len;
+    put_file(dir, name);
+}
+
+#define PUT_HEAD(dir, name, lit) put_head(dir, name, lit, sizeof(lit) - 1)
+
+static void http_seeds(const char *dir)
+{
+    PUT_HEAD(dir, "get_metrics",
+             "GET /metrics HTTP/1.1\r\nHost: localhost:9464\r\nUser-Agent: Prometheus/2.45.0\r\n"
+             "Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n"
+             "X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n");
+    PUT_HEAD(dir, "head_query_lf", "\r\nHEAD /metrics?name[]=kvpool_up HTTP/1.0\nAccept: */*\n\n");
+    PUT_HEAD(dir, "curl",
+             "GET /metrics HTTP/1.1\r\nHost: [::1]:9464\r\nUser-Agent: curl/7.88.1\r\n"
+             "Accept: */*\r\n\r\n");
+    PUT_HEAD(dir, "not_found", "GET /metricsx HTTP/1.1\r\nHost: x\r\n\r\n");
+    PUT_HEAD(dir, "post", "POST /metrics HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody");
+    PUT_HEAD(dir, "bad_header", "GET /metrics HTTP/1.1\r\nBad Name: x\r\nX: a\tb\x01\r\n\r\n");
+    PUT_HEAD(dir, "version_2", "GET /metrics HTTP/2.0\r\n\r\n");
+    PUT_HEAD(dir, "incomplete", "GET /metrics HTTP/1.1\r\nHost: x\r\n\r");
+    PUT_HEAD(dir, "absolute_form", "GET http://h/metrics HTTP/1.1\r\n\r\n");
+    static const char nul[] = "GET /metrics HTTP/1.1\r\nX: a\0b\r\n\r\n";
+    put_head(dir, "nul_in_header", nul, sizeof(nul) - 1);
+    PUT_HEAD(dir, "pipelined", "GET /metrics HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -386,5 +418,7 @@ int main(int argc, char **argv)
     kernel_seeds(d);
     snprintf(d, sizeof(d), "%s/fuzz_frame", argv[1]);
     frame_seeds(d);
+    snprintf(d, sizeof(d), "%s/fuzz_http", argv[1]);
+    http_seeds(d);
     return 0;
 }

@@ -7,7 +7,7 @@ set -eu
 seconds=${1:-20}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build-fuzz
-targets="fuzz_rpc fuzz_kernel fuzz_response fuzz_frame"
+targets="fuzz_rpc fuzz_kernel fuzz_response fuzz_frame fuzz_http"
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DKVP_FUZZ=ON -DKVP_WITH_CUDA=OFF \
     -DKVP_SANITIZE=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target $targets >/dev/null
