@@ -40,7 +40,7 @@ static const struct entry table[] = {
     {KVP_EGEOM_LAYOUT, "KVP_EGEOM_LAYOUT", "geometry: layout must be NHD or HND"},
     {KVP_EGEOM_STORAGE, "KVP_EGEOM_STORAGE", "geometry: storage must be combined or split"},
     {KVP_EGEOM_NUM_DEVICES, "KVP_EGEOM_NUM_DEVICES",
-     "geometry: num_devices must be 1..64 and divide num_kv_heads"},
+     "geometry: num_devices must be 1..16 and divide num_kv_heads"},
     {KVP_EGEOM_TOO_LARGE, "KVP_EGEOM_TOO_LARGE",
      "geometry: pool bytes overflow 64 bits or token capacity overflows int32"},
     {KVP_EGEOM_NULL, "KVP_EGEOM_NULL", "geometry: none given"},

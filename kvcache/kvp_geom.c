@@ -138,9 +138,12 @@ int kvp_geom_validate(const kvp_geom_t *g, char *msg, size_t msg_len)
         return fail(KVP_EGEOM_STORAGE, msg, msg_len, "storage=%llu: must be combined or split",
                     (unsigned long long)g->storage);
     uint32_t devs = g->num_devices ? g->num_devices : 1;
+    _Static_assert(KVP_GEOM_MAX_DEVICES == 16, "the messages below say 1..16");
     if (devs > KVP_GEOM_MAX_DEVICES || g->num_kv_heads % devs)
         return fail(KVP_EGEOM_NUM_DEVICES, msg, msg_len,
-                    "num_devices=%llu: must be 1..64 and divide num_kv_heads", devs);
+                    "num_devices=%llu: must be 1..16 (KVP_MAX_DEVICES) and divide "
+                    "num_kv_heads",
+                    devs);
     /* token capacity must fit int32 positions; bytes must fit uint64 */
     uint64_t tokens, bytes;
     if (!mul_ok(g->num_pages, g->page_size, &tokens) || tokens > 0x7fffffffull)

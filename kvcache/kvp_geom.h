@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvp_limits.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -49,7 +51,7 @@ typedef enum {
 #define KVP_GEOM_MAX_PAGE_SIZE 65536u
 #define KVP_GEOM_MAX_HEADS     1024u
 #define KVP_GEOM_MAX_HEAD_DIM  4096u
-#define KVP_GEOM_MAX_DEVICES   64u
+#define KVP_GEOM_MAX_DEVICES   KVP_MAX_DEVICES /* common/kvp_limits.h */
 
 typedef struct {
     uint32_t num_layers;

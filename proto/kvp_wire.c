@@ -3,6 +3,8 @@
  */
 #include "kvp_wire.h"
 
+#include "kvp_limits.h"
+
 #include <string.h>
 
 #include <pb_decode.h>
@@ -238,6 +240,11 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v)
 /* A key (field number < 16, so one byte) and its wire type; field numbers are nanopb's
  * generated *_tag constants. */
 #define KEY(field, wt) ((uint8_t)((field) << 3 | (wt)))
+_Static_assert(sizeof(((kvpool_PoolInfo *)0)->device_ids) == KVP_MAX_DEVICES * sizeof(int32_t),
+               "kvpool.options: PoolInfo.device_ids max_count is common/kvp_limits.h's device limit");
+_Static_assert(sizeof(((kvpool_AppendRequest *)0)->rank_sources) ==
+                   KVP_MAX_DEVICES * sizeof(kvpool_RankSource),
+               "kvpool.options: AppendRequest.rank_sources max_count is the device limit");
 _Static_assert(kvpool_Request_get_page_table_tag < 16 && kvpool_Request_release_tag < 16 &&
                    kvpool_Response_get_page_table_tag < 16,
                "the direct encoders write one-byte keys");
