@@ -934,16 +934,7 @@ int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uin
     kvp__client_request_batch(&c->req, kvpool_Request_append_tag, &b);
     kvpool_AppendRequest *a = &c->req.body.append;
     a->has_source = true;
-    a->source.buffer_id = src->buffer_id;
-    a->source.k_offset = src->k_offset;
-    a->source.v_offset = src->v_offset;
-    a->source.k_stride_n = src->k_stride_n;
-    a->source.k_stride_h = src->k_stride_h;
-    a->source.v_stride_n = src->v_stride_n;
-    a->source.v_stride_h = src->v_stride_h;
-    a->source.layer_stride = src->layer_stride;
-    a->source.layer_begin = src->layer_begin;
-    a->source.layer_end = src->layer_end;
+    kvp_wire_source_put(&a->source, src->buffer_id, &src->layout, src->layer_begin, src->layer_end);
     if (num_ranks) {
         a->source.buffer_id = 0; /* each rank's buffer is named below */
         for (uint32_t g = 0; g < num_ranks; g++) {

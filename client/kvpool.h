@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "kvp_error.h"
+#include "kvp_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,13 +83,12 @@ typedef struct {
     uint32_t batch_size, nnz, num_indices, num_copies; /* filled by the call */
 } kvp_page_table_t;
 
-/* Where an Append reads K and V in a registered buffer (see kvpool.proto, message Source);
- * all in bytes. layer_end 0 = all layers. */
+/* Where an Append reads K and V in a registered buffer (see kvpool.proto, message Source, and
+ * common/kvp_layout.h: .layout, or its fields .k_offset ... .layer_stride directly); all in
+ * bytes. layer_end 0 = all layers. */
 typedef struct {
     uint32_t buffer_id;
-    uint64_t k_offset, v_offset;
-    uint64_t k_stride_n, k_stride_h, v_stride_n, v_stride_h;
-    uint64_t layer_stride;
+    KVP_SRC_LAYOUT_MEMBER;
     uint32_t layer_begin, layer_end;
 } kvp_source_t;
 

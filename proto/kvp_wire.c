@@ -240,8 +240,9 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v)
 /* A key (field number < 16, so one byte) and its wire type; field numbers are nanopb's
  * generated *_tag constants. */
 #define KEY(field, wt) ((uint8_t)((field) << 3 | (wt)))
-_Static_assert(sizeof(((kvpool_PoolInfo *)0)->device_ids) == KVP_MAX_DEVICES * sizeof(int32_t),
-               "kvpool.options: PoolInfo.device_ids max_count is common/kvp_limits.h's device limit");
+_Static_assert(
+    sizeof(((kvpool_PoolInfo *)0)->device_ids) == KVP_MAX_DEVICES * sizeof(int32_t),
+    "kvpool.options: PoolInfo.device_ids max_count is common/kvp_limits.h's device limit");
 _Static_assert(sizeof(((kvpool_AppendRequest *)0)->rank_sources) ==
                    KVP_MAX_DEVICES * sizeof(kvpool_RankSource),
                "kvpool.options: AppendRequest.rank_sources max_count is the device limit");
@@ -575,4 +576,30 @@ const char *kvp_wire_code_name(kvpool_Code code)
         return "UNAVAILABLE";
     }
     return "UNKNOWN";
+}
+
+void kvp_wire_source_put(kvpool_Source *o, uint32_t buffer_id, const kvp_src_layout_t *l,
+                         uint32_t layer_begin, uint32_t layer_end)
+{
+    o->buffer_id = buffer_id;
+    o->k_offset = l->k_offset;
+    o->v_offset = l->v_offset;
+    o->k_stride_n = l->k_stride_n;
+    o->k_stride_h = l->k_stride_h;
+    o->v_stride_n = l->v_stride_n;
+    o->v_stride_h = l->v_stride_h;
+    o->layer_stride = l->layer_stride;
+    o->layer_begin = layer_begin;
+    o->layer_end = layer_end;
+}
+
+void kvp_wire_source_layout(const kvpool_Source *s, kvp_src_layout_t *out)
+{
+    *out = (kvp_src_layout_t){.k_offset = s->k_offset,
+                              .v_offset = s->v_offset,
+                              .k_stride_n = s->k_stride_n,
+                              .k_stride_h = s->k_stride_h,
+                              .v_stride_n = s->v_stride_n,
+                              .v_stride_h = s->v_stride_h,
+                              .layer_stride = s->layer_stride};
 }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvp_layout.h"
 #include "kvpool.pb.h"
 
 #ifdef __cplusplus
@@ -133,4 +134,10 @@ const char *kvp_wire_code_name(kvpool_Code code);
 #ifdef __cplusplus
 }
 #endif
+/* The one place the proto's Source fields meet common/kvp_layout.h: the client fills a request's
+ * source from its layout, the daemon reads the layout out of a decoded one. */
+void kvp_wire_source_put(kvpool_Source *o, uint32_t buffer_id, const kvp_src_layout_t *l,
+                         uint32_t layer_begin, uint32_t layer_end);
+void kvp_wire_source_layout(const kvpool_Source *s, kvp_src_layout_t *out);
+
 #endif

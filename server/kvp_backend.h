@@ -20,6 +20,7 @@
 #include "kvp_geom.h"
 #include "kvp_kernels.h"
 #include "kvp_kernels_cuda.h"
+#include "kvp_layout.h"
 
 typedef struct kvp_backend kvp_backend_t;
 
@@ -65,7 +66,7 @@ typedef struct {
      * append runs on every device */
     const kvp_buffer_t *const *rank_src;
     uint32_t num_rank_src;
-    uint64_t k_offset, v_offset, k_stride_n, k_stride_h, v_stride_n, v_stride_h, layer_stride;
+    KVP_SRC_LAYOUT_MEMBER; /* where the source rows are (common/kvp_layout.h) */
     uint32_t layer_begin, layer_end;
     uint32_t sync; /* kvpool_SyncMode: 0 none (done when run() returns), 1 event (cuda) */
 } kvp_exec_t;
@@ -73,22 +74,34 @@ typedef struct {
 /* Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t (the proto's bound too). */
 #define KVP_BACKEND_IPC_HANDLE_BYTES 64
 
+/* A worker buffer to import (RegisterBufferRequest, decoded): kind BUFFER_MEMFD or
+ * BUFFER_CUDA_VMM_FD arrives as fd, BUFFER_CUDA_IPC as the ipc_handle bytes with fd -1.
+ * device: the request's CUDA ordinal. event_handle (event_len 0: none) is the worker's
+ * interprocess "ready" event. The pointers are borrowed for the call. */
+typedef struct {
+    uint32_t kind; /* kvpool_BufferKind */
+    int fd;
+    uint64_t size_bytes;
+    int32_t device;
+    const uint8_t *ipc_handle;
+    uint32_t ipc_len;
+    const uint8_t *event_handle;
+    uint32_t event_len;
+} kvp_import_req_t;
+
 typedef struct {
     const char *name;
     /* Exports the pool: writes up to max fds (borrowed: the backend keeps them open) and
      * returns how many, or a negative code. */
     int (*export_fds)(kvp_backend_t *b, int *fds, int max);
-    /* Imports a worker buffer: kind BUFFER_MEMFD or BUFFER_CUDA_VMM_FD arrives as fd
-     * (ownership of fd passes to the backend on success; on failure the caller closes it),
-     * BUFFER_CUDA_IPC as the ipc_handle bytes with fd -1. device: the request's CUDA ordinal.
-     * event_handle (event_len 0: none) is the worker's interprocess "ready" event; when the
-     * backend uses it, it writes its own "done" event handle into done_event_out (room for
-     * KVP_BACKEND_IPC_HANDLE_BYTES) and sets *done_event_len, else sets it to 0. Returns 0,
-     * KVP_EINVAL (kind, handle or size refused), KVP_EPERM (unsealed memfd), or another code. */
-    int (*import_buffer)(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_bytes,
-                         int32_t device, const uint8_t *ipc_handle, uint32_t ipc_len,
-                         const uint8_t *event_handle, uint32_t event_len, uint8_t *done_event_out,
-                         uint32_t *done_event_len, kvp_buffer_t *out);
+    /* Imports the worker buffer req describes into *out (see kvp_import_req_t; ownership of
+     * req->fd passes to the backend on success, on failure the caller closes it). When the
+     * backend uses the worker's ready event it writes its own "done" event handle into
+     * done_event_out (room for KVP_BACKEND_IPC_HANDLE_BYTES) and sets *done_event_len, else
+     * sets it to 0. Returns 0, KVP_EINVAL (kind, handle or size refused), KVP_EPERM (unsealed
+     * memfd), or another code. */
+    int (*import_buffer)(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer_t *out,
+                         uint8_t *done_event_out, uint32_t *done_event_len);
     void (*release_buffer)(kvp_backend_t *b, kvp_buffer_t *buf);
     /* Runs copies then the append. Worker thread. Returns 0 once the copies and the append
      * have completed on the device (the pages they write stay pinned only until run returns,

@@ -220,11 +220,15 @@ fail:
     return rc;
 }
 
-static int cuda_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_bytes, int32_t device,
-                       const uint8_t *ipc_handle, uint32_t ipc_len, const uint8_t *event_handle,
-                       uint32_t event_len, uint8_t *done_event_out, uint32_t *done_event_len,
-                       kvp_buffer_t *out)
+static int cuda_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer_t *out,
+                       uint8_t *done_event_out, uint32_t *done_event_len)
 {
+    const uint32_t kind = req->kind;
+    const int fd = req->fd;
+    const uint64_t size_bytes = req->size_bytes;
+    const int32_t device = req->device;
+    const uint8_t *ipc_handle = req->ipc_handle, *event_handle = req->event_handle;
+    const uint32_t ipc_len = req->ipc_len, event_len = req->event_len;
     cuda_backend_t *cb = (cuda_backend_t *)b;
     if (done_event_len)
         *done_event_len = 0;
@@ -318,15 +322,10 @@ static void cuda_release(kvp_backend_t *b, kvp_buffer_t *kb)
  * anything is queued (the dispatch checks only element alignment). */
 static int check_source_align(const cuda_buf_t *buf, const kvp_exec_t *e)
 {
-    const uint64_t v[] = {(uint64_t)(uintptr_t)buf->dptr,
-                          e->k_offset,
-                          e->v_offset,
-                          e->k_stride_n,
-                          e->k_stride_h,
-                          e->v_stride_n,
-                          e->v_stride_h,
-                          e->layer_stride};
-    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+    if ((uintptr_t)buf->dptr % 16)
+        return KVP_EINVAL;
+    const uint64_t *v = kvp_src_layout_words(&e->layout);
+    for (int i = 0; i < KVP_SRC_LAYOUT_WORDS; i++)
         if (v[i] % 16)
             return KVP_EINVAL;
     return 0;

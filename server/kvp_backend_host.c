@@ -64,13 +64,13 @@ static int host_export(kvp_backend_t *b, int *fds, int max)
 }
 
 /* Host memory only: a CUDA kind is refused, and events are ignored (no done event). */
-static int host_import(kvp_backend_t *b, uint32_t kind, int fd, uint64_t size_bytes, int32_t device,
-                       const uint8_t *ipc_handle, uint32_t ipc_len, const uint8_t *event_handle,
-                       uint32_t event_len, uint8_t *done_event_out, uint32_t *done_event_len,
-                       kvp_buffer_t *out)
+static int host_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer_t *out,
+                       uint8_t *done_event_out, uint32_t *done_event_len)
 {
-    (void)b, (void)device, (void)ipc_handle, (void)ipc_len, (void)event_handle, (void)event_len;
-    (void)done_event_out;
+    (void)b, (void)done_event_out; /* the host backend has no events and no devices */
+    const uint32_t kind = req->kind;
+    const int fd = req->fd;
+    const uint64_t size_bytes = req->size_bytes;
     if (done_event_len)
         *done_event_len = 0;
     if (kind != kvpool_BufferKind_BUFFER_MEMFD || fd < 0 || size_bytes == 0)

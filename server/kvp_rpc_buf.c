@@ -126,10 +126,17 @@ int kvp__rpc_register_buffer(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Reques
     kvp_session_buffer_t *sb = &s->buffers[s->num_buffers];
     uint8_t done_event[KVP_BACKEND_IPC_HANDLE_BYTES];
     uint32_t done_len = 0;
-    int rc = r->backend->ops->import_buffer(
-        r->backend, (uint32_t)q->kind, wants_fd ? io->fds_in[0] : -1, q->size_bytes, q->device,
-        q->ipc_handle.bytes, q->ipc_handle.size, q->event_handle.bytes, q->event_handle.size,
-        done_event, &done_len, &sb->buf);
+    int rc =
+        r->backend->ops->import_buffer(r->backend,
+                                       &(kvp_import_req_t){.kind = (uint32_t)q->kind,
+                                                           .fd = wants_fd ? io->fds_in[0] : -1,
+                                                           .size_bytes = q->size_bytes,
+                                                           .device = q->device,
+                                                           .ipc_handle = q->ipc_handle.bytes,
+                                                           .ipc_len = q->ipc_handle.size,
+                                                           .event_handle = q->event_handle.bytes,
+                                                           .event_len = q->event_handle.size},
+                                       &sb->buf, done_event, &done_len);
     if (rc) {
         kvp_rpc_error(resp, id, rc == KVP_EPERM ? KVP_EINVAL : rc, "cannot import the buffer: %s",
                       rc == KVP_EPERM ? "a memfd must carry F_SEAL_SHRINK (so it cannot be "

@@ -107,16 +107,15 @@ int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, 
 
 /* Checks the source ranges of an append against the buffer: every byte any layer, token and
  * head reads lies inside it, offsets and strides are multiples of the element size. */
-static int check_source(const kvp_rpc_t *r, const kvpool_Source *src, const kvp_buffer_t *buf,
+static int check_source(const kvp_rpc_t *r, const kvp_src_layout_t *src, const kvp_buffer_t *buf,
                         uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
 {
     const kvp_geom_derived_t *d = &r->backend->derived;
     /* offsets and strides: whole elements, and what the backend's copy needs on top */
     uint64_t e =
         d->elem_bytes > r->backend->src_align_bytes ? d->elem_bytes : r->backend->src_align_bytes;
-    uint64_t vals[] = {src->k_offset,   src->v_offset,   src->k_stride_n,  src->k_stride_h,
-                       src->v_stride_n, src->v_stride_h, src->layer_stride};
-    for (unsigned i = 0; i < 7; i++)
+    const uint64_t *vals = kvp_src_layout_words(src);
+    for (unsigned i = 0; i < KVP_SRC_LAYOUT_WORDS; i++)
         if (vals[i] % e) {
             snprintf(why, why_len, "source offsets and strides must be multiples of %llu bytes",
                      (unsigned long long)e);
@@ -162,7 +161,7 @@ void kvp_rpc_job_free(kvp_rpc_job_t *job)
  * every page the job reads or writes. */
 static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const kvp_buffer_t *buf,
                                const kvp_buffer_t *const *ranks, uint32_t num_ranks,
-                               const kvpool_Source *src, uint32_t lb, uint32_t le, uint64_t id,
+                               const kvp_src_layout_t *src, uint32_t lb, uint32_t le, uint64_t id,
                                uint32_t sync)
 {
     const kvp_plan_t *p = &r->plan;
@@ -252,13 +251,7 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const k
     e->src = num_ranks ? NULL : buf;
     e->rank_src = num_ranks ? j->rank_ptr : NULL;
     e->num_rank_src = num_ranks;
-    e->k_offset = src->k_offset;
-    e->v_offset = src->v_offset;
-    e->k_stride_n = src->k_stride_n;
-    e->k_stride_h = src->k_stride_h;
-    e->v_stride_n = src->v_stride_n;
-    e->v_stride_h = src->v_stride_h;
-    e->layer_stride = src->layer_stride;
+    e->layout = *src;
     e->layer_begin = lb;
     e->layer_end = le;
     e->sync = sync;
@@ -328,6 +321,8 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
         return KVP_RPC_DONE;
     }
     const kvpool_Source *src = &q->source;
+    kvp_src_layout_t layout;
+    kvp_wire_source_layout(src, &layout);
     kvp_session_buffer_t *sb = NULL;
     if (!q->rank_sources_count && !(sb = kvp__rpc_find_buffer(s, src->buffer_id))) {
         kvp_rpc_error(resp, id, KVP_ENOENT, "no buffer %u registered on this connection",
@@ -362,9 +357,9 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
     if (!rc && q->rank_sources_count)
         rc = take_rank_sources(r, s, q, ranks, &num_ranks, why, sizeof(why));
     for (uint32_t g = 0; g < num_ranks && !rc; g++)
-        rc = check_source(r, src, ranks[g], (uint32_t)nnz, lb, le, why, sizeof(why));
+        rc = check_source(r, &layout, ranks[g], (uint32_t)nnz, lb, le, why, sizeof(why));
     if (!rc && !num_ranks)
-        rc = check_source(r, src, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
+        rc = check_source(r, &layout, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
     if (rc) {
         kvp_rpc_error(resp, id, rc, "%s", rc == KVP_ELIMIT ? "too many tokens" : why);
         return KVP_RPC_DONE;
@@ -378,8 +373,8 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
     }
     r->counters.pages_allocated_total += r->plan.num_new_pages;
     r->counters.cow_copies_total += r->plan.num_copies;
-    kvp_rpc_job_t *j = make_job(r, io->call, sb ? &sb->buf : NULL, ranks, num_ranks, src, lb, le,
-                                id, (uint32_t)q->sync);
+    kvp_rpc_job_t *j = make_job(r, io->call, sb ? &sb->buf : NULL, ranks, num_ranks, &layout, lb,
+                                le, id, (uint32_t)q->sync);
     if (!j) {
         /* the plan is committed but cannot be executed: give the pages back by rolling the
          * sequences back to their previous lengths */

@@ -97,7 +97,9 @@ struct kvp_xfer_job {
     int32_t *pages;
     uint64_t bytes;
     uint32_t timeout_ms;
-    uint32_t stall_ms;      /* test hook, exporter only */
+#ifdef KVP_TEST_HOOKS
+    uint32_t stall_ms; /* test hook, exporter only */
+#endif
     size_t chunk;           /* staging chunk bytes: the exporter's choice, the header's on import */
     int reg;                /* staging registered with NCCL: the exporter's choice, the ticket's */
     kvp_xfer_stream_t wire; /* import: the stream's shape as the ticket gives it */
@@ -120,8 +122,10 @@ struct kvp_xfer {
     uint32_t hist_next, hist_count;
     uint64_t totals[2][2], bytes[2];
     uint64_t next_id;
-    uint32_t stall_ms;    /* test hook (KVP_TEST_HOOKS builds only, else 0) */
-    uint32_t chunk_test;  /* test hook: overrides transfer.chunk_bytes (else 0) */
+#ifdef KVP_TEST_HOOKS
+    uint32_t stall_ms;   /* test hook: the exporter pauses after the header */
+    uint32_t chunk_test; /* test hook: overrides transfer.chunk_bytes (else 0) */
+#endif
     int reg;              /* b->tuning.xfer_register: register the staging chunks with NCCL */
     int prio;             /* b->tuning.xfer_priority: NCCL's stream high, pack's low */
     int nstage;           /* staging chunks per side: b->tuning.xfer_stages, default 2 */
@@ -467,8 +471,12 @@ static kvp_xfer_job_t *job_new(kvp_xfer_t *x, comm_t *c, int direction, uint64_t
     j->seq_hash = kvp_xfer_set_hash(j->tokens, n);
     j->bytes = j->stream_off[n];
     j->timeout_ms = timeout_ms ? timeout_ms : x->cfg.timeout_ms;
+#ifdef KVP_TEST_HOOKS
     j->stall_ms = direction == KVP_XFER_EXPORT ? x->stall_ms : 0;
     j->chunk = kvp_xfer_chunk_bytes(x->chunk_test ? x->chunk_test : x->cfg.chunk_bytes, j->bytes);
+#else
+    j->chunk = kvp_xfer_chunk_bytes(x->cfg.chunk_bytes, j->bytes);
+#endif
     j->rc = KVP_EINTERNAL; /* until run: a job that never ran counts as failed */
     snprintf(j->msg, sizeof(j->msg), "the transfer never ran");
     kvp_xfer_info_t *in = &j->info;
@@ -1025,10 +1033,12 @@ static int run_transfer(const kvp_nccl_t *n, kvp_xfer_job_t *j, uint8_t **dev_ou
         if ((rc = copy_to(j, dev, &hdr, sizeof(hdr))) ||
             (rc = queue_send_recv(n, j, 1, dev, sizeof(hdr), deadline, "sending the header")))
             return rc;
+#ifdef KVP_TEST_HOOKS
         if (j->stall_ms) {
             struct timespec ts = {j->stall_ms / 1000, (long)(j->stall_ms % 1000) * 1000000};
             nanosleep(&ts, NULL);
         }
+#endif
         t_header = mono_us();
         if ((rc = move_stream(n, j, pool, pages_dev, j->chunk, j->bytes, 1, deadline)) ||
             (rc = queue_send_recv(n, j, 0, dev + 128, sizeof(outcome), deadline,

@@ -216,8 +216,12 @@ static void vmm_buffer(world_t *w, size_t bytes, kvp_rng_t *r, kvp_cuda_vmm_t *m
     ck_assert_int_eq(kvp_cuda_vmm_export(m, &fd), 0);
     uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
     uint32_t done_len = 99;
-    rc = w->b->ops->import_buffer(w->b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd, m->size, 0, NULL,
-                                  0, NULL, 0, done, &done_len, buf);
+    rc = w->b->ops->import_buffer(w->b,
+                                  &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD,
+                                                      .fd = fd,
+                                                      .size_bytes = m->size,
+                                                      .device = 0},
+                                  buf, done, &done_len);
     ck_assert_int_eq(rc, 0);
     ck_assert_uint_eq(done_len, 0); /* no event asked, none given */
     /* the fd belongs to the backend now */
@@ -311,13 +315,21 @@ START_TEST(memfd_buffer_is_read_over_the_bus)
     uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
     uint32_t done_len;
     /* unsealed: refused, nothing kept */
-    ck_assert_int_eq(b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_MEMFD, fd, bytes, 0, NULL, 0,
-                                           NULL, 0, done, &done_len, &buf),
-                     KVP_EPERM);
+    ck_assert_int_eq(
+        b->ops->import_buffer(
+            b,
+            &(kvp_import_req_t){
+                .kind = kvpool_BufferKind_BUFFER_MEMFD, .fd = fd, .size_bytes = bytes, .device = 0},
+            &buf, done, &done_len),
+        KVP_EPERM);
     ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-    ck_assert_int_eq(b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_MEMFD, fd, bytes, 0, NULL, 0,
-                                           NULL, 0, done, &done_len, &buf),
-                     0);
+    ck_assert_int_eq(
+        b->ops->import_buffer(
+            b,
+            &(kvp_import_req_t){
+                .kind = kvpool_BufferKind_BUFFER_MEMFD, .fd = fd, .size_bytes = bytes, .device = 0},
+            &buf, done, &done_len),
+        0);
     kvp_exec_t e = plan_exec(&p, &buf, row, H, 0, g->num_layers);
     ck_assert_int_eq(b->ops->run(b, &e), 0);
     reference(b, w.ref, &e, host);
@@ -343,34 +355,67 @@ START_TEST(refused_imports_and_sources_leave_it_healthy)
     uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
     uint32_t done_len;
     /* claims twice what it exported: the map is refused */
-    int rc = b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd, 2 * m.size, 0, NULL,
-                                   0, NULL, 0, done, &done_len, &buf);
+    int rc = b->ops->import_buffer(b,
+                                   &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD,
+                                                       .fd = fd,
+                                                       .size_bytes = 2 * m.size,
+                                                       .device = 0},
+                                   &buf, done, &done_len);
     ck_assert_int_ne(rc, 0);
     ck_assert_int_ne(rc, KVP_EINTERNAL);
     ck_assert_int_ge(fcntl(fd, F_GETFD), 0); /* on failure the fd stays the caller's */
     /* a device that is not the pool's */
-    ck_assert_int_eq(b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd, m.size, 7,
-                                           NULL, 0, NULL, 0, done, &done_len, &buf),
-                     KVP_EINVAL);
+    ck_assert_int_eq(
+        b->ops->import_buffer(b,
+                              &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD,
+                                                  .fd = fd,
+                                                  .size_bytes = m.size,
+                                                  .device = 7},
+                              &buf, done, &done_len),
+        KVP_EINVAL);
     /* a garbage legacy IPC handle, and one of the wrong length */
     uint8_t junk[KVP_BACKEND_IPC_HANDLE_BYTES];
     memset(junk, 0x5a, sizeof(junk));
-    rc = b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_IPC, -1, 4096, 0, junk,
-                               sizeof(junk), NULL, 0, done, &done_len, &buf);
+    rc = b->ops->import_buffer(b,
+                               &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_IPC,
+                                                   .fd = -1,
+                                                   .size_bytes = 4096,
+                                                   .device = 0,
+                                                   .ipc_handle = junk,
+                                                   .ipc_len = sizeof(junk)},
+                               &buf, done, &done_len);
     ck_assert_int_ne(rc, 0);
-    ck_assert_int_eq(b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_IPC, -1, 4096, 0, junk,
-                                           10, NULL, 0, done, &done_len, &buf),
-                     KVP_EINVAL);
+    ck_assert_int_eq(
+        b->ops->import_buffer(b,
+                              &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_IPC,
+                                                  .fd = -1,
+                                                  .size_bytes = 4096,
+                                                  .device = 0,
+                                                  .ipc_handle = junk,
+                                                  .ipc_len = 10},
+                              &buf, done, &done_len),
+        KVP_EINVAL);
     /* a garbage event handle with a good buffer */
-    rc = b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd, m.size, 0, NULL, 0,
-                               junk, sizeof(junk), done, &done_len, &buf);
+    rc = b->ops->import_buffer(b,
+                               &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD,
+                                                   .fd = fd,
+                                                   .size_bytes = m.size,
+                                                   .device = 0,
+                                                   .event_handle = junk,
+                                                   .event_len = sizeof(junk)},
+                               &buf, done, &done_len);
     ck_assert_int_ne(rc, 0);
     ck_assert_int_eq(b->ops->health(b), 0);
 
     /* a good import, then a source the 16-byte kernels cannot read: refused before anything */
-    ck_assert_int_eq(b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd, m.size, 0,
-                                           NULL, 0, NULL, 0, done, &done_len, &buf),
-                     0);
+    ck_assert_int_eq(
+        b->ops->import_buffer(b,
+                              &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD,
+                                                  .fd = fd,
+                                                  .size_bytes = m.size,
+                                                  .device = 0},
+                              &buf, done, &done_len),
+        0);
     plan_t p;
     memset(&p, 0, sizeof(p));
     p.B = 1;
@@ -1001,9 +1046,14 @@ START_TEST(two_devices_copy_everywhere_append_where_the_buffer_lives)
         ck_assert_int_eq(kvp_cuda_vmm_export(&m[d], &fd), 0);
         uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
         uint32_t dl;
-        ck_assert_int_eq(b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd,
-                                               m[d].size, d, NULL, 0, NULL, 0, done, &dl, &buf[d]),
-                         0);
+        ck_assert_int_eq(
+            b->ops->import_buffer(b,
+                                  &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD,
+                                                      .fd = fd,
+                                                      .size_bytes = m[d].size,
+                                                      .device = d},
+                                  &buf[d], done, &dl),
+            0);
     }
     /* both ranks append their heads of the same batch */
     plan_t p;

@@ -117,8 +117,11 @@ static int import_memfd(kvp_backend_t *b, int fd, uint64_t size, kvp_buffer_t *o
 {
     uint8_t done[KVP_BACKEND_IPC_HANDLE_BYTES];
     uint32_t done_len = 99;
-    int rc = b->ops->import_buffer(b, kvpool_BufferKind_BUFFER_MEMFD, fd, size, 0, NULL, 0, NULL, 0,
-                                   done, &done_len, out);
+    int rc = b->ops->import_buffer(
+        b,
+        &(kvp_import_req_t){
+            .kind = kvpool_BufferKind_BUFFER_MEMFD, .fd = fd, .size_bytes = size, .device = 0},
+        out, done, &done_len);
     ck_assert_uint_eq(done_len, 0); /* host memory: never a done event */
     return rc;
 }
@@ -271,9 +274,14 @@ START_TEST(import_refuses_what_it_cannot_safely_map_and_leaves_the_fd)
     /* size 0 */
     ck_assert_int_eq(import_memfd(f.b, fd, 0, &buf), KVP_EINVAL);
     /* a CUDA kind: host memory only */
-    ck_assert_int_eq(f.b->ops->import_buffer(f.b, kvpool_BufferKind_BUFFER_CUDA_VMM_FD, fd, 4096, 0,
-                                             NULL, 0, NULL, 0, done, &done_len, &buf),
-                     KVP_EINVAL);
+    ck_assert_int_eq(
+        f.b->ops->import_buffer(f.b,
+                                &(kvp_import_req_t){.kind = kvpool_BufferKind_BUFFER_CUDA_VMM_FD,
+                                                    .fd = fd,
+                                                    .size_bytes = 4096,
+                                                    .device = 0},
+                                &buf, done, &done_len),
+        KVP_EINVAL);
     ck_assert_uint_eq(done_len, 0);
     ck_assert(fd_is_open(fd));
     ck_assert_ptr_null(buf.host_ptr);
