@@ -36,8 +36,6 @@
 #define CLIENT_MAX_BUSY_POLL_US   1000000u /* opts.busy_poll_us, $KVPOOL_BUSY_POLL_US */
 #define CLIENT_ERR_BYTES          320
 
-_Static_assert(KVP_CLIENT_MAX_DEVICES == KVP_MAX_DEVICES,
-               "kvpool.h restates common/kvp_limits.h's device limit");
 _Static_assert(KVP_MAX_DEVICES <= KVP_MAX_FDS_PER_FRAME, "one pool fd per device on one frame");
 
 /* A staging buffer made by kvp_client_alloc_host_buffer, unmapped on unregister or close. */
@@ -498,30 +496,23 @@ char *kvp_client_default_socket(char *buf, size_t len)
     return buf;
 }
 
-static void copy_pool_info(kvp_pool_info_t *o, const kvpool_PoolInfo *p)
+size_t kvp_client_sizeof(const char *type_name)
 {
-    memset(o, 0, sizeof(*o));
-    o->num_layers = p->geometry.num_layers;
-    o->num_pages = p->geometry.num_pages;
-    o->page_size = p->geometry.page_size;
-    o->num_kv_heads = p->geometry.num_kv_heads;
-    o->head_dim = p->geometry.head_dim;
-    o->dtype = (uint32_t)p->geometry.dtype;
-    o->layout = (uint32_t)p->geometry.layout;
-    o->storage = (uint32_t)p->geometry.storage;
-    o->num_devices = p->geometry.num_devices;
-    o->backend = (uint32_t)p->backend;
-    o->elem_bytes = p->elem_bytes;
-    o->heads_per_device = p->heads_per_device;
-    o->pool_bytes = p->pool_bytes;
-    o->layer_bytes = p->layer_bytes;
-    o->v_offset_bytes = p->v_offset_bytes;
-    o->stride_page = p->stride_page;
-    o->stride_n = p->stride_n;
-    o->stride_h = p->stride_h;
-    o->map_granularity = p->map_granularity;
-    for (pb_size_t i = 0; i < p->device_ids_count && i < KVP_CLIENT_MAX_DEVICES; i++)
-        o->device_ids[i] = p->device_ids[i];
+#define T(t)                                                                                       \
+    {                                                                                              \
+#t, sizeof(t)                                                                              \
+    }
+    static const struct {
+        const char *name;
+        size_t size;
+    } types[] = {T(kvp_client_opts_t),     T(kvp_pool_info_t),    T(kvp_page_table_t),
+                 T(kvp_source_t),          T(kvp_rank_source_t),  T(kvp_stats_summary_t),
+                 T(kvp_transfer_ticket_t), T(kvp_transfer_info_t)};
+#undef T
+    for (size_t i = 0; type_name && i < sizeof(types) / sizeof(types[0]); i++)
+        if (strcmp(types[i].name, type_name) == 0)
+            return types[i].size;
+    return 0;
 }
 
 /* Takes the Hello answer: pool description, and the pool fds (owned by the handle from here
@@ -543,7 +534,7 @@ static int take_hello(kvp_client_t *c, const kvpool_HelloResponse *h, const int 
     c->session_id = h->session_id;
     snprintf(c->server_version, sizeof(c->server_version), "%s", h->server_version);
     if (h->has_pool)
-        copy_pool_info(&c->info, &h->pool);
+        kvp_wire_pool_info_get(&c->info, &h->pool);
     if (!map_pool)
         return 0;
     if (!h->has_pool)

@@ -22,6 +22,7 @@
 
 #include "kvp_error.h"
 #include "kvp_layout.h"
+#include "kvp_pool_info.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,7 +31,7 @@ extern "C" {
 typedef struct kvp_client kvp_client_t;
 
 /* Most devices (pool fds) one daemon describes; one fd per device rides on the Hello frame. */
-#define KVP_CLIENT_MAX_DEVICES 16
+#define KVP_CLIENT_MAX_DEVICES KVP_MAX_DEVICES /* common/kvp_limits.h */
 
 /* kvp_client_opts_t.lease_ms value that leaves the lease to the daemon (its configured
  * limits.default_lease_ms): the Hello then carries no lease at all. */
@@ -51,20 +52,7 @@ typedef struct {
                                 1000000. */
 } kvp_client_opts_t;
 
-/* The pool as the daemon describes it (PoolInfo). Strides in elements. */
-typedef struct {
-    uint32_t num_layers, num_pages, page_size, num_kv_heads, head_dim;
-    uint32_t dtype;   /* kvp_dtype_t values (1 fp8_e4m3 .. 5 fp32) */
-    uint32_t layout;  /* 0 NHD, 1 HND */
-    uint32_t storage; /* 0 combined, 1 split */
-    uint32_t num_devices;
-    uint32_t backend; /* 0 host, 1 cuda */
-    uint32_t elem_bytes, heads_per_device;
-    uint64_t pool_bytes, layer_bytes, v_offset_bytes;
-    int64_t stride_page, stride_n, stride_h;
-    uint64_t map_granularity;                   /* cuda: VMM granularity of the pool fds */
-    int32_t device_ids[KVP_CLIENT_MAX_DEVICES]; /* cuda: ordinal of device i (first num_devices) */
-} kvp_pool_info_t;
+/* The pool as the daemon describes it (PoolInfo): kvp_pool_info_t of common/kvp_pool_info.h. */
 
 /* A page table in caller-owned arrays. Before the call set the caps (elements); after it the
  * counts are filled. An array left NULL is not wanted: its entries are read and dropped. A
@@ -104,6 +92,13 @@ typedef struct {
     uint32_t num_pages, free_pages, used_pages, shared_pages, num_seqs, num_clients;
     uint64_t num_tokens, page_refs, page_bytes, uptime_ms, requests_total, append_bytes_total;
 } kvp_stats_summary_t;
+
+/* sizeof the public struct called type_name (each struct typedef of this header:
+ * "kvp_client_opts_t", "kvp_pool_info_t", "kvp_page_table_t", "kvp_source_t",
+ * "kvp_rank_source_t", "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t"),
+ * 0 for any other name: bindings that mirror the structs (the Python package's ctypes) check
+ * their copies against it. */
+size_t kvp_client_sizeof(const char *type_name);
 
 /* Default socket: $KVPOOL_SOCKET; else /run/kvpool/kvpool.sock for root, else
  * $XDG_RUNTIME_DIR/kvpool/kvpool.sock (or /tmp/kvpool-<uid>/kvpool.sock without it).

@@ -603,3 +603,56 @@ void kvp_wire_source_layout(const kvpool_Source *s, kvp_src_layout_t *out)
                               .v_stride_h = s->v_stride_h,
                               .layer_stride = s->layer_stride};
 }
+
+void kvp_wire_pool_info_put(kvpool_PoolInfo *o, const kvp_pool_info_t *i)
+{
+    o->has_geometry = true;
+    o->geometry.num_layers = i->num_layers;
+    o->geometry.num_pages = i->num_pages;
+    o->geometry.page_size = i->page_size;
+    o->geometry.num_kv_heads = i->num_kv_heads;
+    o->geometry.head_dim = i->head_dim;
+    o->geometry.dtype = (kvpool_DType)i->dtype;
+    o->geometry.layout = (kvpool_Layout)i->layout;
+    o->geometry.storage = (kvpool_Storage)i->storage;
+    o->geometry.num_devices = i->num_devices;
+    o->backend = (kvpool_BackendKind)i->backend;
+    o->pool_bytes = i->pool_bytes;
+    o->layer_bytes = i->layer_bytes;
+    o->v_offset_bytes = i->v_offset_bytes;
+    o->stride_page = i->stride_page;
+    o->stride_n = i->stride_n;
+    o->stride_h = i->stride_h;
+    o->elem_bytes = i->elem_bytes;
+    o->heads_per_device = i->heads_per_device;
+    o->map_granularity = i->map_granularity;
+    o->device_ids_count = 0; /* the host backend has no device ordinals to send */
+    for (uint32_t d = 0; i->backend != 0 && d < i->num_devices && d < KVP_MAX_DEVICES; d++)
+        o->device_ids[o->device_ids_count++] = i->device_ids[d];
+}
+
+void kvp_wire_pool_info_get(kvp_pool_info_t *o, const kvpool_PoolInfo *p)
+{
+    memset(o, 0, sizeof(*o));
+    o->num_layers = p->geometry.num_layers;
+    o->num_pages = p->geometry.num_pages;
+    o->page_size = p->geometry.page_size;
+    o->num_kv_heads = p->geometry.num_kv_heads;
+    o->head_dim = p->geometry.head_dim;
+    o->dtype = (uint32_t)p->geometry.dtype;
+    o->layout = (uint32_t)p->geometry.layout;
+    o->storage = (uint32_t)p->geometry.storage;
+    o->num_devices = p->geometry.num_devices;
+    o->backend = (uint32_t)p->backend;
+    o->elem_bytes = p->elem_bytes;
+    o->heads_per_device = p->heads_per_device;
+    o->pool_bytes = p->pool_bytes;
+    o->layer_bytes = p->layer_bytes;
+    o->v_offset_bytes = p->v_offset_bytes;
+    o->stride_page = p->stride_page;
+    o->stride_n = p->stride_n;
+    o->stride_h = p->stride_h;
+    o->map_granularity = p->map_granularity;
+    for (pb_size_t i = 0; i < p->device_ids_count && i < KVP_MAX_DEVICES; i++)
+        o->device_ids[i] = p->device_ids[i];
+}

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kvp_layout.h"
+#include "kvp_pool_info.h"
 #include "kvpool.pb.h"
 
 #ifdef __cplusplus
@@ -139,5 +140,10 @@ const char *kvp_wire_code_name(kvpool_Code code);
 void kvp_wire_source_put(kvpool_Source *o, uint32_t buffer_id, const kvp_src_layout_t *l,
                          uint32_t layer_begin, uint32_t layer_end);
 void kvp_wire_source_layout(const kvpool_Source *s, kvp_src_layout_t *out);
+
+/* The one place the proto's PoolInfo fields meet common/kvp_pool_info.h: the daemon puts its
+ * description into an answer, the client gets it out of one. */
+void kvp_wire_pool_info_put(kvpool_PoolInfo *o, const kvp_pool_info_t *i);
+void kvp_wire_pool_info_get(kvp_pool_info_t *o, const kvpool_PoolInfo *p);
 
 #endif

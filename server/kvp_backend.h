@@ -21,6 +21,7 @@
 #include "kvp_kernels.h"
 #include "kvp_kernels_cuda.h"
 #include "kvp_layout.h"
+#include "kvp_pool_info.h"
 
 typedef struct kvp_backend kvp_backend_t;
 
@@ -135,6 +136,9 @@ struct kvp_backend {
 /* Creates the host backend: a memfd of pool_bytes, mapped shared, filled with zeros.
  * Returns 0, KVP_EINVAL (bad geometry) or -errno. Destroy through b->ops->destroy. */
 int kvp_backend_host_create(const kvp_geom_t *g, kvp_backend_t **out);
+
+/* The pool as workers are told of it (PoolInfo, Hello): geometry, strides, devices. */
+void kvp_backend_pool_info(const kvp_backend_t *b, kvp_pool_info_t *out);
 
 /* The kernels' description of e's source for the layer whose rows start at base (the
  * buffer's address plus (layer - layer_begin) * layer_stride): offsets applied, byte strides

@@ -40,6 +40,33 @@ void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t la
     kv->stride_h = d->stride_h;
 }
 
+void kvp_backend_pool_info(const kvp_backend_t *b, kvp_pool_info_t *out)
+{
+    const kvp_geom_t *g = &b->geom;
+    const kvp_geom_derived_t *d = &b->derived;
+    *out = (kvp_pool_info_t){.num_layers = g->num_layers,
+                             .num_pages = g->num_pages,
+                             .page_size = g->page_size,
+                             .num_kv_heads = g->num_kv_heads,
+                             .head_dim = g->head_dim,
+                             .dtype = (uint32_t)g->dtype,
+                             .layout = (uint32_t)g->layout,
+                             .storage = (uint32_t)g->storage,
+                             .num_devices = g->num_devices ? g->num_devices : 1,
+                             .backend = b->kind,
+                             .elem_bytes = d->elem_bytes,
+                             .heads_per_device = d->heads,
+                             .pool_bytes = d->pool_bytes,
+                             .layer_bytes = d->layer_bytes,
+                             .v_offset_bytes = d->v_offset_bytes,
+                             .stride_page = d->stride_page,
+                             .stride_n = d->stride_n,
+                             .stride_h = d->stride_h,
+                             .map_granularity = b->map_granularity};
+    for (uint32_t i = 0; i < b->num_device_ids && i < KVP_MAX_DEVICES; i++)
+        out->device_ids[i] = b->device_ids[i];
+}
+
 void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uint8_t *base,
                           kvp_append_src_t *src)
 {

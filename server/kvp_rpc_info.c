@@ -13,31 +13,9 @@
 
 void kvp__rpc_fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi)
 {
-    const kvp_backend_t *b = r->backend;
-    const kvp_geom_t *g = &b->geom;
-    const kvp_geom_derived_t *d = &b->derived;
-    pi->has_geometry = true;
-    pi->geometry.num_layers = g->num_layers;
-    pi->geometry.num_pages = g->num_pages;
-    pi->geometry.page_size = g->page_size;
-    pi->geometry.num_kv_heads = g->num_kv_heads;
-    pi->geometry.head_dim = g->head_dim;
-    pi->geometry.dtype = (kvpool_DType)g->dtype;
-    pi->geometry.layout = (kvpool_Layout)g->layout;
-    pi->geometry.storage = (kvpool_Storage)g->storage;
-    pi->geometry.num_devices = g->num_devices ? g->num_devices : 1;
-    pi->backend = (kvpool_BackendKind)b->kind;
-    pi->pool_bytes = d->pool_bytes;
-    pi->layer_bytes = d->layer_bytes;
-    pi->v_offset_bytes = d->v_offset_bytes;
-    pi->stride_page = d->stride_page;
-    pi->stride_n = d->stride_n;
-    pi->stride_h = d->stride_h;
-    pi->elem_bytes = d->elem_bytes;
-    pi->heads_per_device = d->heads;
-    pi->map_granularity = b->map_granularity;
-    for (uint32_t i = 0; i < b->num_device_ids && i < KVP_MAX_DEVICES; i++)
-        pi->device_ids[pi->device_ids_count++] = b->device_ids[i];
+    kvp_pool_info_t info;
+    kvp_backend_pool_info(r->backend, &info);
+    kvp_wire_pool_info_put(pi, &info);
 }
 
 int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi)

@@ -4,6 +4,7 @@ Needs numpy and pytest. The daemon is $KVPOOLD, else $BUILD_DIR/server/kvpoold, 
 build/server/kvpoold of this source tree; libkvpool is found by the package ($KVPOOL_LIB, ...).
 tests/python/run.sh sets everything up.
 """
+import ctypes
 import dataclasses
 import os
 import socket as pysocket
@@ -51,6 +52,18 @@ def test_library_exports_and_error_names():
         e = E.error(code, "msg")
         assert isinstance(e, kvpool.KvpoolError) and e.code == code and e.message == "msg"
         assert e.name in str(e)
+
+
+def test_ctypes_mirrors_have_the_c_sizes():
+    # every struct the package mirrors is the size libkvpool compiled (a field added on one
+    # side only would shift what the other reads)
+    from kvpool import _lib
+    lib = _lib.load()
+    names = ["kvp_client_opts_t", "kvp_pool_info_t", "kvp_page_table_t", "kvp_source_t",
+             "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t"]
+    for name in names:
+        assert lib.kvp_client_sizeof(name.encode()) == ctypes.sizeof(getattr(_lib, name)), name
+    assert lib.kvp_client_sizeof(b"no_such_t") == 0
 
 
 def test_pool_info_and_handle(small, request):

@@ -179,6 +179,7 @@ _int = ctypes.c_int
 # name: (restype, argtypes), exactly the prototypes of kvpool.h.
 _PROTOTYPES = {
     "kvp_client_default_socket": (ctypes.c_char_p, [ctypes.c_char_p, ctypes.c_size_t]),
+    "kvp_client_sizeof": (ctypes.c_size_t, [ctypes.c_char_p]),
     "kvp_client_connect": (
         _int,
         [ctypes.POINTER(kvp_client_opts_t), ctypes.POINTER(_c), ctypes.c_char_p, ctypes.c_size_t],
