@@ -268,8 +268,7 @@ uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r)
 {
     return kvp_ns_next_deadline(&r->ns);
 }
-int kvp__rpc_hello(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                   uint64_t now_ms)
+KVP_RPC_HANDLER(hello)
 {
     const uint64_t id = req->id;
     const kvpool_HelloRequest *h = &req->body.hello;

@@ -73,8 +73,7 @@ void kvp__rpc_buf_release(kvp_rpc_t *r, kvp_buffer_t *b)
 }
 
 /* ---- sessions ------------------------------------------------------------------------- */
-int kvp__rpc_register_buffer(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
-                             kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(register_buffer)
 {
     const uint64_t id = req->id;
     const kvpool_RegisterBufferRequest *q = &req->body.register_buffer;
@@ -166,8 +165,7 @@ kvp_session_buffer_t *kvp__rpc_find_buffer(kvp_session_t *s, uint32_t buffer_id)
     return NULL;
 }
 
-int kvp__rpc_unregister_buffer(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
-                               kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(unregister_buffer)
 {
     const uint64_t id = req->id;
     const kvpool_UnregisterBufferRequest *q = &req->body.unregister_buffer;

@@ -27,8 +27,7 @@ int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi
     pi->num_fds = (uint32_t)n;
     return 0;
 }
-int kvp__rpc_stats(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                   uint64_t now_ms)
+KVP_RPC_HANDLER(stats)
 {
     const uint64_t id = req->id;
     (void)s;
@@ -73,8 +72,7 @@ int kvp__rpc_stats(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kv
     return 0;
 }
 
-int kvp__rpc_list_sequences(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
-                            kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(list_sequences)
 {
     const uint64_t id = req->id;
     const kvpool_ListSequencesRequest *q = &req->body.list_sequences;
@@ -112,8 +110,7 @@ int kvp__rpc_list_sequences(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request
     return 0;
 }
 
-int kvp__rpc_list_clients(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
-                          kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(list_clients)
 {
     const uint64_t id = req->id;
     (void)s;
@@ -134,8 +131,7 @@ int kvp__rpc_list_clients(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *
     return 0;
 }
 
-int kvp__rpc_audit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                   uint64_t now_ms)
+KVP_RPC_HANDLER(audit)
 {
     const uint64_t id = req->id;
     (void)s;

@@ -83,8 +83,7 @@ void kvp__rpc_count_alloc_failure(kvp_rpc_t *r, int rc)
 }
 
 /* ---- the calls -------------------------------------------------------------------------- */
-int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                     uint64_t now_ms)
+KVP_RPC_HANDLER(reserve)
 {
     const uint64_t id = req->id;
     uint32_t n;
@@ -310,8 +309,7 @@ static int take_rank_sources(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Append
     return 0;
 }
 
-int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                    uint64_t now_ms)
+KVP_RPC_HANDLER(append)
 {
     const uint64_t id = req->id;
     const kvpool_AppendRequest *q = &req->body.append;
@@ -450,8 +448,7 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
     kvp_wire_table_bind_encode(&ar->table, &io->out);
 }
 
-int kvp__rpc_fork(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                  uint64_t now_ms)
+KVP_RPC_HANDLER(fork)
 {
     const uint64_t id = req->id;
     const kvpool_ForkRequest *q = &req->body.fork;
@@ -469,8 +466,7 @@ int kvp__rpc_fork(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp
     return 0;
 }
 
-int kvp__rpc_truncate(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                      uint64_t now_ms)
+KVP_RPC_HANDLER(truncate)
 {
     const uint64_t id = req->id;
     const kvpool_TruncateRequest *q = &req->body.truncate;
@@ -490,8 +486,7 @@ int kvp__rpc_truncate(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
     return 0;
 }
 
-int kvp__rpc_release(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                     uint64_t now_ms)
+KVP_RPC_HANDLER(release)
 {
     const uint64_t id = req->id;
     (void)now_ms;
@@ -505,8 +500,7 @@ int kvp__rpc_release(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, 
     return 0;
 }
 
-int kvp__rpc_get_page_table(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
-                            kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(get_page_table)
 {
     const uint64_t id = req->id;
     (void)now_ms;

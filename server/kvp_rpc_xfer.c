@@ -69,8 +69,7 @@ static int xfer_ids(kvpool_Response *resp, uint64_t id, const uint64_t *seq_id, 
 /* ExportBegin: answers at once with the communicator's id; the send runs as io->bg_job. The
  * sequences' pages are pinned until it ends (a Release meanwhile cannot hand them to another
  * sequence); tokens appended meanwhile are not part of the transfer. */
-int kvp__rpc_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
-                          kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(export_begin)
 {
     const uint64_t id = req->id;
     const kvpool_ExportBeginRequest *q = &req->body.export_begin;
@@ -155,8 +154,7 @@ int kvp__rpc_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *
 /* Import: the new sequences' pages are allocated all-or-nothing here, the receive runs as the
  * connection's job, and kvp_rpc_job_finish answers; a failed transfer releases the sequences,
  * so the pool is as it was before the call. */
-int kvp__rpc_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
-                    uint64_t now_ms)
+KVP_RPC_HANDLER(import)
 {
     const uint64_t id = req->id;
     const kvpool_ImportRequest *q = &req->body.import;
@@ -297,8 +295,7 @@ void kvp_rpc_bg_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, uint64_t now_ms)
     kvp__rpc_xfer_unpin(r, j);
 }
 
-int kvp__rpc_list_transfers(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
-                            kvp_rpc_io_t *io, uint64_t now_ms)
+KVP_RPC_HANDLER(list_transfers)
 {
     const uint64_t id = req->id;
     (void)s;
