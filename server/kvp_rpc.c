@@ -95,8 +95,11 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
                              .max_bytes = budget(lim)};
     if ((rc = kvp_dedup_init(&r->dedup, lim->max_namespaces, &dl)))
         goto fail;
-    for (unsigned i = 1; i < kvp__rpc_num_calls; i++)
+    for (unsigned i = 1; i < kvp__rpc_num_calls; i++) {
+        assert(kvp__rpc_calls[i].req_tag <= KVP_RPC_MAX_TAG &&
+               !r->by_tag[kvp__rpc_calls[i].req_tag]);
         r->by_tag[kvp__rpc_calls[i].req_tag] = &kvp__rpc_calls[i];
+    }
     r->items = calloc(lim->max_batch, sizeof(*r->items));
     if (!r->items) {
         rc = KVP_ENOMEM;
