@@ -10,6 +10,7 @@
 #include "kvp_kernels.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kvp_error.h"
@@ -26,20 +27,32 @@ static int64_t seq_len_of(const kvp_paged_kv_t *kv, uint32_t b)
 
 /* *out = the byte extent of an [n0, n1, n2] tensor whose last dimension of n2 elements is
  * contiguous and whose other strides are s0 and s1 (elements): the offset one past its last
- * byte. False when a stride is negative or the extent overflows int64. All n > 0. */
+ * byte. Computed in unsigned 64-bit with overflow checks. False when a stride is negative, when a
+ * stride's byte step does not fit in ptrdiff_t whatever its count (the copy turns every stride
+ * into a byte step once, so a stride of 2^63 - 1 elements for one token is refused too), or when
+ * the extent does. All n > 0. */
 static bool extent_ok(uint64_t n0, int64_t s0, uint64_t n1, int64_t s1, uint64_t n2,
                       uint32_t elem_bytes, int64_t *out)
 {
-    int64_t a, b, e;
-    if (s0 < 0 || s1 < 0)
+    uint64_t step0, step1, a, b, row, e;
+    if (s0 < 0 || s1 < 0 || !n0 || !n1 || !n2)
         return false;
-    if (__builtin_mul_overflow((int64_t)(n0 - 1), s0, &a) ||
-        __builtin_mul_overflow((int64_t)(n1 - 1), s1, &b) || __builtin_add_overflow(a, b, &e) ||
-        __builtin_add_overflow(e, (int64_t)n2, &e) ||
-        __builtin_mul_overflow(e, (int64_t)elem_bytes, &e))
+    if (__builtin_mul_overflow((uint64_t)s0, elem_bytes, &step0) ||
+        __builtin_mul_overflow((uint64_t)s1, elem_bytes, &step1) || step0 > PTRDIFF_MAX ||
+        step1 > PTRDIFF_MAX || __builtin_mul_overflow(n0 - 1, step0, &a) ||
+        __builtin_mul_overflow(n1 - 1, step1, &b) || __builtin_add_overflow(a, b, &e) ||
+        __builtin_mul_overflow(n2, elem_bytes, &row) || __builtin_add_overflow(e, row, &e) ||
+        e > PTRDIFF_MAX)
         return false;
-    *out = e;
+    *out = (int64_t)e;
     return true;
+}
+
+/* True when [p, p + extent) is an address range: it does not wrap around the address space
+ * (a pointer plus a byte offset that wraps is undefined behaviour before any load). */
+static bool span_ok(const void *p, int64_t extent)
+{
+    return (uintptr_t)p <= UINTPTR_MAX - (uint64_t)extent;
 }
 
 /* The part of a paged-KV description that page copies use too: data pointers, sizes, element
@@ -57,7 +70,8 @@ static int check_pool_shape(const kvp_paged_kv_t *kv)
     if (!extent_ok(kv->page_size, kv->stride_n, kv->num_heads, kv->stride_h, kv->head_dim,
                    kv->elem_bytes, &page_extent) ||
         !extent_ok(kv->num_pages, kv->stride_page, 1, 0, (uint64_t)page_extent / kv->elem_bytes,
-                   kv->elem_bytes, &pool_extent))
+                   kv->elem_bytes, &pool_extent) ||
+        !span_ok(kv->k_data, pool_extent) || !span_ok(kv->v_data, pool_extent))
         return KVP_EINVAL;
     return 0;
 }
@@ -104,9 +118,11 @@ static void copy_rows(unsigned char *dst, int64_t dst_step, const unsigned char 
         memcpy(dst + (int64_t)r * dst_step, src + (int64_t)r * src_step, row_bytes);
 }
 
-/* Contract in kvp_kernels.h. Source strides must be >= 0 (KVP_EINVAL otherwise) and the
- * source must not overlap the pool. Two tokens naming the same slot: the later one wins.
- * Callers must not run appends that write the same pages concurrently. */
+/* Contract in kvp_kernels.h. Source strides must be >= 0, each stride's byte step and the
+ * source's byte extent must fit in ptrdiff_t and not wrap the address space (KVP_EINVAL
+ * otherwise, whatever nnz and num_heads are), and the source must not overlap the pool. Two
+ * tokens naming the same slot: the later one wins. Callers must not run appends that write the
+ * same pages concurrently. */
 int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                                   const int32_t *batch_indices, const int32_t *positions,
                                   uint32_t nnz)
@@ -123,7 +139,8 @@ int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src
         !extent_ok(nnz, src->k_stride_n, kv->num_heads, src->k_stride_h, kv->head_dim,
                    kv->elem_bytes, &k_extent) ||
         !extent_ok(nnz, src->v_stride_n, kv->num_heads, src->v_stride_h, kv->head_dim,
-                   kv->elem_bytes, &v_extent))
+                   kv->elem_bytes, &v_extent) ||
+        !span_ok(src->key, k_extent) || !span_ok(src->value, v_extent))
         return KVP_EINVAL;
     for (uint32_t i = 0; i < nnz; i++) {
         int32_t b = batch_indices[i];

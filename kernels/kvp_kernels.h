@@ -82,7 +82,10 @@ int kvp_paged_kv_check(const kvp_paged_kv_t *kv);
  * append_paged_kv_cache on the CPU. Validates everything first (kvp_paged_kv_check, source
  * pointers and strides, and for each non-padding token: batch index < batch_size and
  * 0 <= position < seq_len of its request), then copies. Returns 0; KVP_EINVAL or KVP_ERANGE
- * with the cache untouched. nnz = 0 returns 0 without reading anything else.
+ * with the cache untouched. nnz = 0 returns 0 without reading anything else. A stride (pool or
+ * source) is KVP_EINVAL when it is negative or its byte step (stride * elem_bytes) does not fit
+ * in ptrdiff_t, even when it is never used (one token, one head), and so is a tensor whose byte
+ * extent overflows or wraps the address space: all computed in unsigned 64-bit first.
  */
 int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                                   const int32_t *batch_indices, const int32_t *positions,

@@ -90,7 +90,11 @@ static int host_export(kvp_backend_t *b, int *fds, int max)
     return 1;
 }
 
-/* Host memory only: a CUDA kind is refused, and events are ignored (no done event). */
+/* Host memory only: a CUDA kind is refused, and events are ignored (no done event). Every
+ * refusal that is the client's descriptor's fault is a KVP_* code or -EACCES (not open for
+ * reading), never an mmap errno the rpc layer would have to guess at: the rpc side
+ * (kvp_rpc_buf.c) answers each with INVALID_ARGUMENT and says what is wrong. Only a failure
+ * that is the daemon's own (out of address space: KVP_ENOMEM, other errno values) is not. */
 static int host_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer_t *out,
                        uint8_t *done_event_out, uint32_t *done_event_len)
 {
@@ -102,18 +106,31 @@ static int host_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
         *done_event_len = 0;
     if (kind != kvpool_BufferKind_BUFFER_MEMFD || fd < 0 || size_bytes == 0)
         return KVP_EINVAL;
+    /* The daemon maps the buffer PROT_READ: a descriptor opened write-only (a memfd reopened
+     * through /proc/self/fd with O_WRONLY) or O_PATH cannot be mapped (mmap: EACCES). */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || (fl & O_ACCMODE) == O_WRONLY || (fl & O_PATH))
+        return -EACCES;
     struct stat st;
     if (fstat(fd, &st) < 0)
-        return -errno;
+        return KVP_EINVAL; /* the fd came with the frame: a failure here is not ours */
     if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < size_bytes)
         return KVP_EINVAL; /* not a memfd/file, or smaller than claimed */
     /* A buffer its owner could shrink would SIGBUS the copy thread: only sealed memfds. */
     int seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0 || !(seals & F_SEAL_SHRINK))
         return KVP_EPERM;
-    void *p = mmap(NULL, size_bytes, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-        return -errno;
+    void *p = mmap(NULL, (size_t)size_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int err = errno;
+        kvp_log(KVP_LOG_INFO, "buffer mmap failed size_bytes=%llu err=%s",
+                (unsigned long long)size_bytes, kvp_errname(-err));
+        if (err == EACCES)
+            return -EACCES;
+        if (err == EINVAL || err == ENODEV || err == EOVERFLOW)
+            return KVP_EINVAL; /* a file that cannot be mapped this way: the client's */
+        return err == ENOMEM ? KVP_ENOMEM : -err; /* the daemon's own (address space, fds) */
+    }
     close(fd);
     out->kind = kind;
     out->size_bytes = size_bytes;

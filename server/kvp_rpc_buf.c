@@ -5,6 +5,7 @@
  */
 #include "kvp_rpc_internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,10 +138,21 @@ KVP_RPC_HANDLER(register_buffer)
                                                            .event_len = q->event_handle.size},
                                        &sb->buf, done_event, &done_len);
     if (rc) {
-        kvp_rpc_error(resp, id, rc == KVP_EPERM ? KVP_EINVAL : rc, "cannot import the buffer: %s",
-                      rc == KVP_EPERM ? "a memfd must carry F_SEAL_SHRINK (so it cannot be "
-                                        "shrunk under the daemon)"
-                                      : kvp_strerror(rc));
+        /* the backend's refusals of the client's descriptor are INVALID_ARGUMENT, each with what
+         * is wrong; only the daemon's own failures keep their code */
+        const int host_fd = wants_fd && r->backend->kind == kvpool_BackendKind_BACKEND_HOST;
+        const char *what =
+            rc == KVP_EPERM ? "a memfd must carry F_SEAL_SHRINK (so it cannot be shrunk under "
+                              "the daemon)"
+            : rc == -EACCES ? "the daemon may not map the fd: it must be open for reading, "
+                              "not O_WRONLY or O_PATH (send the memfd itself or a descriptor "
+                              "opened O_RDWR)"
+            : rc == KVP_EINVAL && host_fd
+                ? "the fd must be a memfd (a regular file that can be mapped) of at least "
+                  "size_bytes bytes"
+                : kvp_strerror(rc);
+        kvp_rpc_error(resp, id, rc == KVP_EPERM || rc == -EACCES ? KVP_EINVAL : rc,
+                      "cannot import the buffer: %s", what);
         return 0;
     }
     if (wants_fd)

@@ -105,7 +105,10 @@ KVP_RPC_HANDLER(reserve)
 }
 
 /* Checks the source ranges of an append against the buffer: every byte any layer, token and
- * head reads lies inside it, offsets and strides are multiples of the element size. */
+ * head reads lies inside it, offsets and strides are multiples of the element size. All in
+ * unsigned 64-bit with overflow checks, before anything runs. A stride larger than the buffer
+ * is refused whatever nnz, the layer range or the head count is: (nnz - 1) * stride is 0 for one
+ * token, but the copy still turns every stride into a signed byte step (kvp_kernels.h). */
 static int check_source(const kvp_rpc_t *r, const kvp_src_layout_t *src, const kvp_buffer_t *buf,
                         uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
 {
@@ -119,6 +122,20 @@ static int check_source(const kvp_rpc_t *r, const kvp_src_layout_t *src, const k
             snprintf(why, why_len, "source offsets and strides must be multiples of %llu bytes",
                      (unsigned long long)e);
             return KVP_EINVAL;
+        }
+    static const char *const names[KVP_SRC_LAYOUT_WORDS] = {
+        "k_offset",   "v_offset",   "k_stride_n",  "k_stride_h",
+        "v_stride_n", "v_stride_h", "layer_stride"};
+    _Static_assert(offsetof(kvp_src_layout_t, v_offset) == 1 * sizeof(uint64_t) &&
+                       offsetof(kvp_src_layout_t, k_stride_n) == 2 * sizeof(uint64_t) &&
+                       offsetof(kvp_src_layout_t, v_stride_n) == 4 * sizeof(uint64_t) &&
+                       offsetof(kvp_src_layout_t, layer_stride) == 6 * sizeof(uint64_t),
+                   "names[] follows kvp_src_layout_t's field order");
+    for (unsigned i = 0; i < KVP_SRC_LAYOUT_WORDS; i++)
+        if (vals[i] > buf->size_bytes) {
+            snprintf(why, why_len, "source %s %llu exceeds buffer of %llu bytes", names[i],
+                     (unsigned long long)vals[i], (unsigned long long)buf->size_bytes);
+            return KVP_ERANGE;
         }
     if (nnz == 0)
         return 0;

@@ -8,10 +8,12 @@
  *
  * The same stream is cut independently by a plain reference parser (everything received,
  * kept in one array). Checked on every frame: same length and payload as the reference; its
- * fds are exactly the fds delivered with a chunk that ended inside the frame (in order, at
- * most KVP_MAX_FDS_PER_FRAME); an oversize header is refused exactly when the reference sees
- * one; the buffer never exceeds max_frame_bytes + 4. At the end, after kvp_frame_reader_free,
- * every fd was handed to exactly one frame or dropped exactly once.
+ * fds are exactly the fds delivered with a chunk that ended inside the frame and not refused
+ * (in order, at most KVP_FRAME_MAX_FDS_PER_FRAME); a chunk whose fds would leave more than
+ * KVP_FRAME_MAX_PENDING_FDS pending (those delivered, not yet taken or dropped) is refused
+ * (KVP_ELIMIT) and all its fds dropped at once; an oversize header is refused exactly when the
+ * reference sees one; the buffer never exceeds max_frame_bytes + 4. At the end, after
+ * kvp_frame_reader_free, every fd was handed to exactly one frame or dropped exactly once.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -77,7 +79,7 @@ static int cut(kvp_frame_reader_t *r, size_t *ref_off)
         int k = 0;
         for (int i = 0; i < num_fds; i++) {
             if (fdinfo[i].at >= start && fdinfo[i].at < end && !fdinfo[i].seen) {
-                if (k < KVP_MAX_FDS_PER_FRAME) {
+                if (k < KVP_FRAME_MAX_FDS_PER_FRAME) {
                     if (k >= f.nfds || f.fds[k] != i)
                         abort();
                     fdinfo[i].seen++;
@@ -140,7 +142,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fdinfo[num_fds].seen = 0;
             num_fds++;
         }
-        (void)kvp_frame_reader_commit(&r, want, fds, nfds);
+        int pending = 0; /* the reference's count of what the reader holds */
+        for (int k = 0; k < num_fds - nfds; k++)
+            pending += !fdinfo[k].seen;
+        if (pending != r.nfds)
+            abort();
+        int refuse =
+            nfds > KVP_FRAME_MAX_FDS_PER_FRAME || pending + nfds > KVP_FRAME_MAX_PENDING_FDS;
+        int crc = kvp_frame_reader_commit(&r, want, fds, nfds);
+        if (crc != (refuse ? KVP_ELIMIT : 0))
+            abort();
+        for (int k = num_fds - nfds; k < num_fds; k++)
+            if (fdinfo[k].seen != refuse)
+                abort(); /* a refused read's fds are dropped at once, the others kept */
+        if (r.nfds > KVP_FRAME_MAX_PENDING_FDS)
+            abort();
         stream_len += want;
         if (r.cap > (size_t)max + 4 || r.len > r.cap || r.head > r.len)
             abort();

@@ -8,6 +8,11 @@
  * seq lens and page copies. Properties: no out-of-bounds access (ASan) and no undefined
  * behaviour (UBSan); a call that returns an error leaves the pool (and the outputs it promises
  * not to touch) unchanged.
+ *
+ * Bit 6 of the first byte makes one stride hostile (issue #15): a source or pool stride whose
+ * byte step (stride * elem_bytes) does not fit in ptrdiff_t, read from the input. No buffer can
+ * be that large, so every call given it must refuse it whatever its counts are (one token, one
+ * head, one page): the harness aborts when one returns 0.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -128,11 +133,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* a mismatched elem_bytes must not let the kernel past the buffers: keep it <= eb */
     if (kv.elem_bytes > eb)
         kv.elem_bytes = eb;
+    /* a hostile stride: > PTRDIFF_MAX / elem_bytes elements (0..3 source, 4..6 pool); with
+     * one-byte elements every int64 stride has a byte step that fits, so none is hostile */
+    int hostile = ((g0 >> 6) & 1) && kv.elem_bytes >= 2;
+    uint32_t hostile_which = 0;
+    int64_t hostile_stride = 0;
+    if (hostile) {
+        hostile_which = u8(&r) % 7;
+        uint64_t lo = (uint64_t)PTRDIFF_MAX / kv.elem_bytes + 1;
+        uint64_t span = (uint64_t)INT64_MAX - lo + 1, x = 0;
+        for (int i = 0; i < 8; i++)
+            x |= (uint64_t)u8(&r) << (8 * i);
+        hostile_stride = (int64_t)(lo + x % span);
+        if (hostile_which == 4)
+            kv.stride_page = hostile_stride;
+        else if (hostile_which == 5)
+            kv.stride_n = hostile_stride;
+        else if (hostile_which == 6)
+            kv.stride_h = hostile_stride;
+    }
+    const int hostile_pool = hostile && hostile_which >= 4;
 
     int verbose = getenv("KVP_FUZZ_VERBOSE") != NULL; /* to check what a seed reaches */
     int rc = kvp_paged_kv_check(&kv);
     if (verbose)
         fprintf(stderr, "check %d\n", rc);
+    if (hostile_pool && rc == 0) {
+        fprintf(stderr, "fuzz_kernel: hostile pool stride %lld accepted by the check\n",
+                (long long)hostile_stride);
+        abort();
+    }
 
     /* seq lens */
     int32_t seq_lens[MAX_B + 1];
@@ -158,9 +188,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                             .k_stride_h = head_dim,
                             .v_stride_n = (int64_t)heads * head_dim,
                             .v_stride_h = head_dim};
+    if (hostile && hostile_which < 4)
+        *(hostile_which == 0   ? &src.k_stride_n
+          : hostile_which == 1 ? &src.k_stride_h
+          : hostile_which == 2 ? &src.v_stride_n
+                               : &src.v_stride_h) = hostile_stride;
     rc = kvp_append_paged_kv_cache_cpu(&kv, &src, bi, pos, nnz);
     if (verbose)
         fprintf(stderr, "append nnz=%u %d\n", nnz, rc);
+    if (hostile && nnz && rc == 0) {
+        fprintf(stderr, "fuzz_kernel: append accepted hostile stride %lld (which %u)\n",
+                (long long)hostile_stride, hostile_which);
+        abort();
+    }
     if (rc != 0) {
         check_same(k, k0, pool_bytes, "K pool (append)");
         check_same(v, v0, pool_bytes, "V pool (append)");
@@ -201,6 +241,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rc = kvp_page_copy_cpu(&kv, copies, ncopies);
     if (verbose)
         fprintf(stderr, "page_copy n=%u %d\n", ncopies, rc);
+    if (hostile_pool && ncopies && rc == 0) {
+        fprintf(stderr, "fuzz_kernel: page copy accepted hostile pool stride %lld\n",
+                (long long)hostile_stride);
+        abort();
+    }
     if (rc != 0) {
         check_same(k, k0, pool_bytes, "K pool (page copy)");
         check_same(v, v0, pool_bytes, "V pool (page copy)");

@@ -227,6 +227,66 @@ static void response_seeds(const char *dir)
     put_file(dir, "stats_error");
 }
 
+/* fuzz_rpc inputs of issue #15 defect 1: Appends whose source offsets and strides overflow
+ * 64-bit products or zero them (one token, one layer), each after a RegisterBuffer of 4 KiB;
+ * then the valid Append, so the buffer and the session are still in use afterwards. */
+static void hostile_rpc_seeds(const char *dir)
+{
+    uint64_t seq = 7;
+    uint32_t one = 1;
+    hello("ns", 0);
+    kvpool_Request q = req(kvpool_Request_register_buffer_tag);
+    q.body.register_buffer.kind = kvpool_BufferKind_BUFFER_MEMFD;
+    q.body.register_buffer.size_bytes = 4096;
+    put_msg(kvpool_Request_fields, &q);
+    /* one token, 2 heads of 16 fp16, 2 layers: K at 0, V at 64 */
+    const kvpool_Source ok = {.buffer_id = 1,
+                              .v_offset = 64,
+                              .k_stride_n = 64,
+                              .k_stride_h = 32,
+                              .v_stride_n = 64,
+                              .v_stride_h = 32,
+                              .layer_stride = 128};
+    kvpool_Source src = ok;
+    src.k_stride_n = UINT64_MAX - 1; /* the issue's Append: (nnz - 1) * stride == 0 */
+    batch_call(kvpool_Request_append_tag, 1, &seq, &one, &src);
+    src = ok;
+    src.layer_end = 1;
+    src.layer_stride = UINT64_C(1) << 63; /* one layer: (layers - 1) * stride == 0 */
+    batch_call(kvpool_Request_append_tag, 1, &seq, &one, &src);
+    src = ok;
+    src.v_offset = UINT64_MAX - 31; /* the end wraps past 2^64 */
+    batch_call(kvpool_Request_append_tag, 1, &seq, &one, &src);
+    src = ok;
+    src.k_stride_h = UINT64_C(1) << 63; /* (heads - 1) * stride == 2^63 */
+    batch_call(kvpool_Request_append_tag, 1, &seq, &one, &src);
+    src = ok;
+    src.v_stride_n = UINT64_MAX - 1;
+    batch_call(kvpool_Request_append_tag, 1, &seq, &one, &src);
+    batch_call(kvpool_Request_append_tag, 1, &seq, &one, &ok);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "hostile_strides");
+}
+
+/* fuzz_rpc inputs of issue #15 defect 2: Hellos whose names are not UTF-8 or leave the
+ * documented character set (each refused), then a valid Hello and Stats and ListClients,
+ * whose answers must stay valid UTF-8. */
+static void hostile_names_seed(const char *dir)
+{
+    static const char *const bad[] = {"\xff\xfe", "a b", "k=v", "\xc0\x80", "quo\"te"};
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        hello(bad[i], 0);
+    kvpool_Request q = req(kvpool_Request_hello_tag);
+    q.body.hello.protocol_version = KVP_PROTOCOL_VERSION;
+    snprintf(q.body.hello.namespace, sizeof(q.body.hello.namespace), "ns");
+    snprintf(q.body.hello.client_name, sizeof(q.body.hello.client_name), "\xed\xa0\x80");
+    put_msg(kvpool_Request_fields, &q);
+    hello("ns", 0);
+    simple(kvpool_Request_stats_tag);
+    simple(kvpool_Request_list_clients_tag);
+    put_file(dir, "hostile_names");
+}
+
 /* fuzz_kernel inputs: geometry bytes, flags, then the tables (see fuzz_kernel.c). */
 static void kernel_seeds(const char *dir)
 {
@@ -269,6 +329,43 @@ static void kernel_seeds(const char *dir)
     memcpy(file_buf, extreme, sizeof(extreme));
     file_len = sizeof(extreme);
     put_file(dir, "extreme");
+}
+
+/* fuzz_kernel inputs with a hostile stride (bit 6 of the first byte, see fuzz_kernel.c): the
+ * valid append's layer (with `heads` heads) and table, then [which stride][8 bytes x]
+ * (stride = 2^62 + x mod 2^62 elements of fp16: a byte step of 2^63 or more), then nnz tokens.
+ * One token or one head is the case the old checks missed: the stride's count is 1. */
+static void hostile_kernel_seed(const char *dir, const char *name, uint8_t which, uint64_t x,
+                                uint8_t nnz, uint8_t heads)
+{
+    const uint8_t g1 = (uint8_t)(0x03 | (heads - 1) << 3); /* page size 4 */
+    const uint8_t head[] = {0x0d | 0x40, g1, 0x07, 0x05, 2, 3, 0, 3, 2, 3, 3, 3, 1};
+    memcpy(file_buf, head, sizeof(head));
+    file_len = sizeof(head);
+    for (int i = 0; i < 128; i++)
+        file_buf[file_len++] = (uint8_t)(i % 4);
+    file_buf[file_len++] = which;
+    for (int i = 0; i < 8; i++)
+        file_buf[file_len++] = (uint8_t)(x >> (8 * i));
+    /* nnz tokens, (b + 1, pos): (0, 0), (0, 1), (0, 2), (1, 0) as in valid_append */
+    const uint8_t tokens[] = {1, 0, 1, 1, 1, 2, 2, 0};
+    file_buf[file_len++] = nnz;
+    memcpy(file_buf + file_len, tokens, 2u * nnz);
+    file_len += 2u * nnz;
+    /* cap 4, append indptr 0 2 4, seq lens 3 1; 1 copy: 0->3 */
+    const uint8_t tail[] = {4, 0, 2, 4, 3, 1, 1, 0, 3};
+    memcpy(file_buf + file_len, tail, sizeof(tail));
+    file_len += sizeof(tail);
+    put_file(dir, name);
+}
+
+static void hostile_kernel_seeds(const char *dir)
+{
+    const uint64_t top = (UINT64_C(1) << 62) - 1; /* stride INT64_MAX: 2^64 - 2 bytes */
+    hostile_kernel_seed(dir, "hostile_k_stride_n_one_token", 0, top, 1, 2);
+    hostile_kernel_seed(dir, "hostile_v_stride_h_one_head", 3, 0, 4, 1);
+    hostile_kernel_seed(dir, "hostile_pool_stride_h_one_head", 6, 0, 1, 1);
+    hostile_kernel_seed(dir, "hostile_pool_stride_page", 4, top, 4, 2);
 }
 
 /* fuzz_frame scripts: [max byte][grow byte] then ops: a chunk (op & 0x3f) + 1 bytes long with
@@ -412,10 +509,13 @@ int main(int argc, char **argv)
     char d[512];
     snprintf(d, sizeof(d), "%s/fuzz_rpc", argv[1]);
     rpc_seeds(d);
+    hostile_rpc_seeds(d);
+    hostile_names_seed(d);
     snprintf(d, sizeof(d), "%s/fuzz_response", argv[1]);
     response_seeds(d);
     snprintf(d, sizeof(d), "%s/fuzz_kernel", argv[1]);
     kernel_seeds(d);
+    hostile_kernel_seeds(d);
     snprintf(d, sizeof(d), "%s/fuzz_frame", argv[1]);
     frame_seeds(d);
     snprintf(d, sizeof(d), "%s/fuzz_http", argv[1]);

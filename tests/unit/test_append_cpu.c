@@ -780,6 +780,41 @@ static void source_extent_overflows(guard_env_t *e)
 {
     e->src.v_stride_n = INT64_MAX / 16;
 }
+/* Issue #15 defect 1: strides whose count is 1 (one token, one head) multiply by 0 in the
+ * extent, but their byte step (stride * elem_bytes) overflows int64 all the same: the daemon's
+ * Append with k_stride_n = 2^64 - 2 bytes became this call. */
+static void one_token(guard_env_t *e)
+{
+    e->nnz = 1; /* token 0: request 0, position 0, a valid slot */
+}
+static void one_token_k_stride_n_2p64_minus_2_bytes(guard_env_t *e)
+{
+    one_token(e);
+    e->src.k_stride_n = INT64_MAX; /* (2^64 - 2) / 2 bytes of fp16 */
+}
+static void one_token_v_stride_n_2p63_bytes(guard_env_t *e)
+{
+    one_token(e);
+    e->src.v_stride_n = (int64_t)(UINT64_C(1) << 62); /* 2^63 bytes: one past ptrdiff_t */
+}
+static void one_head_k_stride_h_int64_max(guard_env_t *e)
+{
+    e->kv.num_heads = 1;
+    e->src.k_stride_h = INT64_MAX;
+}
+static void one_head_pool_stride_h_int64_max(guard_env_t *e)
+{
+    e->kv.num_heads = 1;
+    e->kv.stride_h = INT64_MAX;
+}
+static void source_wraps_address_space(guard_env_t *e)
+{
+    e->src.value = (const void *)(UINTPTR_MAX - 64); /* its extent wraps past the top */
+}
+static void pool_wraps_address_space(guard_env_t *e)
+{
+    e->kv.v_data = (void *)(UINTPTR_MAX - 64);
+}
 static void bad_token_after_good_ones(guard_env_t *e)
 {
     e->pos[G_NNZ - 1] = 7; /* request 2 holds 7 tokens: 62 good tokens, then this one */
@@ -823,6 +858,13 @@ static const guard_case_t guard_cases[] = {
     {"pool extent overflows int64", KVP_EINVAL, KVP_EINVAL, pool_extent_overflows},
     {"negative source stride", KVP_EINVAL, 0, source_stride_negative},
     {"source extent overflows int64", KVP_EINVAL, 0, source_extent_overflows},
+    {"one token, k_stride_n of 2^64 - 2 bytes", KVP_EINVAL, 0,
+     one_token_k_stride_n_2p64_minus_2_bytes},
+    {"one token, v_stride_n of 2^63 bytes", KVP_EINVAL, 0, one_token_v_stride_n_2p63_bytes},
+    {"one head, source k_stride_h INT64_MAX", KVP_EINVAL, 0, one_head_k_stride_h_int64_max},
+    {"one head, pool stride_h INT64_MAX", KVP_EINVAL, KVP_EINVAL, one_head_pool_stride_h_int64_max},
+    {"source extent wraps the address space", KVP_EINVAL, 0, source_wraps_address_space},
+    {"pool extent wraps the address space", KVP_EINVAL, KVP_EINVAL, pool_wraps_address_space},
     {"bad token after 62 good ones", KVP_ERANGE, 0, bad_token_after_good_ones},
 };
 #define NUM_GUARD_CASES ((int)(sizeof(guard_cases) / sizeof(guard_cases[0])))
