@@ -35,20 +35,42 @@ static size_t max_cap(const kvp_frame_reader_t *r)
     return (size_t)r->max_frame_bytes + KVP_FRAME_HDR_BYTES;
 }
 
-int kvp_frame_reader_space(kvp_frame_reader_t *r, uint8_t **p, size_t *n)
+/* What kvp_frame_reader_space does before it hands out room: reclaim the bytes earlier frames
+ * used (when nothing is pending or the free tail is under a step) and grow to *ncap. */
+static void plan(const kvp_frame_reader_t *r, int *compact, size_t *ncap)
 {
     size_t want = max_cap(r);
     size_t step = r->grow_bytes ? r->grow_bytes : KVP_FRAME_GROW_BYTES;
-    if (r->head && (r->head == r->len || r->cap - r->len < step)) {
-        /* reclaim what earlier frames used before growing */
+    *compact = r->head && (r->head == r->len || r->cap - r->len < step);
+    size_t len = *compact ? r->len - r->head : r->len;
+    *ncap = r->cap;
+    if (r->cap - len < step && r->cap < want) {
+        size_t n = r->cap + step;
+        if (n > want || n < r->cap)
+            n = want;
+        *ncap = n;
+    }
+}
+
+size_t kvp_frame_reader_growth(const kvp_frame_reader_t *r)
+{
+    int compact;
+    size_t ncap;
+    plan(r, &compact, &ncap);
+    return ncap - r->cap;
+}
+
+int kvp_frame_reader_space(kvp_frame_reader_t *r, uint8_t **p, size_t *n)
+{
+    int compact;
+    size_t ncap;
+    plan(r, &compact, &ncap);
+    if (compact) {
         memmove(r->buf, r->buf + r->head, r->len - r->head);
         r->len -= r->head;
         r->head = 0;
     }
-    if (r->cap - r->len < step && r->cap < want) {
-        size_t ncap = r->cap + step;
-        if (ncap > want || ncap < r->cap)
-            ncap = want;
+    if (ncap != r->cap) {
         uint8_t *nb = realloc(r->buf, ncap);
         if (!nb)
             return KVP_ENOMEM;
@@ -62,6 +84,22 @@ int kvp_frame_reader_space(kvp_frame_reader_t *r, uint8_t **p, size_t *n)
     return 0;
 }
 
+void kvp_frame_reader_trim(kvp_frame_reader_t *r)
+{
+    size_t step = r->grow_bytes ? r->grow_bytes : KVP_FRAME_GROW_BYTES;
+    size_t pending = r->len - r->head;
+    if (r->cap <= step || pending >= step)
+        return;
+    memmove(r->buf, r->buf + r->head, pending);
+    r->len = pending;
+    r->head = 0;
+    uint8_t *nb = realloc(r->buf, step);
+    if (nb) {
+        r->buf = nb;
+        r->cap = step;
+    }
+}
+
 int kvp_frame_reader_commit(kvp_frame_reader_t *r, size_t n, const int *fds, int nfds)
 {
     int rc = 0;
@@ -72,14 +110,15 @@ int kvp_frame_reader_commit(kvp_frame_reader_t *r, size_t n, const int *fds, int
      * a read may start in an earlier frame (one without fds) and only its end lies in the
      * frame whose sendmsg carried them (kvp_frame.h) */
     const uint64_t at = r->rx_total + (n ? n - 1 : 0);
-    for (int i = 0; i < nfds; i++) {
-        if (r->nfds < KVP_FRAME_MAX_PENDING_FDS) {
+    if (nfds > KVP_FRAME_MAX_FDS_PER_FRAME || r->nfds + nfds > KVP_FRAME_MAX_PENDING_FDS) {
+        for (int i = 0; i < nfds; i++)
+            r->drop(fds[i], r->drop_arg);
+        rc = KVP_ELIMIT;
+    } else {
+        for (int i = 0; i < nfds; i++) {
             r->fds[r->nfds].fd = fds[i];
             r->fds[r->nfds].at = at;
             r->nfds++;
-        } else {
-            r->drop(fds[i], r->drop_arg);
-            rc = KVP_ELIMIT;
         }
     }
     r->len += n;
@@ -126,7 +165,7 @@ int kvp_frame_reader_next(kvp_frame_reader_t *r, kvp_frame_t *f)
             r->drop(e->fd, r->drop_arg); /* came with an earlier frame that did not take it */
         else if (e->at >= end)
             r->fds[k++] = *e;
-        else if (f->nfds < KVP_MAX_FDS_PER_FRAME)
+        else if (f->nfds < KVP_FRAME_MAX_FDS_PER_FRAME)
             f->fds[f->nfds++] = e->fd;
         else
             r->drop(e->fd, r->drop_arg);

@@ -26,8 +26,14 @@
 
 #include "kvp_wire.h"
 
-#define KVP_FRAME_MAX_PENDING_FDS 32    /* fds received and not yet taken by a frame */
-#define KVP_FRAME_GROW_BYTES      65536 /* read buffer growth step (and first size) */
+/* Descriptors: no request takes more than one (RegisterBuffer), so a read, and a frame, may
+ * carry at most KVP_FRAME_MAX_FDS_PER_FRAME, and a connection holds at most
+ * KVP_FRAME_MAX_PENDING_FDS for frames not yet complete. A read past either bound is the
+ * client abusing the protocol: its fds are dropped at once and the server answers with an
+ * error and closes (issue #15: fds parked on partial frames exhausted the daemon's table). */
+#define KVP_FRAME_MAX_FDS_PER_FRAME 4
+#define KVP_FRAME_MAX_PENDING_FDS   4     /* fds received and not yet taken by a frame */
+#define KVP_FRAME_GROW_BYTES        65536 /* read buffer growth step (and first size) */
 
 typedef struct {
     int fd;
@@ -53,10 +59,10 @@ typedef struct {
 
 /* One frame cut by kvp_frame_reader_next. */
 typedef struct {
-    const uint8_t *payload;         /* borrowed from the reader: valid until the next call of
-                                       kvp_frame_reader_space, _compact or _free */
-    uint32_t len;                   /* payload bytes (the announced length for an oversize frame) */
-    int fds[KVP_MAX_FDS_PER_FRAME]; /* owned by the caller from now on */
+    const uint8_t *payload; /* borrowed from the reader: valid until the next call of
+                               kvp_frame_reader_space, _compact or _free */
+    uint32_t len;           /* payload bytes (the announced length for an oversize frame) */
+    int fds[KVP_FRAME_MAX_FDS_PER_FRAME]; /* owned by the caller from now on */
     int nfds;
 } kvp_frame_t;
 
@@ -75,15 +81,26 @@ void kvp_frame_reader_free(kvp_frame_reader_t *r);
  * header announced an oversize one); KVP_ENOMEM. */
 int kvp_frame_reader_space(kvp_frame_reader_t *r, uint8_t **p, size_t *n);
 
+/* Bytes the next kvp_frame_reader_space would add to the buffer (0: it fits in what is
+ * allocated), so the server can check its memory budget before it lets the reader grow. */
+size_t kvp_frame_reader_growth(const kvp_frame_reader_t *r);
+
+/* Gives back memory after a large frame: when fewer than grow_bytes bytes are pending and
+ * more than grow_bytes are allocated, moves them to the front and shrinks the buffer to
+ * grow_bytes (a failed shrink keeps the buffer). Pointers from _next become invalid. */
+void kvp_frame_reader_trim(kvp_frame_reader_t *r);
+
 /* Records that n bytes were written at the place kvp_frame_reader_space gave and that the fds
- * (nfds >= 0) came with them. Returns 0, or KVP_ELIMIT when more fds are pending than the
- * reader keeps: the excess ones were dropped, the client is abusing the protocol (close it). */
+ * (nfds >= 0) came with them. Returns 0, or KVP_ELIMIT when the read carried more than
+ * KVP_FRAME_MAX_FDS_PER_FRAME fds or more would be pending than KVP_FRAME_MAX_PENDING_FDS:
+ * then ALL of this read's fds were dropped (the bytes are kept) and the client is abusing the
+ * protocol (answer with an error and close it). */
 int kvp_frame_reader_commit(kvp_frame_reader_t *r, size_t n, const int *fds, int nfds);
 
 /* Cuts the next frame. Returns 1 with *f filled; 0 when no complete frame is buffered;
  * KVP_ELIMIT when the next header announces more than max_frame_bytes (f->len holds the
  * announced length; the stream cannot be resynchronised: close the connection). The frame's
- * fds are those whose read ended within its bytes (at most KVP_MAX_FDS_PER_FRAME; more
+ * fds are those whose read ended within its bytes (at most KVP_FRAME_MAX_FDS_PER_FRAME; more
  * are dropped); fds that arrived with earlier frames and were not taken are dropped. */
 int kvp_frame_reader_next(kvp_frame_reader_t *r, kvp_frame_t *f);
 

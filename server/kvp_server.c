@@ -9,6 +9,19 @@
  * frames wait in its read buffer and it stops reading once a full frame is buffered (so one
  * client's flood costs it, not the daemon). A client that does not read its answers is dropped
  * when its unsent bytes pass max_queued_bytes.
+ *
+ * Hostile clients (issue #15). Backpressure: while a connection has OUTPUT_PAUSE_BYTES of
+ * answers unsent (or any, once the daemon's budget max_buffered_bytes is spent) it is neither
+ * read nor are its buffered requests processed; it resumes as its client reads. The budget
+ * counts every read buffer and every unsent answer; a read buffer may always take its first
+ * KVP_FRAME_GROW_BYTES, beyond that it grows only within the budget, else the connection
+ * WAITS (not read) until memory comes back: nothing is lost, and the holders of the budget
+ * are partial frames that the frame deadline closes, or answers that drain. Deadlines (a
+ * sweep timer): a connection without a completed Hello after hello_timeout_ms, or with a
+ * partial frame older than frame_timeout_ms (counted while the daemon reads it), is answered
+ * with an error and closed. A peer uid other than the daemon's own and root holds at most
+ * uid_max_connections. Fds: see kvp_frame.h (at most 4 a frame, 4 parked a connection); a
+ * message over that is answered with an error and the connection closed.
  */
 #include "kvp_server.h"
 
@@ -29,7 +42,6 @@
 #include "kvp_frame.h"
 #include "kvp_log.h"
 #include "kvp_wire.h"
-
 
 typedef struct out_frame {
     struct out_frame *next;
@@ -54,7 +66,17 @@ typedef struct conn {
     int close_after_flush;
     kvp_job_item_t work; /* the off-loop part of the request in flight */
     kvp_rpc_job_t *job;
+    uint32_t uid;         /* SO_PEERCRED at accept */
+    uint64_t accepted_ms; /* for the Hello deadline */
+    uint64_t partial_off; /* 1 + stream offset of the partial frame being timed; 0: none */
+    uint64_t partial_ms;  /* when that partial frame was first seen while reading */
+    uint64_t acct_in;     /* rd.cap and queued as counted in srv->buffered */
+    uint64_t acct_out;
+    int wait_budget; /* not read until the buffer budget has room */
 } conn_t;
+
+/* Unsent answers above which a connection is not read and its requests wait (backpressure). */
+#define OUTPUT_PAUSE_BYTES (1u << 20)
 
 struct kvp_server {
     uv_loop_t *loop;
@@ -69,6 +91,11 @@ struct kvp_server {
     uint64_t refused_fds; /* connections refused for want of a descriptor */
     kvp_access_t access;  /* who may connect */
     uv_timer_t drain_timer;
+    uv_timer_t sweep;      /* Hello and frame deadlines, budget waiters */
+    uint64_t buffered;     /* read buffers + unsent answers of all connections */
+    uint32_t num_waiting;  /* connections with wait_budget */
+    int in_release;        /* budget_released is running */
+    uint64_t budget_waits; /* times a connection waited for the budget (for the log) */
     kvp_rpc_t *rpc;
     kvp_jobs_t *jobs;
     conn_t *conns;
@@ -90,6 +117,7 @@ struct kvp_server {
 static void conn_close(conn_t *c);
 static void conn_update_events(conn_t *c);
 static void process_frames(conn_t *c);
+static void account(conn_t *c);
 
 uint64_t kvp_server_now_ms(void)
 {
@@ -130,14 +158,17 @@ static ssize_t send_some(conn_t *c, const uint8_t *buf, size_t len, const int *f
 /* Writes as much of the queue as the socket takes. Returns 0, or -1 when the connection broke. */
 static int flush(conn_t *c)
 {
+    int rc = 0;
     while (c->out_head) {
         out_frame_t *f = c->out_head;
         ssize_t n =
             send_some(c, f->buf + f->off, f->len - f->off, f->fds, f->off == 0 ? f->nfds : 0);
-        if (n < 0)
-            return -1;
+        if (n < 0) {
+            rc = -1;
+            break;
+        }
         if (n == 0)
-            return 0;
+            break;
         f->off += (size_t)n;
         c->queued -= (uint64_t)n;
         if (f->off == f->len) {
@@ -148,7 +179,8 @@ static int flush(conn_t *c)
             free(f);
         }
     }
-    return 0;
+    account(c);
+    return rc;
 }
 
 /* Sends one encoded frame, in order after what is queued. buf is borrowed: when the queue is
@@ -252,6 +284,62 @@ static void send_error(conn_t *c, uint64_t id, int err, const char *msg)
         send_frame(c, buf, (size_t)n, NULL, 0);
 }
 
+/* Answers err (request id 0) and closes at once, without waiting for the client to read: for
+ * clients that broke a deadline or the fd rules (they may never read). The answer goes out
+ * when the socket has room for it, which a client that reads finds before the end of stream. */
+static void conn_fail(conn_t *c, int err, const char *msg)
+{
+    if (!c->out_head && !c->closing)
+        send_error(c, 0, err, msg);
+    if (!c->closing)
+        conn_close(c);
+}
+
+/* ---- the buffer budget --------------------------------------------------------------------- */
+
+/* A connection whose answers are not drained is neither read nor processed. */
+static int output_paused(const conn_t *c)
+{
+    const kvp_server_t *s = c->srv;
+    if (c->queued >= OUTPUT_PAUSE_BYTES)
+        return 1;
+    return c->queued && s->cfg.max_buffered_bytes && s->buffered > s->cfg.max_buffered_bytes;
+}
+
+/* Memory came back: connections waiting for the budget try to read again. */
+static void budget_released(kvp_server_t *s)
+{
+    if (s->in_release)
+        return;
+    s->in_release = 1;
+    for (conn_t *c = s->conns, *n; c && s->num_waiting; c = n) {
+        n = c->next;
+        if (!c->wait_budget)
+            continue;
+        c->wait_budget = 0;
+        s->num_waiting--;
+        conn_update_events(c);
+    }
+    s->in_release = 0;
+}
+
+/* Brings s->buffered up to date with c's read buffer and unsent answers. */
+static void account(conn_t *c)
+{
+    kvp_server_t *s = c->srv;
+    uint64_t in = c->rd.cap, out = c->queued, before = s->buffered;
+    s->buffered = s->buffered - c->acct_in - c->acct_out + in + out;
+    c->acct_in = in;
+    c->acct_out = out;
+    if (s->buffered < before && s->num_waiting)
+        budget_released(s);
+}
+
+uint64_t kvp_server_buffered_bytes(const kvp_server_t *s)
+{
+    return s->buffered;
+}
+
 /* ---- connection lifetime ------------------------------------------------------------------ */
 
 /* The frame reader gives up fds that came with no frame (or too many): close them. */
@@ -301,6 +389,8 @@ static void on_conn_closed(uv_handle_t *h)
         free(f->buf);
         free(f);
     }
+    c->queued = 0;
+    account(c); /* its buffers are gone: may wake budget waiters */
     if (c->sess)
         kvp_rpc_session_close(s->rpc, c->sess, kvp_server_now_ms());
     free(c);
@@ -321,6 +411,10 @@ static void conn_close(conn_t *c)
     if (c->next)
         c->next->prev = c->prev;
     s->num_conns--;
+    if (c->wait_budget) {
+        c->wait_budget = 0;
+        s->num_waiting--;
+    }
     kvp_rpc_set_num_clients(s->rpc, s->num_conns);
     uv_poll_stop(&c->poll);
     if (c->sess)
@@ -339,7 +433,8 @@ static void conn_update_events(conn_t *c)
         return;
     int ev = 0;
     int frame_ready = kvp_frame_reader_ready(&c->rd);
-    if (!c->close_after_flush && !c->srv->draining && !frame_ready)
+    if (!c->close_after_flush && !c->srv->draining && !frame_ready && !c->wait_budget &&
+        !output_paused(c))
         ev |= UV_READABLE;
     if (c->out_head)
         ev |= UV_WRITABLE;
@@ -371,9 +466,27 @@ static void conn_update_events(conn_t *c)
 static ssize_t read_some(conn_t *c, int *drained)
 {
     *drained = 0;
+    kvp_server_t *s = c->srv;
+    size_t grow = kvp_frame_reader_growth(&c->rd);
+    if (grow && c->rd.cap >= KVP_FRAME_GROW_BYTES && s->cfg.max_buffered_bytes &&
+        s->buffered + grow > s->cfg.max_buffered_bytes) {
+        /* beyond its first step a read buffer grows only within the budget: wait */
+        if (!c->wait_budget) {
+            c->wait_budget = 1;
+            s->num_waiting++;
+            if (s->budget_waits++ % 1000 == 0)
+                kvp_log(KVP_LOG_WARNING,
+                        "connection waits reason=\"max_buffered_bytes\" buffered=%llu "
+                        "waits_total=%llu",
+                        (unsigned long long)s->buffered, (unsigned long long)s->budget_waits);
+        }
+        errno = EAGAIN;
+        return -1;
+    }
     uint8_t *p;
     size_t room;
     int rc = kvp_frame_reader_space(&c->rd, &p, &room);
+    account(c);
     if (rc) {
         errno = rc == KVP_ENOMEM ? ENOMEM : EAGAIN;
         return -1;
@@ -389,7 +502,7 @@ static ssize_t read_some(conn_t *c, int *drained)
     if (n < 0)
         return -1;
     int fds[KVP_MAX_FDS_PER_FRAME];
-    int nfds = 0;
+    int nfds = 0, got = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
@@ -398,17 +511,43 @@ static ssize_t read_some(conn_t *c, int *drained)
         for (int i = 0; i < nfd; i++) {
             int fd;
             memcpy(&fd, data + sizeof(int) * (size_t)i, sizeof(int));
+            got++;
             if (nfds < KVP_MAX_FDS_PER_FRAME)
                 fds[nfds++] = fd;
             else
                 close(fd);
         }
     }
-    if (kvp_frame_reader_commit(&c->rd, (size_t)n, fds, nfds))
-        c->close_after_flush = 1; /* fd flood: protocol abuse */
-    if (msg.msg_flags & MSG_CTRUNC)
-        c->close_after_flush = 1;
-    *drained = n > 0 && (size_t)n < room && nfds == 0 && !(msg.msg_flags & MSG_CTRUNC);
+    int truncated = (msg.msg_flags & MSG_CTRUNC) != 0; /* more fds than cbuf holds: the
+                                                          kernel discarded the rest */
+    if (truncated) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        nfds = 0;
+    }
+    int abuse = kvp_frame_reader_commit(&c->rd, (size_t)n, fds, nfds) != 0 || truncated;
+    if (abuse) {
+        /* fd flood: protocol abuse; the reader dropped this read's fds */
+        char why[200];
+        snprintf(why, sizeof(why),
+                 "a message carried %s%d descriptors; at most %d per frame and %d pending per "
+                 "connection; closing",
+                 truncated ? "more than " : "", got, KVP_FRAME_MAX_FDS_PER_FRAME,
+                 KVP_FRAME_MAX_PENDING_FDS);
+        kvp_log(KVP_LOG_WARNING, "client dropped reason=\"too many descriptors\" fds=%d uid=%u",
+                got, (unsigned)c->uid);
+        conn_fail(c, KVP_EINVAL, why);
+        return n;
+    }
+    if (c->srv->cfg.frame_timeout_ms && kvp_frame_reader_pending(&c->rd) &&
+        !kvp_frame_reader_ready(&c->rd)) {
+        uint64_t off = c->rd.rx_total - kvp_frame_reader_pending(&c->rd) + 1;
+        if (c->partial_off != off) { /* a new partial frame: its clock starts */
+            c->partial_off = off;
+            c->partial_ms = kvp_server_now_ms();
+        }
+    }
+    *drained = n > 0 && (size_t)n < room && nfds == 0;
     return n;
 }
 
@@ -542,7 +681,7 @@ static void after_work(kvp_job_item_t *w)
 static void process_frames(conn_t *c)
 {
     kvp_server_t *s = c->srv;
-    while (!c->closing && !c->busy && !c->close_after_flush) {
+    while (!c->closing && !c->busy && !c->close_after_flush && !output_paused(c)) {
         kvp_frame_t f;
         int rc = kvp_frame_reader_next(&c->rd, &f);
         if (rc == 0)
@@ -557,6 +696,10 @@ static void process_frames(conn_t *c)
             break;
         }
         handle_frame(c, f.payload, f.len, f.fds, f.nfds);
+    }
+    if (!c->closing && !c->busy && c->rd.cap > KVP_FRAME_GROW_BYTES) {
+        kvp_frame_reader_trim(&c->rd); /* a large frame's memory goes back to the budget */
+        account(c);
     }
     if (!c->closing)
         conn_update_events(c);
@@ -574,6 +717,11 @@ static void on_conn_event(uv_poll_t *h, int status, int events)
             conn_close(c);
             return;
         }
+        /* answers drained: requests that waited for that run now */
+        if (!c->busy && !c->closing && kvp_frame_reader_ready(&c->rd) && !output_paused(c))
+            process_frames(c);
+        if (c->closing)
+            return;
     }
     if (events & UV_READABLE) {
         kvp_jobs_touch(c->srv->jobs);
@@ -705,6 +853,8 @@ static void on_accept(uv_poll_t *h, int status, int events)
         }
         c->srv = s;
         c->fd = fd;
+        c->uid = (uint32_t)cred.uid;
+        c->accepted_ms = kvp_server_now_ms();
         kvp_frame_reader_init(&c->rd, s->cfg.max_frame_bytes, drop_fd, NULL);
         c->poll.data = c;
         int prc = uv_poll_init(s->loop, &c->poll, fd);
@@ -737,6 +887,26 @@ static void on_accept(uv_poll_t *h, int status, int events)
             conn_update_events(c);
             continue;
         }
+        if (s->cfg.uid_max_connections && cred.uid != 0 && c->uid != s->access.self_uid) {
+            /* per uid, so one tenant cannot take every slot (the daemon's uid and root,
+             * the operators, are exempt); refused connections have no session */
+            uint32_t held = 0;
+            for (const conn_t *o = s->conns; o; o = o->next)
+                held += o->sess && o->uid == c->uid;
+            if (held >= s->cfg.uid_max_connections) {
+                kvp_log(KVP_LOG_WARNING,
+                        "connection refused reason=\"uid_max_connections\" pid=%d uid=%u held=%u",
+                        (int)cred.pid, (unsigned)cred.uid, held);
+                char msg[160];
+                snprintf(msg, sizeof(msg),
+                         "uid %u holds %u connections (server.uid_max_connections); close one",
+                         (unsigned)cred.uid, held);
+                send_error(c, 0, KVP_ELIMIT, msg);
+                c->close_after_flush = 1;
+                conn_update_events(c);
+                continue;
+            }
+        }
         if (s->num_conns > s->cfg.max_connections) {
             kvp_log(KVP_LOG_WARNING, "connection refused reason=\"max_connections\" pid=%d",
                     (int)cred.pid);
@@ -754,6 +924,67 @@ static void on_accept(uv_poll_t *h, int status, int events)
                 (unsigned long long)c->sess->id, (int)cred.pid, (unsigned)cred.uid);
         conn_update_events(c);
     }
+}
+
+/* ---- deadlines ----------------------------------------------------------------------------- */
+
+/* The sweep's period: a quarter of the shortest deadline, 10 ms .. 1 s. */
+static uint64_t sweep_period_ms(const kvp_server_config_t *cfg)
+{
+    uint32_t t = 4000;
+    if (cfg->hello_timeout_ms && cfg->hello_timeout_ms < t)
+        t = cfg->hello_timeout_ms;
+    if (cfg->frame_timeout_ms && cfg->frame_timeout_ms < t)
+        t = cfg->frame_timeout_ms;
+    t /= 4;
+    return t < 10 ? 10 : t;
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    kvp_server_t *s = t->data;
+    uint64_t now = kvp_server_now_ms();
+    const uint32_t hello_ms = s->cfg.hello_timeout_ms, frame_ms = s->cfg.frame_timeout_ms;
+    for (conn_t *c = s->conns, *n; c; c = n) {
+        n = c->next;
+        if (c->closing)
+            continue;
+        if (hello_ms && (!c->sess || !c->sess->hello_done) && now - c->accepted_ms >= hello_ms) {
+            if (!c->sess) { /* a refusal its client did not read */
+                conn_close(c);
+                continue;
+            }
+            kvp_log(KVP_LOG_WARNING, "client dropped reason=\"no Hello\" pid=%d uid=%u ms=%u",
+                    c->sess->pid, (unsigned)c->uid, hello_ms);
+            char msg[128];
+            snprintf(msg, sizeof(msg), "no Hello within %u ms (server.hello_timeout_ms); closing",
+                     hello_ms);
+            conn_fail(c, KVP_ETIMEDOUT, msg);
+            continue;
+        }
+        /* a partial frame counts while the daemon reads the connection (not while it waits
+         * for an Append, for its client to read answers, or for the budget) */
+        size_t pend = kvp_frame_reader_pending(&c->rd);
+        if (!frame_ms || !(c->events & UV_READABLE) || !pend || kvp_frame_reader_ready(&c->rd)) {
+            c->partial_off = 0;
+            continue;
+        }
+        uint64_t off = c->rd.rx_total - pend + 1;
+        if (c->partial_off != off) {
+            c->partial_off = off;
+            c->partial_ms = now;
+        } else if (now - c->partial_ms >= frame_ms) {
+            kvp_log(KVP_LOG_WARNING,
+                    "client dropped reason=\"partial frame\" session=%llu bytes=%zu ms=%u",
+                    (unsigned long long)(c->sess ? c->sess->id : 0), pend, frame_ms);
+            char msg[128];
+            snprintf(msg, sizeof(msg),
+                     "frame incomplete after %u ms (server.frame_timeout_ms); closing", frame_ms);
+            conn_fail(c, KVP_ETIMEDOUT, msg);
+        }
+    }
+    if (s->num_waiting)
+        budget_released(s); /* a safety net: waiters retry at least once a sweep */
 }
 
 /* ---- listener ------------------------------------------------------------------------------ */
@@ -843,8 +1074,7 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->seq_ids = malloc(cfg->max_frame_bytes);
     s->num_tokens = malloc(cfg->max_frame_bytes / 2 + 4);
     s->obuf = malloc(ENCODE_KEEP_BYTES);
-    if (!s->seq_ids || !s->num_tokens || !s->obuf ||
-        (cfg->socket_path && !s->socket_path)) {
+    if (!s->seq_ids || !s->num_tokens || !s->obuf || (cfg->socket_path && !s->socket_path)) {
         rc = KVP_ENOMEM;
         goto fail;
     }
@@ -871,7 +1101,11 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->accept_retry.data = s;
     uv_timer_init(loop, &s->drain_timer);
     s->drain_timer.data = s;
-    s->open_handles = 4; /* three handles and the jobs */
+    uv_timer_init(loop, &s->sweep);
+    s->sweep.data = s;
+    uint64_t period = sweep_period_ms(cfg);
+    uv_timer_start(&s->sweep, on_sweep, period, period);
+    s->open_handles = 5; /* four handles and the jobs */
     s->listening = 1;
     uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
     kvp_log(KVP_LOG_NOTICE, "listening socket=%s mode=%04o inherited=%d",
@@ -894,12 +1128,21 @@ uint32_t kvp_server_num_connections(const kvp_server_t *s)
     return s->num_conns;
 }
 
-void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes,
-                           uint32_t drain_timeout_ms)
+void kvp_server_set_limits(kvp_server_t *s, const kvp_server_config_t *cfg)
 {
-    s->cfg.drain_timeout_ms = drain_timeout_ms;
-    s->cfg.max_connections = max_connections;
-    s->cfg.max_queued_bytes = max_queued_bytes;
+    s->cfg.drain_timeout_ms = cfg->drain_timeout_ms;
+    s->cfg.max_connections = cfg->max_connections;
+    s->cfg.max_queued_bytes = cfg->max_queued_bytes;
+    s->cfg.uid_max_connections = cfg->uid_max_connections;
+    s->cfg.hello_timeout_ms = cfg->hello_timeout_ms;
+    s->cfg.frame_timeout_ms = cfg->frame_timeout_ms;
+    s->cfg.max_buffered_bytes = cfg->max_buffered_bytes;
+    if (!s->destroying) {
+        uint64_t period = sweep_period_ms(&s->cfg);
+        uv_timer_start(&s->sweep, on_sweep, period, period);
+    }
+    if (s->num_waiting)
+        budget_released(s); /* a larger budget lets waiters read */
 }
 
 void kvp_server_set_access(kvp_server_t *s, const uint32_t *uids, uint32_t num_uids,
@@ -972,5 +1215,7 @@ void kvp_server_destroy(kvp_server_t *s)
     uv_close((uv_handle_t *)&s->listen_poll, on_server_handle_closed);
     uv_close((uv_handle_t *)&s->accept_retry, on_server_handle_closed);
     uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
+    uv_timer_stop(&s->sweep);
+    uv_close((uv_handle_t *)&s->sweep, on_server_handle_closed);
     kvp_jobs_close(s->jobs, jobs_closed, s);
 }

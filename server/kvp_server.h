@@ -6,6 +6,11 @@
  * thread pool and answer when the data is in the pool; requests on one connection are answered
  * in order. Knows nothing of the core beyond kvp_rpc.h (STYLE.md: files are layers).
  *
+ * Against hostile clients (issue #15) it bounds what a connection holds: a Hello deadline, a
+ * partial-frame deadline, connections per peer uid, a budget for all buffered bytes with
+ * backpressure on connections that do not read their answers, and the fd rules of kvp_frame.h
+ * (kvp_server.c's header says how; kvp_config.h documents the keys).
+ *
  * Loop thread only. One server object per daemon, no globals: a test can run two.
  */
 #ifndef KVP_SERVER_H
@@ -27,8 +32,13 @@ typedef struct {
     uint32_t max_frame_bytes;
     uint64_t max_queued_bytes; /* per connection, unsent answers; above it the client is dropped */
     uint32_t drain_timeout_ms;
-    unsigned threads;      /* worker threads for off-loop requests (kvp_jobs); 0 -> 4 */
-    uint32_t busy_poll_us; /* kvp_jobs busy polling; 0: off */
+    /* issue #15, a hostile client (kvp_config.h, [server]); 0 turns each off */
+    uint32_t uid_max_connections; /* per peer uid; the daemon's uid and root are exempt */
+    uint32_t hello_timeout_ms;    /* a connection without a completed Hello is closed */
+    uint32_t frame_timeout_ms;    /* a partial frame older than this closes its connection */
+    uint64_t max_buffered_bytes;  /* read buffers + unsent answers of all connections */
+    unsigned threads;             /* worker threads for off-loop requests (kvp_jobs); 0 -> 4 */
+    uint32_t busy_poll_us;        /* kvp_jobs busy polling; 0: off */
 } kvp_server_config_t;
 
 /* Creates the server on loop with rpc (borrowed; must outlive the server). Binds and listens
@@ -48,9 +58,13 @@ void kvp_server_destroy(kvp_server_t *s);
 
 uint32_t kvp_server_num_connections(const kvp_server_t *s);
 
-/* Updates run-time reloadable limits (SIGHUP). */
-void kvp_server_set_limits(kvp_server_t *s, uint32_t max_connections, uint64_t max_queued_bytes,
-                           uint32_t drain_timeout_ms);
+/* Updates run-time reloadable limits (SIGHUP): max_connections, max_queued_bytes,
+ * drain_timeout_ms, uid_max_connections, hello_timeout_ms, frame_timeout_ms and
+ * max_buffered_bytes are taken from cfg, the rest of it is ignored. */
+void kvp_server_set_limits(kvp_server_t *s, const kvp_server_config_t *cfg);
+
+/* Bytes the server buffers now: read buffers and unsent answers of every connection. */
+uint64_t kvp_server_buffered_bytes(const kvp_server_t *s);
 
 /* Sets the [access] lists (kvp_config.h): uids and gids that may connect besides the daemon's
  * own uid and root; with both empty (the state after create) the socket file's group may.

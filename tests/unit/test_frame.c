@@ -284,22 +284,91 @@ START_TEST(the_buffer_never_holds_more_than_one_largest_frame)
 }
 END_TEST
 
-START_TEST(an_fd_flood_is_reported_and_the_excess_dropped)
+START_TEST(an_fd_flood_is_reported_and_all_its_fds_dropped)
 {
     kvp_frame_reader_t r;
     reader(&r, 64);
-    int fds[KVP_FRAME_MAX_PENDING_FDS + 3];
-    for (int i = 0; i < KVP_FRAME_MAX_PENDING_FDS + 3; i++)
+    int fds[16];
+    for (int i = 0; i < 16; i++)
         fds[i] = 100 + i;
     uint8_t a[8];
     size_t na = frame(a, "x");
-    feed(&r, a, 2, fds, KVP_FRAME_MAX_PENDING_FDS, 0);
-    feed(&r, a + 2, na - 2, fds + KVP_FRAME_MAX_PENDING_FDS, 3, KVP_ELIMIT);
-    ck_assert_int_eq(NDROPPED, 3);
+    /* the attack of issue #15: one byte of a header with 16 fds, twice */
+    feed(&r, a, 1, fds, 16, KVP_ELIMIT);
+    feed(&r, a + 1, 1, fds, 16, KVP_ELIMIT);
+    ck_assert_int_eq(NDROPPED, 32);
+    ck_assert_int_eq(r.nfds, 0);                        /* nothing parked */
+    ck_assert_uint_eq(kvp_frame_reader_pending(&r), 2); /* the bytes are kept */
+    feed(&r, a + 2, na - 2, NULL, 0, 0);
     kvp_frame_t f;
     ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
-    ck_assert_int_eq(f.nfds, KVP_MAX_FDS_PER_FRAME); /* the frame keeps 16, the rest go */
-    ck_assert_int_eq(NDROPPED, 3 + KVP_FRAME_MAX_PENDING_FDS - KVP_MAX_FDS_PER_FRAME);
+    ck_assert_int_eq(f.nfds, 0);
+    kvp_frame_reader_free(&r);
+}
+END_TEST
+
+START_TEST(a_connection_parks_at_most_four_fds)
+{
+    kvp_frame_reader_t r;
+    reader(&r, 64);
+    int fds[] = {100, 101, 102, 103, 104};
+    uint8_t a[8];
+    size_t na = frame(a, "x");
+    feed(&r, a, 1, fds, 2, 0);
+    feed(&r, a + 1, 1, fds + 2, 2, 0); /* four pending: the bound */
+    ck_assert_int_eq(NDROPPED, 0);
+    feed(&r, a + 2, 1, fds + 4, 1, KVP_ELIMIT); /* a fifth is dropped, alone */
+    ck_assert_int_eq(NDROPPED, 1);
+    ck_assert_int_eq(DROPPED[0], 104);
+    feed(&r, a + 3, na - 3, NULL, 0, 0);
+    kvp_frame_t f;
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_int_eq(f.nfds, 4);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(f.fds[i], 100 + i);
+    kvp_frame_reader_free(&r);
+    ck_assert_int_eq(NDROPPED, 1);
+}
+END_TEST
+
+START_TEST(growth_is_announced_and_trim_gives_a_large_frame_back)
+{
+    kvp_frame_reader_t r;
+    reader(&r, 100);
+    r.grow_bytes = 7;
+    ck_assert_uint_eq(kvp_frame_reader_growth(&r), 7); /* nothing allocated yet */
+    uint8_t big[104];
+    memset(big, 'z', sizeof(big));
+    kvp_frame_put_len(big, 100);
+    size_t total = 0;
+    uint8_t *p;
+    size_t room;
+    while (total < sizeof(big)) {
+        ck_assert_int_eq(kvp_frame_reader_space(&r, &p, &room), 0);
+        size_t n = room < sizeof(big) - total ? room : sizeof(big) - total;
+        memcpy(p, big + total, n);
+        ck_assert_int_eq(kvp_frame_reader_commit(&r, n, NULL, 0), 0);
+        total += n;
+        /* full after each read: the next step is 7 bytes, the last one 6 (up to 104) */
+        size_t want = total == 104 ? 0 : r.cap == 98 ? 6 : 7;
+        ck_assert_uint_eq(kvp_frame_reader_growth(&r), want);
+    }
+    ck_assert_uint_eq(r.cap, 104);
+    kvp_frame_reader_trim(&r); /* a whole frame pending: kept */
+    ck_assert_uint_eq(r.cap, 104);
+    kvp_frame_t f;
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_uint_eq(f.len, 100);
+    kvp_frame_reader_trim(&r);
+    ck_assert_uint_eq(r.cap, 7);
+    ck_assert_uint_eq(kvp_frame_reader_pending(&r), 0);
+    /* the reader still works after the shrink */
+    uint8_t a[8];
+    size_t na = frame(a, "ok");
+    feed(&r, a, na, NULL, 0, 0);
+    ck_assert_int_eq(kvp_frame_reader_next(&r, &f), 1);
+    ck_assert_uint_eq(f.len, 2);
+    ck_assert_int_eq(memcmp(f.payload, "ok", 2), 0);
     kvp_frame_reader_free(&r);
 }
 END_TEST
@@ -315,7 +384,9 @@ int main(void)
     tcase_add_test(tc, a_pipelined_frame_keeps_its_fd_on_a_real_socket);
     tcase_add_test(tc, an_oversize_header_is_refused_with_its_length);
     tcase_add_test(tc, the_buffer_never_holds_more_than_one_largest_frame);
-    tcase_add_test(tc, an_fd_flood_is_reported_and_the_excess_dropped);
+    tcase_add_test(tc, an_fd_flood_is_reported_and_all_its_fds_dropped);
+    tcase_add_test(tc, a_connection_parks_at_most_four_fds);
+    tcase_add_test(tc, growth_is_announced_and_trim_gives_a_large_frame_back);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
