@@ -2,7 +2,8 @@
  * kvp_access.h - who may connect to kvpoold: the policy of the [access] section
  * (kvp_config.h) as a pure function of the peer's credentials, so it is unit-tested without
  * sockets or other users. The server reads the credentials (SO_PEERCRED, SO_PEERGROUPS) and
- * refuses a peer this says no to with PERMISSION_DENIED before it can send a request.
+ * refuses a peer this says no to with PERMISSION_DENIED before it can send a request. The second
+ * policy, kvp_access_pool_check, decides who of the admitted may receive the pool's fds.
  */
 #ifndef KVP_ACCESS_H
 #define KVP_ACCESS_H
@@ -24,5 +25,22 @@ typedef struct {
  * members of socket_gid; otherwise exactly the listed uids and the members of the listed gids.
  * Returns 0 (allowed) or KVP_EPERM. */
 int kvp_access_check(const kvp_access_t *a, uint32_t uid, const uint32_t *gids, uint32_t ngids);
+
+/* Who may receive the pool's memory (access.pool_uids / pool_gids): the pool fds that Hello and
+ * PoolInfo hand out on want_pool_fds. Whoever holds them can map the whole pool read-write,
+ * every namespace's K/V bytes included; namespace ownership protects allocation, not data.
+ * Plain data, copied by assignment; all zero (both lists empty) admits everyone, the one trust
+ * domain of earlier versions. */
+typedef struct {
+    uint32_t self_uid; /* the daemon's effective uid: always allowed (as is root) */
+    uint32_t num_uids, num_gids;
+    uint32_t uids[KVP_ACCESS_MAX_IDS]; /* access.pool_uids */
+    uint32_t gids[KVP_ACCESS_MAX_IDS]; /* access.pool_gids: matched against the primary gid */
+} kvp_pool_access_t;
+
+/* Decides whether a session of uid (primary group gid) may receive the pool fds. Both lists
+ * empty: yes. Otherwise root, self_uid, the listed uids and the uids whose primary group is
+ * listed (the session records only the primary gid). Returns 0 (allowed) or KVP_EPERM. */
+int kvp_access_pool_check(const kvp_pool_access_t *a, uint32_t uid, uint32_t gid);
 
 #endif

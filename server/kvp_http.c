@@ -2,8 +2,10 @@
  * kvp_http.c - the Prometheus endpoint (see kvp_http.h): accept -> read the head into a fixed
  * buffer -> kvp__http_classify -> render and write one answer -> half-close and drain until the
  * peer closes (a lingering close: closing with unread bytes would send a RST that can destroy
- * the answer in flight) -> close. One deadline timer per connection bounds all of it, so a
- * slow or silent client holds a slot for at most timeout_ms.
+ * the answer in flight) -> close. One deadline timer per connection bounds all of it: first
+ * head_timeout_ms for the head, then timeout_ms from accept for the rest, so a silent client
+ * holds a slot for at most head_timeout_ms. When the limits are reached, a newcomer evicts the
+ * oldest connection still waiting for its head (the fairness rule of kvp_http.h).
  */
 #include "kvp_http.h"
 
@@ -30,7 +32,11 @@ typedef struct http_conn {
     char *resp;       /* the answer being written; freed by the write callback */
     int open_handles; /* tcp + deadline; the conn is freed when both are closed */
     int answered;
+    int written; /* the answer is out: only the lingering close remains */
     int closing;
+    uint64_t accepted_ms;   /* uv_now at accept */
+    unsigned char peer[16]; /* the peer's address bytes (4 for IPv4), no port */
+    unsigned peer_len;
     size_t len;
     char req[KVP_HTTP_MAX_REQUEST];
 } http_conn_t;
@@ -41,6 +47,13 @@ struct kvp_http {
     uv_tcp_t listener;
     http_conn_t *conns;
     uint32_t num_conns;
+    uint64_t evicted_total; /* connections closed to admit a newer one */
+    /* admission (kvp_http.h): at most one connection waits over the limits, in the lobby;
+     * while one does, the listener is paused (libuv holds the next accepted fd: held) and the
+     * kernel's backlog queues the rest in arrival order */
+    http_conn_t *lobby;
+    int held;
+    uv_timer_t retry; /* re-runs admission for the lobby */
     int open_handles; /* the listener + every connection's handles */
     int destroying;
     char *body; /* render scratch, max_body_bytes */
@@ -146,6 +159,8 @@ static void on_conn_handle_closed(uv_handle_t *hd)
     on_server_handle_closed(h);
 }
 
+static void on_retry(uv_timer_t *t);
+
 static void conn_close(http_conn_t *c)
 {
     if (c->closing)
@@ -159,6 +174,10 @@ static void conn_close(http_conn_t *c)
     if (c->next)
         c->next->prev = c->prev;
     h->num_conns--;
+    if (h->lobby == c)
+        h->lobby = NULL;
+    if (!h->destroying && (h->lobby || h->held))
+        uv_timer_start(&h->retry, on_retry, 0, 0); /* a slot freed: admit who waits */
     uv_close((uv_handle_t *)&c->deadline, on_conn_handle_closed);
     uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
 }
@@ -183,6 +202,7 @@ static void on_written(uv_write_t *wr, int status)
     c->resp = NULL;
     if (c->closing)
         return;
+    c->written = 1;
     if (status < 0 || uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, on_shutdown) < 0)
         conn_close(c);
 }
@@ -228,6 +248,10 @@ static void answer(http_conn_t *c, int status, int is_head)
                  body_len, status == 405 ? "Allow: GET, HEAD\r\n" : "");
     size_t send_body = is_head ? 0 : body_len;
     c->answered = 1;
+    /* the head deadline is over: the rest of timeout_ms (from accept) bounds answer and close */
+    uint64_t age = uv_now(h->loop) - c->accepted_ms;
+    uv_timer_start(&c->deadline, on_deadline, age < h->cfg.timeout_ms ? h->cfg.timeout_ms - age : 1,
+                   0);
     c->resp = malloc((size_t)n + send_body);
     if (!c->resp) {
         kvp_log(KVP_LOG_WARNING, "metrics http answer dropped reason=\"out of memory\"");
@@ -256,6 +280,18 @@ static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
         *buf = uv_buf_init(c->req + c->len, (unsigned)(sizeof(c->req) - c->len));
 }
 
+/* n more bytes of the head are in c->req: answer once it is complete (or too large). */
+static void head_bytes(http_conn_t *c, size_t n)
+{
+    c->len += n;
+    int is_head;
+    int status = kvp__http_classify(c->req, c->len, &is_head);
+    if (status == 0 && c->len == sizeof(c->req))
+        status = 431;
+    if (status)
+        answer(c, status, is_head);
+}
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     (void)buf;
@@ -268,25 +304,131 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     if (c->answered || nread == 0)
         return;
-    c->len += (size_t)nread;
-    int is_head;
-    int status = kvp__http_classify(c->req, c->len, &is_head);
-    if (status == 0 && c->len == sizeof(c->req))
-        status = 431;
-    if (status)
-        answer(c, status, is_head);
+    head_bytes(c, (size_t)nread);
 }
 
-static void on_accept(uv_stream_t *ls, int status)
+static void peer_of(http_conn_t *c)
 {
-    kvp_http_t *h = ls->data;
-    if (status < 0 || h->destroying)
+    struct sockaddr_storage ss;
+    int sl = sizeof(ss);
+    c->peer_len = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) < 0)
         return;
+    if (ss.ss_family == AF_INET) {
+        memcpy(c->peer, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+        c->peer_len = 4;
+    } else if (ss.ss_family == AF_INET6) {
+        memcpy(c->peer, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+        c->peer_len = 16;
+    }
+}
+
+static int same_peer(const http_conn_t *a, const http_conn_t *b)
+{
+    return a->peer_len == b->peer_len && !memcmp(a->peer, b->peer, a->peer_len);
+}
+
+/* Takes what o's peer already sent without waiting (the socket is libuv's, which then just
+ * finds it drained): a head that arrived is answered, a peer that left is closed. */
+static void pull(http_conn_t *o)
+{
+    uv_os_fd_t fd;
+    if (o->answered || o->closing || uv_fileno((uv_handle_t *)&o->tcp, &fd) < 0)
+        return;
+    ssize_t n = recv(fd, o->req + o->len, sizeof(o->req) - o->len, MSG_DONTWAIT);
+    if (n > 0)
+        head_bytes(o, (size_t)n);
+    else if (n == 0)
+        conn_close(o);
+}
+
+static int over_limit(kvp_http_t *h, const http_conn_t *c, int per_peer)
+{
+    if (!per_peer)
+        return h->num_conns > h->cfg.max_connections;
+    uint32_t max =
+        h->cfg.max_connections_per_peer ? h->cfg.max_connections_per_peer : h->cfg.max_connections;
+    uint32_t same = 0;
+    for (http_conn_t *o = h->conns; o; o = o->next)
+        same += o != c && same_peer(o, c);
+    return same >= max;
+}
+
+/* The head deadline, and the time a connection has before a newer one may evict it. */
+static uint32_t head_ms(const kvp_http_t *h)
+{
+    return h->cfg.head_timeout_ms && h->cfg.head_timeout_ms < h->cfg.timeout_ms
+               ? h->cfg.head_timeout_ms
+               : h->cfg.timeout_ms;
+}
+
+static uint64_t grace_ms(const kvp_http_t *h)
+{
+    return head_ms(h) / 10 ? head_ms(h) / 10 : 1;
+}
+
+/* The connection to close so that c can be admitted: the oldest one (of c's peer when
+ * per_peer) still waiting for its head and older than the grace, else the oldest whose answer
+ * is written. NULL when there is none; *wait_ms is then how long until one may be. The
+ * candidates' pending bytes are taken first, so a scraper whose request arrived after its
+ * accept is answered rather than evicted. The list runs newest first. */
+static http_conn_t *victim(kvp_http_t *h, const http_conn_t *c, int per_peer, uint64_t *wait_ms)
+{
+    for (http_conn_t *o = h->conns, *next; o; o = next) {
+        next = o->next; /* pull may close o (unlinking only o) */
+        if (o != c && (!per_peer || same_peer(o, c)))
+            pull(o);
+    }
+    uint64_t now = uv_now(h->loop), grace = grace_ms(h);
+    http_conn_t *idle = NULL, *done = NULL;
+    *wait_ms = grace;
+    for (http_conn_t *o = h->conns; o; o = o->next) {
+        if (o == c || (per_peer && !same_peer(o, c)))
+            continue;
+        uint64_t age = now - o->accepted_ms;
+        if (!o->answered && age >= grace)
+            idle = o;
+        else if (!o->answered && grace - age < *wait_ms)
+            *wait_ms = grace - age;
+        else if (o->answered && o->written)
+            done = o;
+    }
+    return idle ? idle : done;
+}
+
+/* Admits c under both limits, evicting as kvp_http.h says. Returns 0 (admitted), or the ms
+ * after which to try again (c waits in the lobby). */
+static uint64_t admit(kvp_http_t *h, http_conn_t *c)
+{
+    for (int per_peer = 1; per_peer >= 0; per_peer--) {
+        if (!over_limit(h, c, per_peer))
+            continue;
+        uint64_t wait_ms;
+        http_conn_t *v = victim(h, c, per_peer, &wait_ms);
+        if (!over_limit(h, c, per_peer))
+            continue; /* pulling freed a slot (a peer had left) */
+        if (!v)
+            return wait_ms ? wait_ms : 1;
+        h->evicted_total++;
+        /* an attack evicts hundreds a second: notice at powers of two, debug otherwise */
+        kvp_log((h->evicted_total & (h->evicted_total - 1)) ? KVP_LOG_DEBUG : KVP_LOG_NOTICE,
+                "metrics http connection evicted reason=%s age_ms=%llu head_bytes=%zu "
+                "evicted_total=%llu",
+                per_peer ? "peer_limit" : "limit",
+                (unsigned long long)(uv_now(h->loop) - v->accepted_ms), v->len,
+                (unsigned long long)h->evicted_total);
+        conn_close(v);
+    }
+    return 0;
+}
+
+/* Accepts the connection libuv has ready (0), or leaves it there (-1: out of memory). */
+static int accept_one(kvp_http_t *h)
+{
     http_conn_t *c = calloc(1, sizeof(*c));
     if (!c) {
-        /* leave it in the backlog: the next accept retries */
         kvp_log(KVP_LOG_WARNING, "metrics http accept deferred reason=\"out of memory\"");
-        return;
+        return -1;
     }
     c->srv = h;
     uv_tcp_init(h->loop, &c->tcp);
@@ -299,19 +441,61 @@ static void on_accept(uv_stream_t *ls, int status)
         h->conns->prev = c;
     h->conns = c;
     h->num_conns++;
-    if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0) {
+    if (uv_accept((uv_stream_t *)&h->listener, (uv_stream_t *)&c->tcp) < 0) {
         conn_close(c);
-        return;
+        return 0;
     }
-    if (h->num_conns > h->cfg.max_connections) {
-        kvp_log(KVP_LOG_WARNING, "metrics http connection refused reason=limit max=%u",
-                h->cfg.max_connections);
+    c->accepted_ms = uv_now(h->loop);
+    peer_of(c);
+    uv_timer_start(&c->deadline, on_deadline, head_ms(h), 0);
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
         conn_close(c);
-        return;
+        return 0;
     }
-    uv_timer_start(&c->deadline, on_deadline, h->cfg.timeout_ms, 0);
-    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0)
-        conn_close(c);
+    /* a scraper's request usually came with the connection: take it now */
+    pull(c);
+    if (c->closing)
+        return 0;
+    uint64_t wait_ms = admit(h, c);
+    if (wait_ms) {
+        /* over a limit with nobody to evict yet: c waits (reading; its deadline runs) and
+         * the listener pauses until it is admitted or gone */
+        h->lobby = c;
+        uv_timer_start(&h->retry, on_retry, wait_ms, 0);
+    }
+    return 0;
+}
+
+static void on_retry(uv_timer_t *t)
+{
+    kvp_http_t *h = t->data;
+    if (h->destroying)
+        return;
+    if (h->lobby) {
+        uint64_t wait_ms = admit(h, h->lobby);
+        if (wait_ms) {
+            uv_timer_start(&h->retry, on_retry, wait_ms, 0);
+            return;
+        }
+        h->lobby = NULL;
+    }
+    if (h->held && accept_one(h) == 0)
+        h->held = 0; /* libuv polls the listener again */
+    else if (h->held)
+        uv_timer_start(&h->retry, on_retry, 100, 0); /* out of memory: try again later */
+}
+
+static void on_accept(uv_stream_t *ls, int status)
+{
+    kvp_http_t *h = ls->data;
+    if (status < 0 || h->destroying)
+        return;
+    if (h->lobby || accept_one(h) < 0) {
+        /* not accepted: libuv stops polling the listener until on_retry accepts it */
+        h->held = 1;
+        if (!h->lobby)
+            uv_timer_start(&h->retry, on_retry, 100, 0);
+    }
 }
 
 /* ---- the server ----------------------------------------------------------------------------- */
@@ -375,9 +559,11 @@ int kvp_http_create(uv_loop_t *loop, const kvp_http_config_t *cfg, kvp_http_t **
     h->cfg.listen = NULL; /* borrowed only for the call */
     uv_tcp_init(loop, &h->listener);
     h->listener.data = h;
-    h->open_handles = 1;
+    uv_timer_init(loop, &h->retry);
+    h->retry.data = h;
+    h->open_handles = 2;
     if ((rc = uv_tcp_bind(&h->listener, ai->ai_addr, 0)) < 0 ||
-        (rc = uv_listen((uv_stream_t *)&h->listener, 64, on_accept)) < 0)
+        (rc = uv_listen((uv_stream_t *)&h->listener, 511, on_accept)) < 0)
         goto fail_listener;
     struct sockaddr_storage ss;
     int sl = sizeof(ss);
@@ -405,6 +591,7 @@ fail_listener:
             uv_strerror(rc));
     h->destroying = 1;
     uv_close((uv_handle_t *)&h->listener, on_listener_closed);
+    uv_close((uv_handle_t *)&h->retry, on_listener_closed);
     freeaddrinfo(ai);
     return rc; /* libuv errors are negative errno values */
 fail_alloc:
@@ -427,4 +614,5 @@ void kvp_http_destroy(kvp_http_t *h)
     while (h->conns)
         conn_close(h->conns);
     uv_close((uv_handle_t *)&h->listener, on_listener_closed);
+    uv_close((uv_handle_t *)&h->retry, on_listener_closed);
 }

@@ -6,11 +6,25 @@
  * It is deliberately small and bounded rather than general: a request head (request line and
  * headers) of at most KVP_HTTP_MAX_REQUEST bytes, no request body, no keep-alive
  * (Connection: close), a fixed number of connections at once, and one deadline per connection
- * covering the request, the answer and the lingering close. Anything else gets a status and
- * the connection is closed: 400 (malformed), 404 (another path), 405 (another method),
- * 431 (head too large), 505 (not HTTP/1.x). Only a scraper and an operator's curl are
- * expected here; it is not meant to face the internet (bind it to loopback or a management
- * network). Loop thread only.
+ * covering the request, the answer and the lingering close, with a shorter one for the head.
+ * Anything else gets a status and the connection is closed: 400 (malformed), 404 (another
+ * path), 405 (another method), 431 (head too large), 505 (not HTTP/1.x). Only a scraper and an
+ * operator's curl are expected here; it is not meant to face the internet (bind it to loopback or a
+ * management network). Loop thread only.
+ *
+ * Fairness (issue #15): idle sockets must not lock a scraper out. A new connection that would
+ * exceed max_connections_per_peer (same peer address) or max_connections evicts the oldest
+ * connection - of that peer, resp. of anyone - that is still waiting for its request head and
+ * is older than a tenth of the head deadline (the grace: a newcomer cannot be pushed out
+ * before it had time to send its head), or failing that one whose answer is already written.
+ * When none may go yet, the newcomer waits in a one-place lobby and accepting pauses, so the
+ * kernel's backlog (511) keeps the rest in arrival order: one peer's flood delays a scraper by
+ * about its excess sockets x grace / per-peer limit, it cannot starve it (a flood beyond the
+ * backlog makes the kernel drop SYNs, which TCP retries: that is the network's limit, not ours).
+ * Before choosing, the candidates' pending bytes are read, so a request that already arrived is
+ * answered rather than evicted. On loopback, where every peer is 127.0.0.1, the eviction (not the
+ * per-peer cap) is what lets a scraper through; from another address the per-peer cap keeps a flood
+ * to its own slots. head_timeout_ms bounds how long an idle socket holds a slot.
  */
 #ifndef KVP_HTTP_H
 #define KVP_HTTP_H
@@ -29,8 +43,10 @@ typedef struct kvp_http kvp_http_t;
 typedef size_t (*kvp_http_render_fn)(void *arg, char *buf, size_t cap);
 
 typedef struct {
-    const char *listen;        /* "host:port" or "[v6-address]:port" (kvp_config checked it) */
-    uint32_t max_connections;  /* at once; a connection over the limit is closed unanswered */
+    const char *listen;       /* "host:port" or "[v6-address]:port" (kvp_config checked it) */
+    uint32_t max_connections; /* at once; over it the fairness rule above applies */
+    uint32_t max_connections_per_peer; /* from one peer address; 0: max_connections */
+    uint32_t head_timeout_ms;  /* to receive the request head; 0 or > timeout_ms: timeout_ms */
     uint32_t timeout_ms;       /* one connection's whole life: request, answer, close */
     size_t max_body_bytes;     /* the render buffer (the text is truncated to fit) */
     kvp_http_render_fn render; /* required */

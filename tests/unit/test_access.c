@@ -1,4 +1,4 @@
-/* test_access.c - the connection policy of [access] (server/kvp_access.h). */
+/* test_access.c - the connection and pool-memory policies of [access] (server/kvp_access.h). */
 #include <check.h>
 #include <stdlib.h>
 
@@ -49,6 +49,26 @@ START_TEST(lists_replace_the_socket_group)
 }
 END_TEST
 
+/* access.pool_uids / pool_gids: who may receive the pool fds (issue #15 defect 11) */
+START_TEST(pool_memory_goes_to_everyone_by_default_else_to_the_listed)
+{
+    kvp_pool_access_t p = {.self_uid = 500};
+    ck_assert_int_eq(kvp_access_pool_check(&p, 2000, 2000), 0); /* one trust domain */
+    p.num_uids = 1;
+    p.uids[0] = 1000;
+    ck_assert_int_eq(kvp_access_pool_check(&p, 1000, 7), 0);
+    ck_assert_int_eq(kvp_access_pool_check(&p, 2000, 2000), KVP_EPERM);
+    ck_assert_int_eq(kvp_access_pool_check(&p, 0, 0), 0);     /* root */
+    ck_assert_int_eq(kvp_access_pool_check(&p, 500, 500), 0); /* the daemon's uid */
+    p.num_gids = 1;
+    p.gids[0] = 44;
+    ck_assert_int_eq(kvp_access_pool_check(&p, 2000, 44), 0); /* by primary gid */
+    ck_assert_int_eq(kvp_access_pool_check(&p, 2000, 45), KVP_EPERM);
+    p.num_uids = 0; /* gids only */
+    ck_assert_int_eq(kvp_access_pool_check(&p, 1000, 7), KVP_EPERM);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("access");
@@ -56,6 +76,7 @@ int main(void)
     tcase_add_test(tc, root_and_the_daemons_uid_may_always_connect);
     tcase_add_test(tc, by_default_the_socket_group_decides);
     tcase_add_test(tc, lists_replace_the_socket_group);
+    tcase_add_test(tc, pool_memory_goes_to_everyone_by_default_else_to_the_listed);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
