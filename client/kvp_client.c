@@ -634,10 +634,12 @@ int kvp_client_connect(const kvp_client_opts_t *opts, kvp_client_t **out, char *
     req->which_body = kvpool_Request_hello_tag;
     kvpool_HelloRequest *h = &req->body.hello;
     h->protocol_version = KVP_PROTOCOL_VERSION;
-    snprintf(h->namespace, sizeof(h->namespace), "%s", ns);
+    h->observer = o->observer != 0;
+    if (!h->observer) /* an observer names none */
+        snprintf(h->namespace, sizeof(h->namespace), "%s", ns);
     snprintf(h->client_name, sizeof(h->client_name), "%s",
              o->client_name ? o->client_name : program_invocation_short_name);
-    h->has_lease_ms = o->lease_ms != KVP_LEASE_DEFAULT;
+    h->has_lease_ms = o->lease_ms != KVP_LEASE_DEFAULT && !h->observer;
     h->lease_ms = h->has_lease_ms ? o->lease_ms : 0;
     h->want_pool_fds = o->map_pool != 0;
 

@@ -50,6 +50,9 @@ typedef struct {
                                 value of $KVPOOL_BUSY_POLL_US (a decimal 0..1000000, else
                                 kvp_client_connect fails with KVP_EINVAL), else off. At most
                                 1000000. */
+    int observer;            /* attach to no namespace (kvpool.proto HelloRequest.observer):
+                                read-only calls only; ns, lease_ms and map_pool must be left
+                                unset (NULL, KVP_LEASE_DEFAULT or 0, 0). kvpoolctl's mode. */
 } kvp_client_opts_t;
 
 /* The pool as the daemon describes it (PoolInfo): kvp_pool_info_t of common/kvp_pool_info.h. */

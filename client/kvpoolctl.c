@@ -1,10 +1,11 @@
 /*
  * kvpoolctl.c - the operator CLI of kvpoold: status, stats, pool, seqs, clients, audit,
- * metrics, health, top (kvpoolctl_top.c). It is a plain libkvpool client (namespace "kvpoolctl",
- * lease 0, pool not mapped) that reads through kvp_client_call_raw and prints aligned tables for
- * people or one JSON object (--json) for scripts. It changes nothing in the daemon. Exit codes: 0
- * ok, 1 the daemon answered with an error, 2 usage error, 3 daemon unreachable or timed out;
- * `health` answers only 0 or 1, as container and service health checks expect.
+ * metrics, health, top (kvpoolctl_top.c). It is a plain libkvpool client (an observer: attached
+ * to no namespace unless --namespace names one, pool not mapped) that reads through
+ * kvp_client_call_raw and prints aligned tables for people or one JSON object (--json) for scripts.
+ * It changes nothing in the daemon. Exit codes: 0 ok, 1 the daemon answered with an error, 2 usage
+ * error, 3 daemon unreachable or timed out; `health` answers only 0 or 1, as container and service
+ * health checks expect.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -32,7 +33,6 @@ enum {
     EXIT_UNREACHABLE = 3,
 };
 
-#define DEFAULT_NAMESPACE  "kvpoolctl"
 #define METRICS_TEXT_BYTES (4u << 20)
 #define SEQS_PAGE          256u
 
@@ -84,7 +84,8 @@ static void usage(FILE *f)
           "options:\n"
           "  -s, --socket PATH      daemon socket (default: $KVPOOL_SOCKET, else the\n"
           "                         standard path)\n"
-          "  -n, --namespace NS     session namespace (default \"kvpoolctl\")\n"
+          "  -n, --namespace NS     join namespace NS (default: none, an observer session;\n"
+          "                         seqs: the namespace to list)\n"
           "  -t, --timeout MS       per-call timeout in milliseconds (default 10000)\n"
           "      --json             print one JSON object instead of tables\n"
           "  -h, --help             this help\n"
@@ -561,6 +562,7 @@ static int ctl_connect(ctl_t *x, char *err, size_t err_len)
     kvp_client_opts_t co = {
         .socket_path = x->o->socket_path,
         .ns = x->o->ns,
+        .observer = x->o->ns == NULL, /* reads without owning a namespace (kvpool.proto) */
         .client_name = "kvpoolctl",
         .lease_ms = KVP_LEASE_DEFAULT, /* never change the lease of the namespace it joins */
         .timeout_ms = x->o->timeout_ms,
@@ -632,6 +634,13 @@ static void json_geometry(json_t *j, const kvp_pool_info_t *p)
     j_close(j, '}');
 }
 
+/* How many namespaces the daemon has (visible to this uid): namespaces_total, or the list's
+ * length from a daemon that does not send it. */
+static uint32_t ns_total(const kvpool_Stats *s)
+{
+    return s->namespaces_total > s->namespaces_count ? s->namespaces_total : s->namespaces_count;
+}
+
 static int cmd_status(ctl_t *x)
 {
     int rc = ctl_connect(x, NULL, 0);
@@ -669,7 +678,7 @@ static int cmd_status(ctl_t *x)
         j_u64(&j, "shared_pages", s->shared_pages);
         j_u64(&j, "num_seqs", s->num_seqs);
         j_u64(&j, "num_tokens", s->num_tokens);
-        j_u64(&j, "num_namespaces", s->namespaces_count);
+        j_u64(&j, "num_namespaces", ns_total(s));
         j_u64(&j, "num_clients", s->num_clients);
         j_close(&j, '}');
         /* every device of a tensor-parallel group holds the same pages (its share of heads) */
@@ -686,6 +695,7 @@ static int cmd_status(ctl_t *x)
         }
         j_close(&j, ']');
         j_u64(&j, "uptime_ms", s->uptime_ms);
+        j_bool(&j, "pool_shared_across_uids", s->pool_shared_across_uids);
         j_double(&j, "rtt_us", (double)rtt_ns / 1000.0);
         j_close(&j, '}');
     } else {
@@ -715,9 +725,11 @@ static int cmd_status(ctl_t *x)
                    fmt_bytes((uint64_t)s->num_pages * s->page_bytes, b2, 64));
         }
         printf("sequences    %u (%llu tokens) in %u namespace%s\n", s->num_seqs,
-               (unsigned long long)s->num_tokens, (unsigned)s->namespaces_count,
-               s->namespaces_count == 1 ? "" : "s");
+               (unsigned long long)s->num_tokens, (unsigned)ns_total(s),
+               ns_total(s) == 1 ? "" : "s");
         printf("clients      %u\n", s->num_clients);
+        if (s->pool_shared_across_uids) /* issue #15: the pool is one trust domain */
+            printf("warning      pool memory shared across uids (see access.pool_uids)\n");
         printf("uptime       %s\n", fmt_duration(s->uptime_ms, b1, sizeof(b1)));
         printf("rtt          %.1f us\n", (double)rtt_ns / 1000.0);
     }
@@ -778,6 +790,8 @@ static int cmd_stats(ctl_t *x)
         j_u64(&j, "requests_total", s->requests_total);
         j_u64(&j, "append_bytes_total", s->append_bytes_total);
         json_records(&j, "namespaces", &ns_record, s->namespaces, s->namespaces_count, NULL);
+        j_u64(&j, "namespaces_total", ns_total(s));
+        j_bool(&j, "namespaces_truncated", s->namespaces_truncated);
         j_close(&j, '}');
         free(s);
         return EXIT_OK;
@@ -795,6 +809,12 @@ static int cmd_stats(ctl_t *x)
     if (s->namespaces_count) {
         putchar('\n');
         table_records(stdout, &ns_record, s->namespaces, s->namespaces_count, NULL);
+    }
+    if (s->namespaces_truncated) {
+        fflush(stdout); /* the note comes after the table */
+        fprintf(stderr, "(%u of %u namespaces shown: the daemon lists at most %u)\n",
+                (unsigned)s->namespaces_count, (unsigned)ns_total(s),
+                (unsigned)s->namespaces_count);
     }
     free(s);
     return EXIT_OK;
@@ -905,6 +925,9 @@ static int cmd_seqs(ctl_t *x)
     seq_row_t *rows = NULL;
     size_t nrows = 0, cap = 0;
     int truncated = 0;
+    /* the daemon listed only some namespaces (Stats holds 64): their sequences are all we
+     * can read, and the answer says it is not complete */
+    const int ns_truncated = s->namespaces_truncated;
     for (pb_size_t i = 0; i < s->namespaces_count && !truncated; i++) {
         uint32_t cursor = 0;
         do {
@@ -956,7 +979,8 @@ static int cmd_seqs(ctl_t *x)
         j_open(&j, NULL, '{');
         json_records(&j, "sequences", &seq_record, rows, nrows, NULL);
         j_u64(&j, "count", nrows);
-        j_bool(&j, "truncated", truncated);
+        j_bool(&j, "truncated", truncated || ns_truncated);
+        j_bool(&j, "namespaces_truncated", ns_truncated);
         j_close(&j, '}');
     } else if (nrows == 0) {
         fprintf(stderr, "no sequences%s%s\n", x->o->list_ns ? " in namespace " : "",
@@ -966,6 +990,12 @@ static int cmd_seqs(ctl_t *x)
         if (truncated) {
             fflush(stdout); /* the note comes after the table, also on a shared terminal */
             fprintf(stderr, "(stopped at --limit %u)\n", x->o->limit);
+        }
+        if (ns_truncated) {
+            fflush(stdout);
+            fprintf(stderr,
+                    "(incomplete: the daemon listed %u of %u namespaces; use --namespace)\n",
+                    (unsigned)s->namespaces_count, (unsigned)ns_total(s));
         }
     }
     free(rows);
@@ -1273,7 +1303,6 @@ int main(int argc, char **argv)
 {
     opts_t o;
     memset(&o, 0, sizeof(o));
-    o.ns = DEFAULT_NAMESPACE;
     opterr = 0;
     o.interval_ms = 2000;
     parse_opts(argc, argv, &o, 1, 0, 0, 0);
@@ -1303,7 +1332,7 @@ int main(int argc, char **argv)
     } else if (!*o.socket_path || strlen(o.socket_path) >= sizeof(o.socket_buf)) {
         die_usage("socket path must be 1..%zu bytes", sizeof(o.socket_buf) - 1);
     }
-    if (strlen(o.ns) >= sizeof(((kvpool_HelloRequest *)0)->namespace))
+    if (o.ns && strlen(o.ns) >= sizeof(((kvpool_HelloRequest *)0)->namespace))
         die_usage("namespace longer than %zu bytes",
                   sizeof(((kvpool_HelloRequest *)0)->namespace) - 1);
     if (o.list_ns && strlen(o.list_ns) >= sizeof(((kvpool_ListSequencesRequest *)0)->namespace))

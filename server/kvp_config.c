@@ -88,9 +88,17 @@ static const setting_t settings[] = {
     S(server, max_connections, T_U32, 1, 1u << 20, true),
     S(server, max_frame_bytes, T_SIZE, 4 * KIB, GIB, false),
     S(server, max_queued_bytes, T_SIZE, 4 * KIB, 16 * GIB, true),
+    S(server, max_buffered_bytes, T_SIZE, 0, 64 * GIB, true),
+    S(server, uid_max_connections, T_U32, 0, 1u << 20, true),
+    S(server, hello_timeout_ms, T_U32, 0, 3600000, true),
+    S(server, frame_timeout_ms, T_U32, 0, 3600000, true),
     S(server, log_level, T_LEVEL, 0, 0, true),
     S(server, watchdog, T_BOOL, 0, 0, false),
     S(server, metrics_listen, T_LISTEN, 0, 0, false),
+    S(server, metrics_max_connections, T_U32, 1, 1024, false),
+    S(server, metrics_max_connections_per_peer, T_U32, 1, 1024, false),
+    S(server, metrics_head_timeout_ms, T_U32, 10, 60000, false),
+    S(server, metrics_timeout_ms, T_U32, 100, 600000, false),
     S(server, drain_timeout_ms, T_U32, 0, 3600000, true),
     S(server, copy_threads, T_U32, 0, 256, false),
     S(server, busy_poll_us, T_U32, 0, 1000000, false),
@@ -121,8 +129,13 @@ static const setting_t settings[] = {
     S(limits, ns_max_pages, T_U32, 0, UINT32_MAX, true),
     S(limits, ns_max_buffer_bytes, T_SIZE, 0, 1ull << 50, true),
     S(limits, ns_max_connections, T_U32, 0, 1u << 20, true),
+    S(limits, uid_max_namespaces, T_U32, 0, 1u << 20, true),
+    S(limits, uid_max_idle_namespaces, T_U32, 0, 1u << 20, true),
+    S(limits, uid_max_seqs, T_U32, 0, 1u << 26, true),
     S(access, allowed_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, allowed_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
+    S(access, pool_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
+    S(access, pool_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S_FIELD(transfer, timeout_ms, transfer_timeout_ms, T_U32, 1, 3600000, true),
     S_FIELD(transfer, comm_idle_ms, transfer_comm_idle_ms, T_U32, 1000, UINT32_MAX, true),
     S_FIELD(transfer, max_in_flight, transfer_max_in_flight, T_U32, 1, 64, false),
@@ -672,9 +685,17 @@ void kvp_config_defaults(kvp_config_t *cfg)
     cfg->max_connections = 256;
     cfg->max_frame_bytes = 16 * MIB;
     cfg->max_queued_bytes = 64 * MIB;
+    cfg->max_buffered_bytes = 256 * MIB;
+    cfg->uid_max_connections = 128;
+    cfg->hello_timeout_ms = 10000;
+    cfg->frame_timeout_ms = 10000;
     cfg->log_level = KVP_LOG_INFO;
     cfg->watchdog = true;
     cfg->drain_timeout_ms = 10000;
+    cfg->metrics_max_connections = 16;
+    cfg->metrics_max_connections_per_peer = 8;
+    cfg->metrics_head_timeout_ms = 1000;
+    cfg->metrics_timeout_ms = 5000;
     cfg->copy_threads = 0;
     cfg->busy_poll_us = 0;
 
@@ -693,6 +714,9 @@ void kvp_config_defaults(kvp_config_t *cfg)
 
     cfg->max_seqs = 65536;
     cfg->max_namespaces = 256;
+    cfg->uid_max_namespaces = 32;
+    cfg->uid_max_idle_namespaces = 8;
+    cfg->uid_max_seqs = 16384;
     cfg->max_batch = 4096;
     cfg->max_batch_tokens = 1048576;
     cfg->max_seq_tokens = 0;
@@ -1180,6 +1204,12 @@ int kvp_config_validate(kvp_config_t *cfg, char *err, size_t err_len)
         return fail(KVP_EINVAL, err, err_len,
                     "server.max_queued_bytes (%llu) must be >= server.max_frame_bytes (%llu)",
                     (unsigned long long)cfg->max_queued_bytes,
+                    (unsigned long long)cfg->max_frame_bytes);
+    if (cfg->max_buffered_bytes && cfg->max_buffered_bytes < cfg->max_frame_bytes)
+        return fail(KVP_EINVAL, err, err_len,
+                    "server.max_buffered_bytes (%llu) must be 0 or >= server.max_frame_bytes "
+                    "(%llu)",
+                    (unsigned long long)cfg->max_buffered_bytes,
                     (unsigned long long)cfg->max_frame_bytes);
     if (cfg->default_lease_ms > cfg->max_lease_ms)
         return fail(KVP_EINVAL, err, err_len,

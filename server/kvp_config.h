@@ -29,10 +29,39 @@
  *   max_frame_bytes  largest frame accepted or sent (DESIGN.md §5). 4 KiB..1 GiB. Default 16 MiB.
  *   max_queued_bytes answers queued unsent on one connection (a client that does not read
  *                    them) before the daemon drops that client; must be >= max_frame_bytes. Up to
- * 16 GiB. Default 64 MiB. log_level        emerg|alert|crit|err|warning|notice|info|debug. Default
+ * 16 GiB. Default 64 MiB.
+ *   max_buffered_bytes  memory the daemon gives all connections together: read buffers and
+ *                    unsent answers. A read buffer always gets its first 64 KiB; beyond that a
+ *                    connection whose buffer would pass the budget is not read (it waits, loses
+ *                    nothing) until memory comes back; a connection with answers unsent stops
+ *                    being processed while the budget is spent (each may overshoot it by one
+ *                    answer). 0 (no budget), or max_frame_bytes..64 GiB. Default 256 MiB.
+ *                    Besides it, a connection with 1 MiB of unsent answers is neither read nor
+ *                    processed until its client reads (backpressure, fixed).
+ *   uid_max_connections connections one peer uid may hold (a uid at it gets RESOURCE_EXHAUSTED
+ *                    and the connection closed; others still get in). The daemon's own uid and
+ *                    root are exempt. 0 (no limit)..1048576. Default 128.
+ *   hello_timeout_ms a connection that has not completed Hello this long after it was
+ *                    accepted is answered DEADLINE_EXCEEDED and closed. 0 (off)..3600000.
+ *                    Default 10000.
+ *   frame_timeout_ms a frame begun and not completed within this long (counted while the daemon
+ *                    reads the connection) closes it, with an answer; its fds go with it.
+ *                    0 (off)..3600000. Default 10000.
+ * log_level        emerg|alert|crit|err|warning|notice|info|debug. Default
  * info. watchdog         send WATCHDOG=1 when systemd asks for it (WATCHDOG_USEC). Default true.
  *   metrics_listen   host:port of the Prometheus HTTP endpoint ("127.0.0.1:9464",
  *                    "[::1]:9464"); empty: off. Default empty.
+ *   metrics_max_connections  HTTP connections at once (kvp_http.h). 1..1024. Default 16.
+ *   metrics_max_connections_per_peer  of them from one peer address. 1..1024. Default 8.
+ *   metrics_head_timeout_ms  time a connection has to send its request head. 10..60000.
+ *                    Default 1000.
+ *   metrics_timeout_ms  one connection's whole life (head, answer, close); the head
+ *                    deadline is the smaller of the two. 100..600000. Default 5000.
+ *                    Fairness: a new connection over either limit evicts the oldest
+ *                    connection (of that peer, for the per-peer limit) that has not sent its
+ *                    head and is older than a tenth of the head deadline; when none may go
+ *                    yet, the newcomer waits and accepting pauses (kvp_http.h). Idle sockets
+ *                    therefore cannot lock a scraper out, even from the same address.
  *   drain_timeout_ms on SIGTERM, how long in-flight work may take before exit. 0..3600000.
  *                    Default 10000.
  *   copy_threads     worker threads for the requests that leave the event loop (the
@@ -91,6 +120,14 @@
  *                          namespace together. 0..2^50. Default 0.
  *   ns_max_connections     connections attached to one namespace at once (a Hello above it
  *                          is refused). 0..1048576. Default 0.
+ *   Per-uid quotas (0: none) for every uid but root and the daemon's own (the operators), so
+ *   one tenant cannot fill the global tables; above one a request is RESOURCE_EXHAUSTED:
+ *   uid_max_namespaces     namespaces one uid owns (a Hello creating one more is refused).
+ *                          0..1048576. Default 32.
+ *   uid_max_idle_namespaces  of them with no session, a lease pending: beyond it the one
+ *                          whose lease ends first is released at once. 0..1048576. Default 8.
+ *   uid_max_seqs           live sequences over all the namespaces one uid owns. 0..67108864.
+ *                          Default 16384 (a quarter of the default max_seqs).
  *   [access]         who may connect (checked on each connection with SO_PEERCRED and
  *                    SO_PEERGROUPS; a peer that is refused gets PERMISSION_DENIED and is
  *                    disconnected). The daemon's own uid and root may always connect.
@@ -102,6 +139,15 @@
  *                    0660 mode says. Either set: exactly the listed uids and groups (and the
  *                    daemon's uid and root). A namespace belongs to the uid that created it;
  *                    other uids (root excepted) are refused with PERMISSION_DENIED.
+ *   pool_uids        comma list of uids that may receive the pool's memory (the fds of
+ *                    Hello/PoolInfo want_pool_fds), at most 64.
+ *   pool_gids        the same by primary gid, at most 64. Both empty (the default): every
+ *                    admitted uid may (one trust domain). Either set: the listed ones, root
+ *                    and the daemon's uid; anyone else asking gets PERMISSION_DENIED and keeps
+ *                    to daemon-run calls (RegisterBuffer + Append). Trust model: any
+ *                    process holding the pool fds can map ALL of the pool read-write;
+ *                    namespace ownership protects allocation, not data. The daemon warns once
+ *                    (and Stats.pool_shared_across_uids says) when two uids were given them.
  *   [transfer]       KV transfers between daemons over NCCL (kvp_xfer.h, DESIGN.md §6)
  *   timeout_ms       longest time one ExportBegin or Import may take, the peer's join
  *                    included, when the request names none. 1..3600000. Default 30000.
@@ -148,6 +194,8 @@
  *                    or a path, at most 255 bytes; empty: libnccl.so.2. Default libnccl.so.2.
  *
  * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
+ * server.max_buffered_bytes, server.uid_max_connections, server.hello_timeout_ms,
+ * server.frame_timeout_ms,
  * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
  * limits.default_lease_ms, limits.max_lease_ms, limits.dedup_ns_max_bytes,
  * limits.dedup_max_bytes, the limits.ns_max_* quotas (applied to every
@@ -177,7 +225,7 @@ extern "C" {
 #define KVP_CONFIG_MAX_IDS       64   /* entries of devices, allowed_uids, allowed_gids */
 #define KVP_CONFIG_VALUE_MAX     256  /* one value given on the command line, with the NUL */
 #define KVP_CONFIG_LIB_MAX       256  /* tuning.nccl_lib, with the NUL */
-#define KVP_CONFIG_MAX_OVERRIDES 64   /* >= the number of keys: one slot per key */
+#define KVP_CONFIG_MAX_OVERRIDES 96   /* >= the number of keys: one slot per key */
 
 typedef enum {
     KVP_CONFIG_BACKEND_AUTO = 0,
@@ -213,9 +261,17 @@ typedef struct {
     uint32_t max_connections;
     uint64_t max_frame_bytes;
     uint64_t max_queued_bytes;
+    uint64_t max_buffered_bytes;
+    uint32_t uid_max_connections;
+    uint32_t hello_timeout_ms;
+    uint32_t frame_timeout_ms;
     int log_level; /* KVP_LOG_* */
     bool watchdog;
     char metrics_listen[KVP_CONFIG_NAME_MAX];
+    uint32_t metrics_max_connections;
+    uint32_t metrics_max_connections_per_peer;
+    uint32_t metrics_head_timeout_ms;
+    uint32_t metrics_timeout_ms;
     uint32_t drain_timeout_ms;
     uint32_t copy_threads;
     uint32_t busy_poll_us;
@@ -248,9 +304,14 @@ typedef struct {
     uint32_t ns_max_pages;
     uint64_t ns_max_buffer_bytes;
     uint32_t ns_max_connections;
+    uint32_t uid_max_namespaces;
+    uint32_t uid_max_idle_namespaces;
+    uint32_t uid_max_seqs;
     /* [access] */
     kvp_config_idlist_t allowed_uids;
     kvp_config_idlist_t allowed_gids;
+    kvp_config_idlist_t pool_uids;
+    kvp_config_idlist_t pool_gids;
     /* [transfer] */
     uint32_t transfer_timeout_ms;
     uint32_t transfer_comm_idle_ms;

@@ -9,7 +9,6 @@
 
 #include "kvp_error.h"
 
-
 int kvp_ns_table_init(kvp_ns_table_t *t, uint32_t max_namespaces)
 {
     memset(t, 0, sizeof(*t));
@@ -66,6 +65,24 @@ int kvp_ns_attach(kvp_ns_table_t *t, const char *name, uint32_t uid, uint32_t le
     n->lease_ms = lease_ms;
     *id = (uint32_t)free_slot;
     return 0;
+}
+
+int kvp_ns_name_valid(const char *name, int allow_empty)
+{
+    size_t len = 0;
+    for (; name[len]; len++) {
+        unsigned char ch = (unsigned char)name[len];
+        if (len == KVP_NS_NAME_MAX || !((ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+                                        (ch >= '0' && ch <= '9') || strchr("._:@/+-", ch)))
+            return 0;
+    }
+    return len > 0 || allow_empty;
+}
+
+int kvp_ns_reserved(const char *name)
+{
+    return strcmp(name, "default") == 0 || strcmp(name, "kvpoolctl") == 0 ||
+           strncmp(name, KVP_NS_RESERVED_PREFIX, strlen(KVP_NS_RESERVED_PREFIX)) == 0;
 }
 
 int kvp_ns_find(const kvp_ns_table_t *t, const char *name)

@@ -20,8 +20,9 @@ typedef struct {
     uint32_t owner_uid;
     uint32_t sessions;
     uint32_t lease_ms;
-    uint64_t expires_at_ms;   /* sessions == 0: when its sequences go; 0 = none pending */
-    uint64_t buffer_bytes; /* registered by its sessions, for limits.ns_max_buffer_bytes */
+    uint64_t expires_at_ms; /* sessions == 0: when its sequences go; 0 = none pending */
+    uint64_t buffer_bytes;  /* registered by its sessions, for limits.ns_max_buffer_bytes */
+    int seq_cap_lowered;    /* the rpc layer lowered its sequence quota for limits.uid_max_seqs */
 } kvp_ns_t;
 
 typedef struct {
@@ -39,6 +40,15 @@ void kvp_ns_table_free(kvp_ns_table_t *t);
  * never changes a running engine's lease. A pending expiry is cancelled. */
 int kvp_ns_attach(kvp_ns_table_t *t, const char *name, uint32_t uid, uint32_t lease_ms,
                   int set_lease, uint32_t *id);
+
+/* Whether name is a valid client-chosen name (kvpool.proto, Names): 1..KVP_NS_NAME_MAX bytes
+ * of [A-Za-z0-9._:@/+-] (0 bytes too when allow_empty). The set is ASCII, so a valid name is
+ * valid UTF-8, and holds no space, '=' or quote, so it cannot forge a key=value log field. */
+int kvp_ns_name_valid(const char *name, int allow_empty);
+/* Whether name is reserved for the daemon's operators: "default", "kvpoolctl" and every name
+ * starting with KVP_NS_RESERVED_PREFIX. */
+#define KVP_NS_RESERVED_PREFIX "kvpool."
+int kvp_ns_reserved(const char *name);
 
 /* The id of the namespace called name, or -1. */
 int kvp_ns_find(const kvp_ns_table_t *t, const char *name);

@@ -16,6 +16,7 @@
 
 #include "kvp_error.h"
 #include "kvp_log.h"
+#include "kvp_utf8.h"
 
 /* The largest answer a retry window keeps (a page table of ~64K entries). */
 #define DEDUP_MAX_ENTRY_BYTES (256u << 10)
@@ -39,12 +40,12 @@ static uint64_t budget(const kvp_rpc_limits_t *lim)
     }
 
 /* One row per call. MUTATING without PER_CONN: the request id is deduplicated in the
- * namespace (kvpool.proto, Idempotency). */
+ * namespace (kvpool.proto, Idempotency). OBSERVER: read-only, what an observer may call. */
 const kvp_rpc_call_t kvp__rpc_calls[] = {
     {0, 0, "invalid", 0, 0, NULL},
     ROW(hello, KVP_CALL_BEFORE_HELLO),
-    ROW(ping, KVP_CALL_BEFORE_HELLO | KVP_CALL_WHEN_UNHEALTHY),
-    ROW(pool_info, 0),
+    ROW(ping, KVP_CALL_BEFORE_HELLO | KVP_CALL_WHEN_UNHEALTHY | KVP_CALL_OBSERVER),
+    ROW(pool_info, KVP_CALL_OBSERVER),
     ROW(register_buffer, KVP_CALL_MUTATING | KVP_CALL_PER_CONN | KVP_CALL_TAKES_FDS),
     ROW(unregister_buffer, KVP_CALL_MUTATING | KVP_CALL_PER_CONN),
     ROW(append, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
@@ -53,14 +54,14 @@ const kvp_rpc_call_t kvp__rpc_calls[] = {
     ROW(truncate, KVP_CALL_MUTATING),
     ROW(release, KVP_CALL_MUTATING),
     ROW(get_page_table, 0),
-    ROW(stats, 0),
-    ROW(list_sequences, 0),
-    ROW(list_clients, 0),
-    ROW(audit, 0),
-    ROW(metrics, 0),
+    ROW(stats, KVP_CALL_OBSERVER),
+    ROW(list_sequences, KVP_CALL_OBSERVER),
+    ROW(list_clients, KVP_CALL_OBSERVER),
+    ROW(audit, KVP_CALL_OBSERVER),
+    ROW(metrics, KVP_CALL_OBSERVER),
     ROW(export_begin, KVP_CALL_MUTATING),
     ROW(import, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
-    ROW(list_transfers, 0),
+    ROW(list_transfers, KVP_CALL_OBSERVER),
 };
 #define NUM_CALLS (sizeof(kvp__rpc_calls) / sizeof(kvp__rpc_calls[0]))
 _Static_assert(NUM_CALLS <= KVP_METRICS_MAX_CALLS, "raise KVP_METRICS_MAX_CALLS");
@@ -172,12 +173,18 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
     r->lim.ns_max_pages = lim->ns_max_pages;
     r->lim.ns_max_buffer_bytes = lim->ns_max_buffer_bytes;
     r->lim.ns_max_connections = lim->ns_max_connections;
+    r->lim.uid_max_namespaces = lim->uid_max_namespaces;
+    r->lim.uid_max_idle_namespaces = lim->uid_max_idle_namespaces;
+    r->lim.uid_max_seqs = lim->uid_max_seqs;
+    r->lim.pool_access = lim->pool_access;
     r->lim.dedup_ns_max_bytes = lim->dedup_ns_max_bytes;
     r->lim.dedup_max_bytes = lim->dedup_max_bytes;
     kvp_dedup_set_budgets(&r->dedup, ns_budget(lim), budget(lim));
     for (uint32_t i = 0; i < r->ns.max; i++)
-        if (r->ns.ns[i].in_use)
+        if (r->ns.ns[i].in_use) {
             kvp_seqtab_set_ns_limits(r->seqs, i, lim->ns_max_seqs, lim->ns_max_pages);
+            r->ns.ns[i].seq_cap_lowered = 0;
+        }
 }
 
 void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n)
@@ -229,15 +236,57 @@ static void release_namespace(kvp_rpc_t *r, uint32_t ns, const char *why)
     kvp_ns_forget(&r->ns, ns);
 }
 
+int kvp__rpc_is_operator(const kvp_rpc_t *r, uint32_t uid)
+{
+    return uid == 0 || uid == r->lim.operator_uid;
+}
+
+int kvp__rpc_may_see_ns(const kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns)
+{
+    return kvp__rpc_is_operator(r, s->uid) || r->ns.ns[ns].owner_uid == s->uid;
+}
+
+/* limits.uid_max_idle_namespaces: while uid owns more namespaces with no session (a lease
+ * pending) than that, the one whose lease ends first goes now, so a tenant's lapsed sessions
+ * never fill the namespace table for a day. */
+static void cap_idle_namespaces(kvp_rpc_t *r, uint32_t uid)
+{
+    const uint32_t cap = r->lim.uid_max_idle_namespaces;
+    if (!cap || kvp__rpc_is_operator(r, uid))
+        return;
+    for (;;) {
+        uint32_t idle = 0;
+        int first = -1;
+        for (uint32_t i = 0; i < r->ns.max; i++) {
+            const kvp_ns_t *n = &r->ns.ns[i];
+            if (!n->in_use || n->owner_uid != uid || n->sessions || !n->expires_at_ms)
+                continue;
+            idle++;
+            if (first < 0 || n->expires_at_ms < r->ns.ns[first].expires_at_ms)
+                first = (int)i;
+        }
+        if (idle <= cap)
+            return;
+        r->ns.ns[first].expires_at_ms = 0;
+        release_namespace(r, (uint32_t)first, "uid_max_idle_namespaces");
+    }
+}
+
 void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
 {
+    const int attached = s->hello_done && !s->observer;
     for (uint32_t i = 0; i < s->num_buffers; i++) {
-        if (s->hello_done)
+        if (attached)
             r->ns.ns[s->ns].buffer_bytes -= s->buffers[i].buf.size_bytes;
         kvp__rpc_buf_release(r, &s->buffers[i].buf);
     }
-    if (s->hello_done && kvp_ns_detach(&r->ns, s->ns, now_ms))
-        release_namespace(r, s->ns, "lease 0");
+    if (attached) {
+        const uint32_t owner = r->ns.ns[s->ns].owner_uid;
+        if (kvp_ns_detach(&r->ns, s->ns, now_ms))
+            release_namespace(r, s->ns, "lease 0");
+        else
+            cap_idle_namespaces(r, owner);
+    }
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -271,6 +320,26 @@ uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r)
 {
     return kvp_ns_next_deadline(&r->ns);
 }
+int kvp__rpc_check_name(kvpool_Response *resp, uint64_t id, const char *field, const char *v)
+{
+    for (const unsigned char *p = (const unsigned char *)v; *p;) {
+        size_t n = kvp_utf8_len(p);
+        if (!n) {
+            kvp_rpc_error(resp, id, KVP_EINVAL, "%s is not valid UTF-8 (byte %zu)", field,
+                          (size_t)(p - (const unsigned char *)v));
+            return KVP_EINVAL;
+        }
+        p += n;
+    }
+    if (!kvp_ns_name_valid(v, 1)) {
+        kvp_rpc_error(resp, id, KVP_EINVAL,
+                      "%s may hold only 1..%u of [A-Za-z0-9._:@/+-] (kvpool.proto, Names)", field,
+                      KVP_NS_NAME_MAX);
+        return KVP_EINVAL;
+    }
+    return 0;
+}
+
 KVP_RPC_HANDLER(hello)
 {
     const uint64_t id = req->id;
@@ -290,7 +359,38 @@ KVP_RPC_HANDLER(hello)
         kvp_rpc_error(resp, id, KVP_EUNAVAIL, "daemon is shutting down");
         return 0;
     }
+    if (kvp__rpc_check_name(resp, id, "namespace", h->namespace) ||
+        kvp__rpc_check_name(resp, id, "client_name", h->client_name))
+        return 0;
+    if (h->observer) {
+        if (h->namespace[0] || h->want_pool_fds || h->has_lease_ms) {
+            kvp_rpc_error(resp, id, KVP_EINVAL,
+                          "an observer names no namespace, lease or pool fds");
+            return 0;
+        }
+        kvp__rpc_ok(io, id);
+        kvpool_HelloResponse *hr = &resp->body.hello;
+        hr->protocol_version = KVP_PROTOCOL_VERSION;
+        snprintf(hr->server_version, sizeof(hr->server_version), "%s", KVP_VERSION);
+        hr->session_id = s->id;
+        hr->has_pool = true;
+        kvp__rpc_fill_pool_info(r, &hr->pool);
+        s->hello_done = 1;
+        s->observer = 1;
+        snprintf(s->name, sizeof(s->name), "%s", h->client_name);
+        kvp_log(KVP_LOG_INFO, "session hello session=%llu observer=1 client=%s pid=%d uid=%u",
+                (unsigned long long)s->id, s->name, s->pid, s->uid);
+        return 0;
+    }
     const char *name = h->namespace[0] ? h->namespace : "default";
+    const int op = kvp__rpc_is_operator(r, s->uid);
+    if (!op && kvp_ns_reserved(name)) {
+        kvp_rpc_error(resp, id, KVP_EPERM,
+                      "namespace '%s' is reserved for the daemon's operators (root, uid %u); "
+                      "name another one",
+                      name, r->lim.operator_uid);
+        return 0;
+    }
     uint32_t lease = h->has_lease_ms ? h->lease_ms : r->lim.default_lease_ms;
     int set_lease = h->has_lease_ms;
     if (lease > r->lim.max_lease_ms) {
@@ -298,7 +398,26 @@ KVP_RPC_HANDLER(hello)
                       r->lim.max_lease_ms);
         return 0;
     }
+    if (h->want_pool_fds && kvp_access_pool_check(&r->lim.pool_access, s->uid, s->gid)) {
+        /* before anything is attached: the session may Hello again without want_pool_fds */
+        kvp_rpc_error(resp, id, KVP_EPERM,
+                      "uid %u may not receive the pool's memory (access.pool_uids / pool_gids); "
+                      "Hello without want_pool_fds for daemon-run calls",
+                      s->uid);
+        return 0;
+    }
     int existing = kvp_ns_find(&r->ns, name);
+    if (existing < 0 && !op && r->lim.uid_max_namespaces) {
+        uint32_t owned = 0;
+        for (uint32_t i = 0; i < r->ns.max; i++)
+            owned += r->ns.ns[i].in_use && r->ns.ns[i].owner_uid == s->uid;
+        if (owned >= r->lim.uid_max_namespaces) {
+            kvp_rpc_error(resp, id, KVP_ELIMIT,
+                          "uid %u owns %u namespaces: its quota (limits.uid_max_namespaces)",
+                          s->uid, owned);
+            return 0;
+        }
+    }
     if (existing >= 0 && r->lim.ns_max_connections &&
         r->ns.ns[existing].sessions >= r->lim.ns_max_connections &&
         (r->ns.ns[existing].owner_uid == s->uid || s->uid == 0)) {
@@ -333,7 +452,7 @@ KVP_RPC_HANDLER(hello)
     hr->session_id = s->id;
     hr->has_pool = true;
     kvp__rpc_fill_pool_info(r, &hr->pool);
-    if (h->want_pool_fds && (rc = kvp__rpc_attach_pool_fds(r, io, &hr->pool))) {
+    if (h->want_pool_fds && (rc = kvp__rpc_attach_pool_fds(r, s, io, &hr->pool))) {
         kvp_ns_detach(&r->ns, ns, 0);
         kvp_rpc_error(resp, id, KVP_EINTERNAL, "cannot export the pool: %s", kvp_strerror(rc));
         return 0;
@@ -446,6 +565,53 @@ static int retry_window(kvp_rpc_t *r, kvp_session_t *s, const kvp_rpc_call_t *ca
     }
 }
 
+/* limits.uid_max_seqs: before a call that may create sequences in s's namespace, its
+ * sequence quota in the table (kvcache's per-namespace limit) is lowered to what the owner's
+ * uid has left over all its namespaces, so the call creates at most that many (the table
+ * refuses it with RESOURCE_EXHAUSTED and changes nothing). Only when the whole table holds
+ * enough sequences for the owner to reach its quota in one call: below that the namespace
+ * keeps limits.ns_max_seqs. 0, or KVP_ELIMIT answered in io->resp. */
+static int cap_uid_seqs(kvp_rpc_t *r, const kvp_session_t *s, kvp_rpc_io_t *io, uint64_t id)
+{
+    kvp_ns_t *own = &r->ns.ns[s->ns];
+    const uint32_t cap = r->lim.uid_max_seqs;
+    if (!cap || kvp__rpc_is_operator(r, own->owner_uid))
+        return 0;
+    kvp_stats_t all;
+    kvp_seqtab_stats(r->seqs, &all);
+    const uint64_t one_call = r->lim.max_batch > 64 ? r->lim.max_batch : 64; /* Import: 64 */
+    if ((uint64_t)all.num_seqs + one_call <= cap) {
+        if (own->seq_cap_lowered) {
+            kvp_seqtab_set_ns_limits(r->seqs, s->ns, r->lim.ns_max_seqs, r->lim.ns_max_pages);
+            own->seq_cap_lowered = 0;
+        }
+        return 0;
+    }
+    uint64_t held = 0, here = 0;
+    for (uint32_t i = 0; i < r->ns.max; i++) {
+        if (!r->ns.ns[i].in_use || r->ns.ns[i].owner_uid != own->owner_uid)
+            continue;
+        kvp_ns_stats_t st;
+        kvp_seqtab_ns_stats(r->seqs, i, &st);
+        held += st.num_seqs;
+        if (i == s->ns)
+            here = st.num_seqs;
+    }
+    const uint64_t left = held < cap ? cap - held : 0;
+    if (here + left == 0) { /* 0 would mean no quota: refuse here */
+        kvp_rpc_error(&io->resp, id, KVP_ELIMIT,
+                      "uid %u holds %llu sequences: its quota (limits.uid_max_seqs)",
+                      own->owner_uid, (unsigned long long)held);
+        return KVP_ELIMIT;
+    }
+    uint64_t q = here + left;
+    if (r->lim.ns_max_seqs && r->lim.ns_max_seqs < q)
+        q = r->lim.ns_max_seqs;
+    kvp_seqtab_set_ns_limits(r->seqs, s->ns, (uint32_t)q, r->lim.ns_max_pages);
+    own->seq_cap_lowered = 1;
+    return 0;
+}
+
 int kvp_rpc_handle(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, const uint8_t *payload,
                    uint32_t len, kvp_rpc_io_t *io, uint64_t now_ms, uint64_t start_ns)
 {
@@ -462,6 +628,19 @@ int kvp_rpc_handle(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, const ui
         kvp_rpc_error(&io->resp, id, KVP_EPRECOND, "the first request must be Hello");
         return KVP_RPC_DONE;
     }
+    if (s->observer && !(call->flags & KVP_CALL_OBSERVER)) {
+        kvp_rpc_error(&io->resp, id, KVP_EPRECOND,
+                      "%s: an observer session (attached to no namespace) makes read-only "
+                      "calls only",
+                      call->name);
+        return KVP_RPC_DONE;
+    }
+    /* the string fields a handler reads (Hello checks its own) */
+    if ((req->which_body == kvpool_Request_list_sequences_tag &&
+         kvp__rpc_check_name(&io->resp, id, "namespace", req->body.list_sequences.namespace)) ||
+        (req->which_body == kvpool_Request_export_begin_tag &&
+         kvp__rpc_check_name(&io->resp, id, "peer", req->body.export_begin.peer)))
+        return KVP_RPC_DONE;
     if (io->nfds_in > 0 && !(call->flags & KVP_CALL_TAKES_FDS)) {
         kvp_rpc_error(&io->resp, id, KVP_EINVAL,
                       "request carries %d fds; only RegisterBuffer takes one", io->nfds_in);
@@ -476,6 +655,9 @@ int kvp_rpc_handle(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, const ui
         if (v >= 0)
             return v;
     }
+    if ((call->flags & KVP_CALL_MUTATING) && !(call->flags & KVP_CALL_PER_CONN) &&
+        cap_uid_seqs(r, s, io, id))
+        return KVP_RPC_DONE; /* an error: kvp_rpc_answered lets its id go */
     int rc = call->handler(r, s, req, io, now_ms);
     assert(rc == KVP_RPC_DONE || (rc == KVP_RPC_ASYNC && (call->flags & KVP_CALL_OFF_LOOP)));
     return rc;

@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "kvp_access.h"
 #include "kvp_backend.h"
 #include "kvp_ns.h"
 #include "kvp_plan.h"
@@ -54,6 +55,17 @@ typedef struct {
     uint32_t ns_max_pages; /* page references */
     uint64_t ns_max_buffer_bytes;
     uint32_t ns_max_connections;
+    /* per-uid quotas, 0 = none (kvp_config.h, limits.uid_max_*); root and operator_uid are
+     * exempt */
+    uint32_t uid_max_namespaces;
+    uint32_t uid_max_idle_namespaces; /* of them with no session (a lease pending) */
+    uint32_t uid_max_seqs;            /* over all the namespaces the uid owns */
+    /* the daemon's own uid (kvpoold: geteuid()): with root, an operator, who may attach to
+     * the reserved namespaces and sees every tenant's metadata (kvpool.proto, Names). Not
+     * changed by kvp_rpc_set_limits. */
+    uint32_t operator_uid;
+    /* who may receive the pool fds (access.pool_uids / pool_gids); all zero: everyone */
+    kvp_pool_access_t pool_access;
 } kvp_rpc_limits_t;
 
 typedef struct {
@@ -66,6 +78,7 @@ typedef struct kvp_session {
     struct kvp_session *next, *prev;
     uint64_t id;
     int hello_done;
+    int observer; /* a Hello with observer set: attached to no namespace (ns unused) */
     uint32_t ns;
     int32_t pid;
     uint32_t uid, gid;
@@ -172,8 +185,8 @@ size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms
 
 /* SIGHUP: applies the limits that can change at run time (max_batch_tokens,
  * max_buffer_bytes, default_lease_ms, max_lease_ms, the dedup byte budgets, and the ns_max_*
- * quotas, which apply to every namespace at once); the others size tables and need a restart
- * (the config module reports them). */
+ * and uid_max_* quotas, which apply to every namespace at once); the others size tables and need a
+ * restart (the config module reports them). */
 void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim);
 
 /* Server facts dispatch reports (Stats, metrics). */

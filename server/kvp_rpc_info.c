@@ -18,19 +18,32 @@ void kvp__rpc_fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi)
     kvp_wire_pool_info_put(pi, &info);
 }
 
-int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi)
+int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, const kvp_session_t *s, kvp_rpc_io_t *io,
+                             kvpool_PoolInfo *pi)
 {
+    /* whoever holds these maps the whole pool read-write (README "Trust model") */
+    if (kvp_access_pool_check(&r->lim.pool_access, s->uid, s->gid))
+        return KVP_EPERM;
     int n = r->backend->ops->export_fds(r->backend, io->fds_out, KVP_MAX_FDS_PER_FRAME);
     if (n < 0)
         return n;
     io->nfds_out = n;
     pi->num_fds = (uint32_t)n;
+    if (!r->pool_fds_given) {
+        r->pool_fds_given = 1;
+        r->pool_fds_uid = s->uid;
+    } else if (s->uid != r->pool_fds_uid && !r->pool_shared_across_uids) {
+        r->pool_shared_across_uids = 1;
+        kvp_log(KVP_LOG_WARNING,
+                "pool memory shared across uids uid=%u first_uid=%u reason=\"any holder of the "
+                "pool fds can read and write every namespace's pages; see access.pool_uids\"",
+                s->uid, r->pool_fds_uid);
+    }
     return 0;
 }
 KVP_RPC_HANDLER(stats)
 {
     const uint64_t id = req->id;
-    (void)s;
     kvp__rpc_ok(io, id);
     kvpool_StatsResponse *sr = &io->resp.body.stats;
     sr->has_stats = true;
@@ -52,10 +65,17 @@ KVP_RPC_HANDLER(stats)
     st->append_bytes_total = r->counters.append_bytes_total;
     st->dedup_bytes = r->dedup.bytes;
     st->dedup_evictions_total = r->dedup.evictions_total;
-    for (uint32_t i = 0; i < r->ns.max && st->namespaces_count < 64; i++) {
+    st->pool_shared_across_uids = r->pool_shared_across_uids != 0;
+    const pb_size_t cap = sizeof(st->namespaces) / sizeof(st->namespaces[0]);
+    for (uint32_t i = 0; i < r->ns.max; i++) {
         const kvp_ns_t *n = &r->ns.ns[i];
-        if (!n->in_use)
+        if (!n->in_use || !kvp__rpc_may_see_ns(r, s, i))
             continue;
+        st->namespaces_total++;
+        if (st->namespaces_count == cap) {
+            st->namespaces_truncated = true;
+            continue;
+        }
         kvp_ns_stats_t ns;
         kvp_seqtab_ns_stats(r->seqs, i, &ns);
         kvpool_NamespaceStats *o = &st->namespaces[st->namespaces_count++];
@@ -77,6 +97,10 @@ KVP_RPC_HANDLER(list_sequences)
     const uint64_t id = req->id;
     const kvpool_ListSequencesRequest *q = &req->body.list_sequences;
     uint32_t ns = s->ns;
+    if (!q->namespace[0] && s->observer) {
+        kvp_rpc_error(&io->resp, id, KVP_EINVAL, "an observer names the namespace to list");
+        return 0;
+    }
     if (q->namespace[0]) {
         int found = -1;
         for (uint32_t i = 0; i < r->ns.max; i++)
@@ -87,6 +111,13 @@ KVP_RPC_HANDLER(list_sequences)
             return 0;
         }
         ns = (uint32_t)found;
+        if (!kvp__rpc_may_see_ns(r, s, ns)) {
+            kvp_rpc_error(&io->resp, id, KVP_EPERM,
+                          "namespace '%s' belongs to another user: only its owner, root and "
+                          "the daemon's uid see its sequences",
+                          q->namespace);
+            return 0;
+        }
     }
     uint32_t limit = q->limit && q->limit < 256 ? q->limit : 256;
     kvp__rpc_ok(io, id);
@@ -110,13 +141,22 @@ KVP_RPC_HANDLER(list_sequences)
     return 0;
 }
 
+/* Whether session s may see session o in ListClients: an operator sees all; another uid its
+ * own sessions and those attached to a namespace it owns. */
+static int may_see_session(const kvp_rpc_t *r, const kvp_session_t *s, const kvp_session_t *o)
+{
+    return kvp__rpc_is_operator(r, s->uid) || o->uid == s->uid ||
+           (o->hello_done && !o->observer && r->ns.ns[o->ns].owner_uid == s->uid);
+}
+
 KVP_RPC_HANDLER(list_clients)
 {
     const uint64_t id = req->id;
-    (void)s;
     kvp__rpc_ok(io, id);
     kvpool_ListClientsResponse *lr = &io->resp.body.list_clients;
     for (kvp_session_t *o_s = r->sessions; o_s && lr->clients_count < 256; o_s = o_s->next) {
+        if (!may_see_session(r, s, o_s))
+            continue;
         kvpool_ClientInfo *o = &lr->clients[lr->clients_count++];
         o->session_id = o_s->id;
         snprintf(o->namespace, sizeof(o->namespace), "%s", o_s->ns_name);
@@ -159,13 +199,21 @@ KVP_RPC_HANDLER(ping)
 
 KVP_RPC_HANDLER(pool_info)
 {
-    (void)s, (void)now_ms;
+    (void)now_ms;
+    if (s->observer && req->body.pool_info.want_pool_fds) {
+        kvp_rpc_error(&io->resp, req->id, KVP_EPRECOND, "an observer takes no pool fds");
+        return KVP_RPC_DONE;
+    }
     kvp__rpc_ok(io, req->id);
     kvp__rpc_fill_pool_info(r, &io->resp.body.pool_info);
     int rc = req->body.pool_info.want_pool_fds
-                 ? kvp__rpc_attach_pool_fds(r, io, &io->resp.body.pool_info)
+                 ? kvp__rpc_attach_pool_fds(r, s, io, &io->resp.body.pool_info)
                  : 0;
-    if (rc)
+    if (rc == KVP_EPERM)
+        kvp_rpc_error(&io->resp, req->id, KVP_EPERM,
+                      "uid %u may not receive the pool's memory (access.pool_uids / pool_gids)",
+                      s->uid);
+    else if (rc)
         kvp_rpc_error(&io->resp, req->id, KVP_EINTERNAL, "cannot export the pool");
     return KVP_RPC_DONE;
 }

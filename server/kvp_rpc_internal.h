@@ -42,6 +42,8 @@ enum {
     KVP_CALL_WHEN_UNHEALTHY = 1u << 3, /* answered while the daemon is unhealthy */
     KVP_CALL_TAKES_FDS = 1u << 4,      /* its frame may carry descriptors */
     KVP_CALL_OFF_LOOP = 1u << 5,       /* may return KVP_RPC_ASYNC: runs on a copy worker */
+    KVP_CALL_OBSERVER = 1u << 6,       /* read-only: allowed to an observer session (one
+                                          attached to no namespace, kvpool.proto Hello) */
 };
 
 typedef int (*kvp_rpc_handler_t)(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
@@ -117,6 +119,10 @@ struct kvp_rpc {
     kvp_text_t metrics_text;
     held_buf_t *held;                                  /* buffers that jobs in flight read */
     kvp_xfer_t *xfer;                                  /* transfers between daemons */
+    /* the pool fds were handed to sessions of two different uids (kvp__rpc_attach_pool_fds):
+     * sticky, a process keeps its mapping after it disconnects */
+    int pool_fds_given, pool_shared_across_uids;
+    uint32_t pool_fds_uid; /* the first uid given them */
 };
 
 /* The table (kvp_rpc.c), in row order; kvp__rpc_calls[0] is the "invalid" pseudo-call (a
@@ -124,6 +130,14 @@ struct kvp_rpc {
 extern const kvp_rpc_call_t kvp__rpc_calls[];
 extern const unsigned kvp__rpc_num_calls;
 #define KVP_RPC_CALL_INDEX(c) ((unsigned)((c)-kvp__rpc_calls))
+
+/* Root or the daemon's own uid (kvpool.proto, Names): sees every namespace. */
+int kvp__rpc_is_operator(const kvp_rpc_t *r, uint32_t uid);
+/* Whether session s may read namespace ns's metadata (its owner, or an operator). */
+int kvp__rpc_may_see_ns(const kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns);
+/* 0 when v (the request's string field `field`) is valid UTF-8 and empty or a valid name
+ * (kvp_ns_name_valid), else KVP_EINVAL with the refusal answered in resp. */
+int kvp__rpc_check_name(kvpool_Response *resp, uint64_t id, const char *field, const char *v);
 
 /* An OK answer of io->call with its body member cleared. */
 void kvp__rpc_ok(kvp_rpc_io_t *io, uint64_t id);
@@ -144,7 +158,10 @@ void kvp__rpc_buf_release(kvp_rpc_t *r, kvp_buffer_t *b);
 
 /* kvp_rpc_info.c */
 void kvp__rpc_fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi);
-int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, kvp_rpc_io_t *io, kvpool_PoolInfo *pi);
+/* Attaches the pool fds to io for session s, or KVP_EPERM when access.pool_uids / pool_gids
+ * do not name s's uid (nothing attached). */
+int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, const kvp_session_t *s, kvp_rpc_io_t *io,
+                             kvpool_PoolInfo *pi);
 
 /* kvp_rpc_xfer.c */
 void kvp__rpc_finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "kvp_backend.h"
@@ -79,6 +80,20 @@ static void begin_stop(daemon_t *d, const char *why)
     kvp_server_drain(d->server, on_drained, d);
 }
 
+/* [access] pool_uids / pool_gids -> who may receive the pool fds (kvp_access.h) */
+static kvp_pool_access_t pool_access(const kvp_config_t *c)
+{
+    kvp_pool_access_t a = {.self_uid = (uint32_t)geteuid()};
+    a.num_uids = c->pool_uids.count < KVP_ACCESS_MAX_IDS ? c->pool_uids.count : KVP_ACCESS_MAX_IDS;
+    a.num_gids = c->pool_gids.count < KVP_ACCESS_MAX_IDS ? c->pool_gids.count : KVP_ACCESS_MAX_IDS;
+    memcpy(a.uids, c->pool_uids.ids, a.num_uids * sizeof(a.uids[0]));
+    memcpy(a.gids, c->pool_gids.ids, a.num_gids * sizeof(a.gids[0]));
+    if (a.num_uids || a.num_gids)
+        kvp_log(KVP_LOG_INFO, "pool access policy pool_uids=%u pool_gids=%u", a.num_uids,
+                a.num_gids);
+    return a;
+}
+
 static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
 {
     return (kvp_rpc_limits_t){
@@ -102,6 +117,11 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
         .ns_max_pages = c->ns_max_pages,
         .ns_max_buffer_bytes = c->ns_max_buffer_bytes,
         .ns_max_connections = c->ns_max_connections,
+        .uid_max_namespaces = c->uid_max_namespaces,
+        .uid_max_idle_namespaces = c->uid_max_idle_namespaces,
+        .uid_max_seqs = c->uid_max_seqs,
+        .operator_uid = (uint32_t)geteuid(),
+        .pool_access = pool_access(c),
     };
 }
 
@@ -158,8 +178,16 @@ static void on_signal(uv_signal_t *h, int signum)
                 kvp_log(KVP_LOG_WARNING, "reload: %s", err);
             d->cfg = next;
             kvp_log_set_level(d->cfg.log_level);
-            kvp_server_set_limits(d->server, d->cfg.max_connections, d->cfg.max_queued_bytes,
-                                  d->cfg.drain_timeout_ms);
+            kvp_server_config_t sl = {
+                .max_connections = d->cfg.max_connections,
+                .max_queued_bytes = d->cfg.max_queued_bytes,
+                .drain_timeout_ms = d->cfg.drain_timeout_ms,
+                .uid_max_connections = d->cfg.uid_max_connections,
+                .hello_timeout_ms = d->cfg.hello_timeout_ms,
+                .frame_timeout_ms = d->cfg.frame_timeout_ms,
+                .max_buffered_bytes = d->cfg.max_buffered_bytes,
+            };
+            kvp_server_set_limits(d->server, &sl);
             kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
             kvp_rpc_set_limits(d->rpc, &lim);
             set_access(d);
@@ -271,6 +299,10 @@ static int run(daemon_t *d)
         .max_frame_bytes = (uint32_t)d->cfg.max_frame_bytes,
         .max_queued_bytes = d->cfg.max_queued_bytes,
         .drain_timeout_ms = d->cfg.drain_timeout_ms,
+        .uid_max_connections = d->cfg.uid_max_connections,
+        .hello_timeout_ms = d->cfg.hello_timeout_ms,
+        .frame_timeout_ms = d->cfg.frame_timeout_ms,
+        .max_buffered_bytes = d->cfg.max_buffered_bytes,
         .threads = kvp_config_copy_threads(&d->cfg),
         .busy_poll_us = d->cfg.busy_poll_us,
     };
@@ -285,8 +317,10 @@ static int run(daemon_t *d)
         /* asked for explicitly, so a port in use or a typo stops the start-up loudly */
         kvp_http_config_t hc = {
             .listen = d->cfg.metrics_listen,
-            .max_connections = 16,
-            .timeout_ms = 5000,
+            .max_connections = d->cfg.metrics_max_connections,
+            .max_connections_per_peer = d->cfg.metrics_max_connections_per_peer,
+            .head_timeout_ms = d->cfg.metrics_head_timeout_ms,
+            .timeout_ms = d->cfg.metrics_timeout_ms,
             .max_body_bytes = 4u << 20,
             .render = render_metrics,
             .render_arg = d,

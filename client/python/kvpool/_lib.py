@@ -30,6 +30,7 @@ class kvp_client_opts_t(ctypes.Structure):
         ("timeout_ms", _u32),
         ("map_pool", ctypes.c_int),
         ("busy_poll_us", _u32),
+        ("observer", ctypes.c_int),
     ]
 
 

@@ -246,6 +246,8 @@ class Client:
     (KVP_LEASE_DEFAULT: a new namespace takes limits.default_lease_ms, an existing one keeps its
     lease); 0 releases the namespace's sequences when its last session goes. timeout_ms: per
     call, 0 -> 10000. map_pool: ask for the pool fds and map the pool (needed for the views).
+    observer: attach to no namespace (read-only calls: stats, list calls, ping); namespace and
+    lease_ms must be None, and the pool is not mapped.
 
     A handle is not thread-safe in C; this class serialises its calls with a lock. Views and
     staging arrays point into mappings the handle owns: they keep the Client object alive, but
@@ -253,7 +255,7 @@ class Client:
     """
 
     def __init__(self, socket=None, namespace=None, lease_ms=None, *, client_name=None,
-                 timeout_ms=0, map_pool=True):
+                 timeout_ms=0, map_pool=True, observer=False):
         self._lib = _lib.load()
         self._h = None
         self._lock = threading.Lock()
@@ -265,7 +267,8 @@ class Client:
         opts.client_name = enc(client_name)
         opts.lease_ms = _lib.KVP_LEASE_DEFAULT if lease_ms is None else int(lease_ms)
         opts.timeout_ms = int(timeout_ms)
-        opts.map_pool = 1 if map_pool else 0
+        opts.map_pool = 1 if map_pool and not observer else 0
+        opts.observer = 1 if observer else 0
         h = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
         rc = self._lib.kvp_client_connect(ctypes.byref(opts), ctypes.byref(h), err, len(err))
