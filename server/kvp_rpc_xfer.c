@@ -298,15 +298,20 @@ void kvp_rpc_bg_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, uint64_t now_ms)
 KVP_RPC_HANDLER(list_transfers)
 {
     const uint64_t id = req->id;
-    (void)s;
     kvp__rpc_ok(io, id);
     kvpool_ListTransfersResponse *lr = &io->resp.body.list_transfers;
     kvp_xfer_info_t info[32];
     uint32_t n = kvp_xfer_list(r->xfer, info, 32);
     static const char *const states[] = {"running", "ok", "failed"};
+    const int all = kvp__rpc_is_operator(r, s->uid);
     for (uint32_t i = 0; i < n; i++) {
-        kvpool_TransferInfo *o = &lr->transfers[lr->transfers_count++];
         const kvp_xfer_info_t *in = &info[i];
+        /* another tenant's transfers (its namespace, peer, sequences) are its own business:
+         * a uid sees those of the namespaces it may read, operators all (issue #15 defect 7) */
+        int ns = kvp_ns_find(&r->ns, in->ns);
+        if (!all && (ns < 0 || !kvp__rpc_may_see_ns(r, s, (uint32_t)ns)))
+            continue;
+        kvpool_TransferInfo *o = &lr->transfers[lr->transfers_count++];
         o->transfer_id = in->transfer_id;
         snprintf(o->direction, sizeof(o->direction), "%s", in->direction ? "import" : "export");
         snprintf(o->peer, sizeof(o->peer), "%s", in->peer);
