@@ -8,8 +8,9 @@
 #
 #   tests/valgrind.sh          everything (about 12 min on 2 cores)
 #   tests/valgrind.sh quick    what deploy/test.sh runs (about 2 min): the unit suites but the
-#                              two long randomized ones, test_daemon, test_security and a short
-#                              stress_load against a daemon under valgrind
+#                              two long randomized ones, test_daemon, test_security, the retry
+#                              window and hostile-client tests, and a short stress_load against
+#                              a daemon under valgrind
 #
 # Build tree: build-valgrind/ (Debug, CUDA off, no sanitizers). Logs: build-valgrind/vg/*.log.
 # Not covered: test_lifecycle.py (starts its own daemons), the Python suite, and the "fds"
@@ -52,6 +53,11 @@ for t in $units; do
 done
 run test_daemon "$build/tests/test_daemon"
 run test_security "$build/tests/test_security"
+# the retry window and the hostile-client tests of #14 and #15 (test_hostile_conns is left
+# out: its descriptor case sets RLIMIT_NOFILE 64, and valgrind keeps the top of the fd table)
+for t in test_dedup test_idempotency test_hostile_input test_hostile_names test_hostile_pool; do
+    run "$t" "$build/tests/$t"
+done
 # the stress programs natively, their daemon under valgrind
 KVP_TEST_DAEMON_WRAPPER="$vg --log-file=$build/vg/kvpoold.%p.log"
 if [ "$mode" = quick ]; then

@@ -161,12 +161,15 @@ static report_t as_user(uid_t uid, as_fn_t fn, void *arg)
         if (setgroups(1, &g) || setgid(g) || setuid(uid)) {
             rep.n = -1;
         } else {
+            free(RESP); /* the parent's, inherited: valgrind counts it lost otherwise */
             RESP = calloc(1, sizeof(*RESP));
             if (RESP)
                 fn(&rep, arg);
             else
                 rep.n = -2;
         }
+        free(RESP);
+        RESP = NULL;
         ssize_t wr = write(p[1], &rep, sizeof(rep));
         _exit(wr == (ssize_t)sizeof(rep) ? 0 : 1);
     }
