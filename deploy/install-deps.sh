@@ -10,7 +10,7 @@
 # and builds everything else without it.
 set -eu
 
-PKGS="build-essential cmake pkg-config libuv1-dev nanopb libnanopb-dev python3-protobuf
+PKGS="build-essential cmake pkg-config libuv1-dev nanopb libnanopb-dev python3-protobuf libxxhash-dev
 check libsubunit-dev libinih-dev clang valgrind procps redis-server
 python3-numpy python3-pytest python3-venv systemd ${KVP_DEPS_EXTRA:-}"
 
