@@ -45,11 +45,16 @@ int kvp_seqtab_create(kvp_alloc_t *alloc, uint32_t page_size, const kvp_seqtab_c
     t->ns = calloc(cfg->max_namespaces, sizeof(*t->ns));
     t->page_scratch = calloc(kvp_alloc_num_pages(alloc), sizeof(uint32_t));
     t->ns_scratch = calloc(cfg->max_namespaces, sizeof(uint64_t));
+    t->ns_group = calloc(cfg->max_namespaces, sizeof(uint32_t));
+    t->group_seqs = calloc(cfg->max_namespaces, sizeof(uint32_t));
+    t->group_max_seqs = calloc(cfg->max_namespaces, sizeof(uint32_t));
     if (!t->recs || !t->used || !t->free_ids || !t->slots || !t->ns || !t->page_scratch ||
-        !t->ns_scratch) {
+        !t->ns_scratch || !t->ns_group || !t->group_seqs || !t->group_max_seqs) {
         kvp_seqtab_destroy(t);
         return KVP_ENOMEM;
     }
+    for (uint32_t i = 0; i < cfg->max_namespaces; i++)
+        t->ns_group[i] = i; /* every namespace its own group until told otherwise */
     for (uint32_t i = 0; i < cfg->max_seqs; i++)
         t->free_ids[i] = cfg->max_seqs - 1 - i;
     t->num_free_recs = cfg->max_seqs;
@@ -70,6 +75,9 @@ void kvp_seqtab_destroy(kvp_seqtab_t *t)
             free(t->recs[i].pages);
         }
     }
+    free(t->group_max_seqs);
+    free(t->group_seqs);
+    free(t->ns_group);
     free(t->ns_scratch);
     free(t->page_scratch);
     free(t->ns);
@@ -97,7 +105,9 @@ int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint32_t home,
     if (ns >= t->max_namespaces)
         return KVP_EINVAL;
     kvp_ns_stats_t *n = &t->ns[ns];
-    if (t->num_free_recs == 0 || (n->max_seqs && n->num_seqs >= n->max_seqs))
+    const uint32_t g = t->ns_group[ns];
+    if (t->num_free_recs == 0 || (n->max_seqs && n->num_seqs >= n->max_seqs) ||
+        (t->group_max_seqs[g] && t->group_seqs[g] >= t->group_max_seqs[g]))
         return KVP_ELIMIT;
     uint32_t slot = kvp__seqtab_probe(t, ns, id, home);
     assert(t->slots[slot] == KVP__SEQTAB_EMPTY);
@@ -111,6 +121,7 @@ int kvp__seqtab_insert(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint32_t home,
     t->slots[slot] = r + 1;
     t->num_seqs++;
     n->num_seqs++;
+    t->group_seqs[g]++;
     *out = s;
     return 0;
 }
@@ -139,6 +150,7 @@ static void remove_rec(kvp_seqtab_t *t, kvp_seq_t *s)
     }
     uint32_t r = (uint32_t)(s - t->recs);
     t->ns[s->ns].num_seqs--;
+    t->group_seqs[t->ns_group[s->ns]]--;
     t->num_seqs--;
     free(s->pages);
     memset(s, 0, sizeof(*s));
@@ -290,6 +302,30 @@ int kvp_seqtab_ns_stats(const kvp_seqtab_t *t, uint32_t ns, kvp_ns_stats_t *out)
     return 0;
 }
 
+int kvp_seqtab_set_ns_group(kvp_seqtab_t *t, uint32_t ns, uint32_t group)
+{
+    if (ns >= t->max_namespaces || group >= t->max_namespaces)
+        return KVP_EINVAL;
+    const uint32_t n = t->ns[ns].num_seqs, old = t->ns_group[ns];
+    t->group_seqs[old] -= n; /* its live sequences move with it */
+    t->group_seqs[group] += n;
+    t->ns_group[ns] = group;
+    return 0;
+}
+
+int kvp_seqtab_set_group_limit(kvp_seqtab_t *t, uint32_t group, uint32_t max_seqs)
+{
+    if (group >= t->max_namespaces)
+        return KVP_EINVAL;
+    t->group_max_seqs[group] = max_seqs;
+    return 0;
+}
+
+uint32_t kvp_seqtab_group_seqs(const kvp_seqtab_t *t, uint32_t group)
+{
+    return group < t->max_namespaces ? t->group_seqs[group] : 0;
+}
+
 int kvp_seqtab_set_ns_limits(kvp_seqtab_t *t, uint32_t ns, uint32_t max_seqs,
                              uint64_t max_page_refs)
 {
@@ -331,6 +367,7 @@ int kvp_seqtab_audit(const kvp_seqtab_t *t, char *msg, unsigned msg_len)
     uint32_t *refs = calloc(np, sizeof(uint32_t));
     uint64_t *last_seen = calloc(np, sizeof(uint64_t)); /* record index + 1 that last named p */
     kvp_ns_stats_t *ns = calloc(t->max_namespaces, sizeof(*ns));
+    uint64_t *groups = NULL; /* sequences counted per tenant group */
     if (!refs || !last_seen || !ns) {
         rc = KVP_ENOMEM;
         goto out;
@@ -399,10 +436,21 @@ int kvp_seqtab_audit(const kvp_seqtab_t *t, char *msg, unsigned msg_len)
         if (ns[i].num_seqs != t->ns[i].num_seqs || ns[i].num_tokens != t->ns[i].num_tokens ||
             ns[i].page_refs != t->ns[i].page_refs)
             AUDIT_FAIL("namespace %u: counters disagree with the table", i);
+    if (!(groups = calloc(t->max_namespaces, sizeof(*groups)))) {
+        rc = KVP_ENOMEM;
+        goto out;
+    }
+    for (uint32_t i = 0; i < t->max_namespaces; i++)
+        groups[t->ns_group[i]] += ns[i].num_seqs;
+    for (uint32_t g = 0; g < t->max_namespaces; g++)
+        if (groups[g] != t->group_seqs[g])
+            AUDIT_FAIL("tenant group %u: %llu sequences counted, %u kept", g,
+                       (unsigned long long)groups[g], t->group_seqs[g]);
     for (uint32_t i = 0; i < np; i++)
         if (t->page_scratch[i])
             AUDIT_FAIL("planner scratch not clean at page %u", i);
 out:
+    free(groups);
     free(ns);
     free(last_seen);
     free(refs);

@@ -102,6 +102,18 @@ void kvp_seqtab_stats(const kvp_seqtab_t *t, kvp_stats_t *out);
 /* Per-namespace counters; KVP_EINVAL for a bad ns. */
 int kvp_seqtab_ns_stats(const kvp_seqtab_t *t, uint32_t ns, kvp_ns_stats_t *out);
 
+/* Tenant groups: namespaces that share a sequence quota (the daemon groups the namespaces of
+ * one uid: limits.uid_max_seqs). Group ids are 0..max_namespaces-1; every namespace starts in
+ * the group of its own id. set_ns_group moves a namespace (and the count of its live
+ * sequences) to another group; set_group_limit sets a group's quota (0 = none; lowering it
+ * below current use only refuses growth). A sequence is created only when its namespace's
+ * and its group's quotas both allow it (else KVP_ELIMIT, nothing changed). Return 0 or
+ * KVP_EINVAL for a bad id. */
+int kvp_seqtab_set_ns_group(kvp_seqtab_t *t, uint32_t ns, uint32_t group);
+int kvp_seqtab_set_group_limit(kvp_seqtab_t *t, uint32_t group, uint32_t max_seqs);
+/* Live sequences of a group (0 for a bad id). */
+uint32_t kvp_seqtab_group_seqs(const kvp_seqtab_t *t, uint32_t group);
+
 /* Sets a namespace's quotas (0 = unlimited). Lowering a quota below current use is allowed:
  * it only refuses further growth. Returns 0 or KVP_EINVAL. */
 int kvp_seqtab_set_ns_limits(kvp_seqtab_t *t, uint32_t ns, uint32_t max_seqs,

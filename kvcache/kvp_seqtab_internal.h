@@ -28,6 +28,8 @@ struct kvp_seqtab {
     uint32_t *slots; /* [hash_cap] */
     uint32_t hash_mask;
     kvp_ns_stats_t *ns; /* [max_namespaces] */
+    uint32_t *ns_group; /* [max_namespaces]: the tenant group of each namespace */
+    uint32_t *group_seqs, *group_max_seqs; /* [max_namespaces]: live sequences, quota (0: none) */
     uint32_t num_seqs;
     uint64_t num_tokens;
     uint64_t page_refs;

@@ -22,7 +22,7 @@ typedef struct {
     uint32_t lease_ms;
     uint64_t expires_at_ms; /* sessions == 0: when its sequences go; 0 = none pending */
     uint64_t buffer_bytes;  /* registered by its sessions, for limits.ns_max_buffer_bytes */
-    int seq_cap_lowered;    /* the rpc layer lowered its sequence quota for limits.uid_max_seqs */
+    uint32_t group; /* its tenant group in the sequence table (the owner uid's; kvp_rpc.c) */
 } kvp_ns_t;
 
 typedef struct {

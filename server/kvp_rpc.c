@@ -157,6 +157,29 @@ kvp_backend_t *kvp_rpc_backend(kvp_rpc_t *r)
     return r->backend;
 }
 
+/* limits.uid_max_seqs: the namespaces of one uid form one tenant group of the sequence table
+ * (kvp_seqtab_set_ns_group), whose quota the table checks when it creates a sequence. The
+ * group of a new namespace is that of another namespace of its owner, else a group no
+ * namespace in use has (scanned at Hello only). */
+static uint32_t tenant_group(const kvp_rpc_t *r, uint32_t ns, uint32_t uid)
+{
+    for (uint32_t i = 0; i < r->ns.max; i++)
+        if (i != ns && r->ns.ns[i].in_use && r->ns.ns[i].owner_uid == uid)
+            return r->ns.ns[i].group;
+    for (uint32_t g = 0;; g++) {
+        uint32_t i = 0;
+        while (i < r->ns.max && !(i != ns && r->ns.ns[i].in_use && r->ns.ns[i].group == g))
+            i++;
+        if (i == r->ns.max)
+            return g; /* found within max namespaces: at most max - 1 others are in use */
+    }
+}
+
+static uint32_t uid_seq_quota(const kvp_rpc_t *r, uint32_t uid)
+{
+    return kvp__rpc_is_operator(r, uid) ? 0 : r->lim.uid_max_seqs;
+}
+
 void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
 {
     r->lim.max_batch_tokens = lim->max_batch_tokens;
@@ -183,7 +206,8 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
     for (uint32_t i = 0; i < r->ns.max; i++)
         if (r->ns.ns[i].in_use) {
             kvp_seqtab_set_ns_limits(r->seqs, i, lim->ns_max_seqs, lim->ns_max_pages);
-            r->ns.ns[i].seq_cap_lowered = 0;
+            kvp_seqtab_set_group_limit(r->seqs, r->ns.ns[i].group,
+                                       uid_seq_quota(r, r->ns.ns[i].owner_uid));
         }
 }
 
@@ -436,8 +460,13 @@ KVP_RPC_HANDLER(hello)
                       name);
         return 0;
     }
-    if (existing < 0)
+    if (existing < 0) {
         kvp_seqtab_set_ns_limits(r->seqs, ns, r->lim.ns_max_seqs, r->lim.ns_max_pages);
+        kvp_ns_t *n = &r->ns.ns[ns];
+        n->group = tenant_group(r, ns, n->owner_uid);
+        kvp_seqtab_set_ns_group(r->seqs, ns, n->group);
+        kvp_seqtab_set_group_limit(r->seqs, n->group, uid_seq_quota(r, n->owner_uid));
+    }
     if ((rc = kvp_dedup_open(&r->dedup, ns))) {
         kvp_ns_detach(&r->ns, ns, 0);
         if (existing < 0)
@@ -565,53 +594,6 @@ static int retry_window(kvp_rpc_t *r, kvp_session_t *s, const kvp_rpc_call_t *ca
     }
 }
 
-/* limits.uid_max_seqs: before a call that may create sequences in s's namespace, its
- * sequence quota in the table (kvcache's per-namespace limit) is lowered to what the owner's
- * uid has left over all its namespaces, so the call creates at most that many (the table
- * refuses it with RESOURCE_EXHAUSTED and changes nothing). Only when the whole table holds
- * enough sequences for the owner to reach its quota in one call: below that the namespace
- * keeps limits.ns_max_seqs. 0, or KVP_ELIMIT answered in io->resp. */
-static int cap_uid_seqs(kvp_rpc_t *r, const kvp_session_t *s, kvp_rpc_io_t *io, uint64_t id)
-{
-    kvp_ns_t *own = &r->ns.ns[s->ns];
-    const uint32_t cap = r->lim.uid_max_seqs;
-    if (!cap || kvp__rpc_is_operator(r, own->owner_uid))
-        return 0;
-    kvp_stats_t all;
-    kvp_seqtab_stats(r->seqs, &all);
-    const uint64_t one_call = r->lim.max_batch > 64 ? r->lim.max_batch : 64; /* Import: 64 */
-    if ((uint64_t)all.num_seqs + one_call <= cap) {
-        if (own->seq_cap_lowered) {
-            kvp_seqtab_set_ns_limits(r->seqs, s->ns, r->lim.ns_max_seqs, r->lim.ns_max_pages);
-            own->seq_cap_lowered = 0;
-        }
-        return 0;
-    }
-    uint64_t held = 0, here = 0;
-    for (uint32_t i = 0; i < r->ns.max; i++) {
-        if (!r->ns.ns[i].in_use || r->ns.ns[i].owner_uid != own->owner_uid)
-            continue;
-        kvp_ns_stats_t st;
-        kvp_seqtab_ns_stats(r->seqs, i, &st);
-        held += st.num_seqs;
-        if (i == s->ns)
-            here = st.num_seqs;
-    }
-    const uint64_t left = held < cap ? cap - held : 0;
-    if (here + left == 0) { /* 0 would mean no quota: refuse here */
-        kvp_rpc_error(&io->resp, id, KVP_ELIMIT,
-                      "uid %u holds %llu sequences: its quota (limits.uid_max_seqs)",
-                      own->owner_uid, (unsigned long long)held);
-        return KVP_ELIMIT;
-    }
-    uint64_t q = here + left;
-    if (r->lim.ns_max_seqs && r->lim.ns_max_seqs < q)
-        q = r->lim.ns_max_seqs;
-    kvp_seqtab_set_ns_limits(r->seqs, s->ns, (uint32_t)q, r->lim.ns_max_pages);
-    own->seq_cap_lowered = 1;
-    return 0;
-}
-
 int kvp_rpc_handle(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, const uint8_t *payload,
                    uint32_t len, kvp_rpc_io_t *io, uint64_t now_ms, uint64_t start_ns)
 {
@@ -655,9 +637,6 @@ int kvp_rpc_handle(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, const ui
         if (v >= 0)
             return v;
     }
-    if ((call->flags & KVP_CALL_MUTATING) && !(call->flags & KVP_CALL_PER_CONN) &&
-        cap_uid_seqs(r, s, io, id))
-        return KVP_RPC_DONE; /* an error: kvp_rpc_answered lets its id go */
     int rc = call->handler(r, s, req, io, now_ms);
     assert(rc == KVP_RPC_DONE || (rc == KVP_RPC_ASYNC && (call->flags & KVP_CALL_OFF_LOOP)));
     return rc;

@@ -257,6 +257,42 @@ START_TEST(audit_finds_each_kind_of_corruption)
 }
 END_TEST
 
+/* Namespaces 0 and 2 in one tenant group with a quota of 3 (what the daemon does for one uid's
+ * namespaces, limits.uid_max_seqs): the quota counts both, namespace 1 is not held to it, a
+ * release makes room, and moving a namespace carries its sequences' count. */
+START_TEST(a_tenant_group_shares_one_sequence_quota)
+{
+    setup_table(64, 4, 32);
+    kvp_plan_item_t it;
+    ck_assert_int_eq(kvp_seqtab_set_ns_group(T, 2, 0), 0);
+    ck_assert_int_eq(kvp_seqtab_set_group_limit(T, 0, 3), 0);
+    append(0, 1, 1);
+    append(0, 2, 1);
+    append(2, 1, 1);
+    ck_assert_uint_eq(kvp_seqtab_group_seqs(T, 0), 3);
+    it = (kvp_plan_item_t){2, 2, 1};
+    ck_assert_int_eq(kvp_plan_append(T, &it, 1, NULL, 0, &P), KVP_ELIMIT);
+    it = (kvp_plan_item_t){0, 3, 1};
+    ck_assert_int_eq(kvp_plan_append(T, &it, 1, NULL, 0, &P), KVP_ELIMIT);
+    ck_assert_int_eq(kvp_seqtab_fork(T, 0, 1, 9, 0), KVP_ELIMIT);
+    append(1, 1, 1); /* another group */
+    append(1, 2, 1);
+    append(0, 1, 1); /* growing a sequence is not creating one */
+    audit_ok();
+    ck_assert_int_eq(kvp_seqtab_release(T, 0, 2), 0);
+    ck_assert_uint_eq(kvp_seqtab_group_seqs(T, 0), 2);
+    append(2, 2, 1);
+    /* namespace 2 (2 sequences) leaves for group 2: group 0 keeps namespace 0's one */
+    ck_assert_int_eq(kvp_seqtab_set_ns_group(T, 2, 2), 0);
+    ck_assert_uint_eq(kvp_seqtab_group_seqs(T, 0), 1);
+    ck_assert_uint_eq(kvp_seqtab_group_seqs(T, 2), 2);
+    audit_ok();
+    ck_assert_int_eq(kvp_seqtab_set_ns_group(T, 3, 0), KVP_EINVAL);
+    ck_assert_int_eq(kvp_seqtab_set_group_limit(T, 3, 1), KVP_EINVAL);
+    teardown_table();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("seqtab");
@@ -269,6 +305,7 @@ int main(void)
     tcase_add_test(tc, namespaces_are_separate_and_release_ns_drops_one);
     tcase_add_test(tc, hash_index_survives_churn);
     tcase_add_test(tc, audit_finds_each_kind_of_corruption);
+    tcase_add_test(tc, a_tenant_group_shares_one_sequence_quota);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
