@@ -2,9 +2,11 @@
 #include "kvp_raw.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "kvp_sock.h"
@@ -110,4 +112,43 @@ kvpool_Request kvp_raw_batch_req(pb_size_t tag, uint64_t id, kvp_batch_arrays_t 
     }
     kvp_wire_batch_bind_encode(batch, b);
     return q;
+}
+
+int kvp_raw_sealed_memfd(size_t size)
+{
+    int fd = memfd_create("stage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    return fd;
+}
+
+int kvp_raw_register_fd(kvp_raw_t *w, uint64_t id, int fd, uint64_t size, kvpool_Response *resp)
+{
+    kvpool_Request q = {.id = id, .which_body = kvpool_Request_register_buffer_tag};
+    q.body.register_buffer.size_bytes = size;
+    q.body.register_buffer.kind = kvpool_BufferKind_BUFFER_MEMFD;
+    return kvp_raw_call(w, &q, &fd, 1, resp);
+}
+
+uint32_t kvp_raw_register_memfd(kvp_raw_t *w, uint64_t id, size_t size)
+{
+    int fd = kvp_raw_sealed_memfd(size);
+    kvpool_Response resp;
+    ck_assert_int_eq(kvp_raw_register_fd(w, id, fd, size, &resp), kvpool_Code_OK);
+    close(fd);
+    return resp.body.register_buffer.buffer_id;
+}
+
+int kvp_raw_seq_len(kvp_raw_t *w, uint64_t seq)
+{
+    uint32_t zero = 0;
+    kvp_batch_arrays_t b = {.seq_ids = kvp_array(&seq, 8, 1, 1),
+                            .num_tokens = kvp_array(&zero, 4, 0, 0)};
+    kvpool_Request q = kvp_raw_batch_req(kvpool_Request_get_page_table_tag, 0, &b);
+    kvpool_Response resp;
+    if (kvp_raw_call(w, &q, NULL, 0, &resp) != kvpool_Code_OK)
+        return -1;
+    ck_assert_uint_eq(w->last.seq_lens.count, 1);
+    return w->arr[4][0];
 }

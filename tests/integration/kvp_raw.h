@@ -39,6 +39,15 @@ int kvp_raw_call(kvp_raw_t *w, const kvpool_Request *q, const int *fds, unsigned
 /* Hello in namespace ns (protocol KVP_PROTOCOL_VERSION); returns the status. */
 int kvp_raw_hello(kvp_raw_t *w, const char *ns, kvpool_Response *resp);
 
+/* A memfd of size bytes sealed against shrinking (what RegisterBuffer needs; asserts). */
+int kvp_raw_sealed_memfd(size_t size);
+/* RegisterBuffer of fd (kind memfd, size_bytes size) with request id id: the status. */
+int kvp_raw_register_fd(kvp_raw_t *w, uint64_t id, int fd, uint64_t size, kvpool_Response *resp);
+/* RegisterBuffer of a fresh sealed memfd of size bytes (asserts OK): the buffer id. */
+uint32_t kvp_raw_register_memfd(kvp_raw_t *w, uint64_t id, size_t size);
+/* Tokens of sequence seq in the session's namespace (GetPageTable), or -1 when there is none. */
+int kvp_raw_seq_len(kvp_raw_t *w, uint64_t seq);
+
 /* Request builders: a batch call (Reserve, Append, Release, GetPageTable) over the given
  * arrays (they must outlive the send). */
 kvpool_Request kvp_raw_batch_req(pb_size_t tag, uint64_t id, kvp_batch_arrays_t *b);

@@ -43,33 +43,6 @@ static void stop_expect_clean(void)
     ck_assert_msg(code == 0, "kvpoold exited with %d", code);
 }
 
-static int sealed_memfd(size_t size)
-{
-    int fd = memfd_create("stage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
-    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-    return fd;
-}
-
-static int register_fd(kvp_raw_t *w, uint64_t id, int fd, kvpool_Response *resp)
-{
-    kvpool_Request q = {.id = id, .which_body = kvpool_Request_register_buffer_tag};
-    q.body.register_buffer.size_bytes = BUF;
-    q.body.register_buffer.kind = kvpool_BufferKind_BUFFER_MEMFD;
-    return kvp_raw_call(w, &q, &fd, 1, resp);
-}
-
-/* RegisterBuffer of a fresh sealed 4 KiB memfd; returns the buffer id. */
-static uint32_t register_buf(kvp_raw_t *w, uint64_t id)
-{
-    int fd = sealed_memfd(BUF);
-    kvpool_Response resp;
-    ck_assert_int_eq(register_fd(w, id, fd, &resp), kvpool_Code_OK);
-    close(fd);
-    return resp.body.register_buffer.buffer_id;
-}
-
 /* A valid source for `tokens` tokens in buffer buf, all layers: K rows then V rows. */
 static kvpool_Source valid_source(uint32_t buf, uint32_t tokens)
 {
@@ -90,20 +63,6 @@ static int append_src(kvp_raw_t *w, uint64_t id, uint64_t seq, uint32_t tokens,
     q.body.append.has_source = true;
     q.body.append.source = *src;
     return kvp_raw_call(w, &q, NULL, 0, resp);
-}
-
-/* Tokens of seq, read with GetPageTable (-1: no such sequence). */
-static int seq_len(kvp_raw_t *w, uint64_t seq)
-{
-    uint32_t zero = 0;
-    kvp_batch_arrays_t b = {.seq_ids = kvp_array(&seq, 8, 1, 1),
-                            .num_tokens = kvp_array(&zero, 4, 0, 0)};
-    kvpool_Request q = kvp_raw_batch_req(kvpool_Request_get_page_table_tag, 0, &b);
-    kvpool_Response resp;
-    if (kvp_raw_call(w, &q, NULL, 0, &resp) != kvpool_Code_OK)
-        return -1;
-    ck_assert_uint_eq(w->last.seq_lens.count, 1);
-    return w->arr[4][0];
 }
 
 /* What a refused call must leave as it was. */
@@ -146,7 +105,7 @@ START_TEST(one_token_with_a_stride_of_2p64_minus_2_is_refused_and_changes_nothin
     kvp_raw_t w;
     kvp_raw_open(&w, DMN.sock);
     ck_assert_int_eq(kvp_raw_hello(&w, "hostile", &resp), kvpool_Code_OK);
-    uint32_t buf = register_buf(&w, 2);
+    uint32_t buf = kvp_raw_register_memfd(&w, 2, BUF);
     pool_state_t before = pool_state(&w);
 
     kvpool_Source src = valid_source(buf, 1);
@@ -155,14 +114,14 @@ START_TEST(one_token_with_a_stride_of_2p64_minus_2_is_refused_and_changes_nothin
     ck_assert_msg(strstr(resp.status.message, "k_stride_n 18446744073709551614 exceeds buffer of "
                                               "4096 bytes"),
                   "message: %s", resp.status.message);
-    ck_assert_int_eq(seq_len(&w, 7), -1);
+    ck_assert_int_eq(kvp_raw_seq_len(&w, 7), -1);
     pool_state_t after = pool_state(&w);
     assert_state_eq(&before, &after, "the hostile Append");
 
     /* the daemon is well and the same buffer still serves a valid Append */
     src = valid_source(buf, 1);
     ck_assert_int_eq(append_src(&w, 4, 7, 1, &src, &resp), kvpool_Code_OK);
-    ck_assert_int_eq(seq_len(&w, 7), 1);
+    ck_assert_int_eq(kvp_raw_seq_len(&w, 7), 1);
     kvp_raw_close(&w);
     stop_expect_clean();
 }
@@ -215,7 +174,7 @@ START_TEST(hostile_offsets_and_strides_are_refused_and_change_nothing)
     kvp_raw_t w;
     kvp_raw_open(&w, DMN.sock);
     ck_assert_int_eq(kvp_raw_hello(&w, "hostile", &resp), kvpool_Code_OK);
-    uint32_t buf = register_buf(&w, 2);
+    uint32_t buf = kvp_raw_register_memfd(&w, 2, BUF);
     /* seq 9 holds 2 tokens: the refused Appends would extend a live sequence */
     kvpool_Source ok = valid_source(buf, 2);
     ck_assert_int_eq(append_src(&w, 3, 9, 2, &ok, &resp), kvpool_Code_OK);
@@ -237,12 +196,12 @@ START_TEST(hostile_offsets_and_strides_are_refused_and_change_nothing)
                       resp.status.message);
         ck_assert_msg(strstr(resp.status.message, b->msg), "%s: message '%s', want '%s'", b->name,
                       resp.status.message, b->msg);
-        ck_assert_int_eq(seq_len(&w, 9), 2);
+        ck_assert_int_eq(kvp_raw_seq_len(&w, 9), 2);
         pool_state_t after = pool_state(&w);
         assert_state_eq(&before, &after, b->name);
     }
     ck_assert_int_eq(append_src(&w, 200, 9, 2, &ok, &resp), kvpool_Code_OK);
-    ck_assert_int_eq(seq_len(&w, 9), 4);
+    ck_assert_int_eq(kvp_raw_seq_len(&w, 9), 4);
     kvp_raw_close(&w);
     stop_expect_clean();
 }
@@ -259,14 +218,14 @@ START_TEST(a_write_only_memfd_is_invalid_argument_with_a_reason)
     kvp_raw_t w;
     kvp_raw_open(&w, DMN.sock);
     ck_assert_int_eq(kvp_raw_hello(&w, "hostile", &resp), kvpool_Code_OK);
-    int fd = sealed_memfd(BUF);
+    int fd = kvp_raw_sealed_memfd(BUF);
     char path[64];
     snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
     const int modes[] = {O_WRONLY, O_PATH};
     for (int m = 0; m < 2; m++) {
         int wo = open(path, modes[m] | O_CLOEXEC);
         ck_assert_int_ge(wo, 0);
-        ck_assert_int_eq(register_fd(&w, 10 + (uint64_t)m, wo, &resp),
+        ck_assert_int_eq(kvp_raw_register_fd(&w, 10 + (uint64_t)m, wo, BUF, &resp),
                          kvpool_Code_INVALID_ARGUMENT);
         ck_assert_msg(
             strstr(resp.status.message, "must be open for reading, not O_WRONLY or O_PATH"),
@@ -276,7 +235,7 @@ START_TEST(a_write_only_memfd_is_invalid_argument_with_a_reason)
     /* nothing was registered: an Append from buffer 1 finds none, the next buffer is 1 */
     kvpool_Source src = valid_source(1, 1);
     ck_assert_int_eq(append_src(&w, 20, 7, 1, &src, &resp), kvpool_Code_NOT_FOUND);
-    ck_assert_int_eq(register_fd(&w, 21, fd, &resp), kvpool_Code_OK);
+    ck_assert_int_eq(kvp_raw_register_fd(&w, 21, fd, BUF, &resp), kvpool_Code_OK);
     ck_assert_uint_eq(resp.body.register_buffer.buffer_id, 1);
     close(fd);
 
@@ -284,17 +243,19 @@ START_TEST(a_write_only_memfd_is_invalid_argument_with_a_reason)
     int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
     ck_assert_int_ge(unsealed, 0);
     ck_assert_int_eq(ftruncate(unsealed, BUF), 0);
-    ck_assert_int_eq(register_fd(&w, 22, unsealed, &resp), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_int_eq(kvp_raw_register_fd(&w, 22, unsealed, BUF, &resp),
+                     kvpool_Code_INVALID_ARGUMENT);
     ck_assert_ptr_nonnull(strstr(resp.status.message, "F_SEAL_SHRINK"));
     close(unsealed);
-    int small = sealed_memfd(BUF / 2);
-    ck_assert_int_eq(register_fd(&w, 23, small, &resp), kvpool_Code_INVALID_ARGUMENT);
+    int small = kvp_raw_sealed_memfd(BUF / 2);
+    ck_assert_int_eq(kvp_raw_register_fd(&w, 23, small, BUF, &resp), kvpool_Code_INVALID_ARGUMENT);
     ck_assert_msg(strstr(resp.status.message, "at least size_bytes bytes"), "message: %s",
                   resp.status.message);
     close(small);
     int pipefd[2];
     ck_assert_int_eq(pipe(pipefd), 0);
-    ck_assert_int_eq(register_fd(&w, 24, pipefd[0], &resp), kvpool_Code_INVALID_ARGUMENT);
+    ck_assert_int_eq(kvp_raw_register_fd(&w, 24, pipefd[0], BUF, &resp),
+                     kvpool_Code_INVALID_ARGUMENT);
     ck_assert_msg(strstr(resp.status.message, "must be a memfd"), "message: %s",
                   resp.status.message);
     close(pipefd[0]);

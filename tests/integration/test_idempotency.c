@@ -41,28 +41,6 @@ static void stop_expect_clean(void)
     ck_assert_msg(code == 0, "kvpoold exited with %d", code);
 }
 
-static int sealed_memfd(size_t size)
-{
-    int fd = memfd_create("stage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
-    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-    return fd;
-}
-
-/* RegisterBuffer of a fresh 4 KiB memfd with request id `id`; returns the buffer id. */
-static uint32_t register_buf(kvp_raw_t *w, uint64_t id)
-{
-    int fd = sealed_memfd(4096);
-    kvpool_Request q = {.id = id, .which_body = kvpool_Request_register_buffer_tag};
-    q.body.register_buffer.size_bytes = 4096;
-    q.body.register_buffer.kind = kvpool_BufferKind_BUFFER_MEMFD;
-    kvpool_Response resp;
-    ck_assert_int_eq(kvp_raw_call(w, &q, &fd, 1, &resp), kvpool_Code_OK);
-    close(fd);
-    return resp.body.register_buffer.buffer_id;
-}
-
 /* Append of `tokens` tokens to seq from buffer buf (K rows then V rows, both layers). */
 static int append_from(kvp_raw_t *w, uint64_t id, uint32_t buf, uint64_t seq, uint32_t tokens,
                        kvpool_Response *resp)
@@ -89,20 +67,6 @@ static int reserve(kvp_raw_t *w, uint64_t id, const uint64_t *seqs, const uint32
     return kvp_raw_call(w, &q, NULL, 0, resp);
 }
 
-/* Tokens of seq, read with GetPageTable (-1: no such sequence). */
-static int seq_len(kvp_raw_t *w, uint64_t seq)
-{
-    uint32_t zero = 0;
-    kvp_batch_arrays_t b = {.seq_ids = kvp_array(&seq, 8, 1, 1),
-                            .num_tokens = kvp_array(&zero, 4, 0, 0)};
-    kvpool_Request q = kvp_raw_batch_req(kvpool_Request_get_page_table_tag, 0, &b);
-    kvpool_Response resp;
-    if (kvp_raw_call(w, &q, NULL, 0, &resp) != kvpool_Code_OK)
-        return -1;
-    ck_assert_uint_eq(w->last.seq_lens.count, 1);
-    return w->arr[4][0];
-}
-
 /* Defect 1: a per-connection call's id is not looked up in the namespace's window. */
 START_TEST(per_connection_calls_are_applied_on_every_connection)
 {
@@ -111,27 +75,27 @@ START_TEST(per_connection_calls_are_applied_on_every_connection)
     kvp_raw_t a, b;
     kvp_raw_open(&a, DMN.sock);
     ck_assert_int_eq(kvp_raw_hello(&a, "idem", &resp), kvpool_Code_OK);
-    ck_assert_uint_eq(register_buf(&a, 424242), 1);
+    ck_assert_uint_eq(kvp_raw_register_memfd(&a, 424242, 4096), 1);
     kvp_raw_close(&a);
 
     /* a new connection of the namespace, the same request id: a buffer of its own */
     kvp_raw_open(&b, DMN.sock);
     ck_assert_int_eq(kvp_raw_hello(&b, "idem", &resp), kvpool_Code_OK);
-    uint32_t buf = register_buf(&b, 424242);
+    uint32_t buf = kvp_raw_register_memfd(&b, 424242, 4096);
     ck_assert_uint_eq(buf, 1);
     ck_assert_int_eq(append_from(&b, 9, buf, 7, 3, &resp), kvpool_Code_OK);
-    ck_assert_int_eq(seq_len(&b, 7), 3);
+    ck_assert_int_eq(kvp_raw_seq_len(&b, 7), 3);
 
     /* UnregisterBuffer with one id twice, a buffer registered in between: both applied */
     kvpool_Request u = {.id = 5150, .which_body = kvpool_Request_unregister_buffer_tag};
     u.body.unregister_buffer.buffer_id = buf;
     ck_assert_int_eq(kvp_raw_call(&b, &u, NULL, 0, &resp), kvpool_Code_OK);
-    uint32_t buf2 = register_buf(&b, 10);
+    uint32_t buf2 = kvp_raw_register_memfd(&b, 10, 4096);
     ck_assert_uint_eq(buf2, 2);
     u.body.unregister_buffer.buffer_id = buf2;
     ck_assert_int_eq(kvp_raw_call(&b, &u, NULL, 0, &resp), kvpool_Code_OK);
     ck_assert_int_eq(append_from(&b, 11, buf2, 7, 1, &resp), kvpool_Code_NOT_FOUND);
-    ck_assert_int_eq(seq_len(&b, 7), 3);
+    ck_assert_int_eq(kvp_raw_seq_len(&b, 7), 3);
     kvp_raw_close(&b);
     stop_expect_clean();
 }
@@ -151,21 +115,21 @@ START_TEST(a_replay_answers_only_its_own_call_and_errors_are_not_remembered)
     uint64_t seq = 7;
     uint32_t four = 4;
     ck_assert_int_eq(reserve(&a, 9001, &seq, &four, 1, &resp), kvpool_Code_OK);
-    ck_assert_int_eq(seq_len(&a, 7), 4);
+    ck_assert_int_eq(kvp_raw_seq_len(&a, 7), 4);
 
     /* the same id as an Append on another connection: refused, nothing applied */
-    uint32_t buf = register_buf(&b, 1);
+    uint32_t buf = kvp_raw_register_memfd(&b, 1, 4096);
     ck_assert_int_eq(append_from(&b, 9001, buf, 7, 2, &resp), kvpool_Code_ALREADY_EXISTS);
     ck_assert_ptr_nonnull(strstr(resp.status.message, "reserve"));
-    ck_assert_int_eq(seq_len(&a, 7), 4);
+    ck_assert_int_eq(kvp_raw_seq_len(&a, 7), 4);
     /* the same call with other arguments: refused too */
     uint32_t five = 5;
     ck_assert_int_eq(reserve(&b, 9001, &seq, &five, 1, &resp), kvpool_Code_ALREADY_EXISTS);
-    ck_assert_int_eq(seq_len(&a, 7), 4);
+    ck_assert_int_eq(kvp_raw_seq_len(&a, 7), 4);
     /* the true retry: the first answer */
     ck_assert_int_eq(reserve(&b, 9001, &seq, &four, 1, &resp), kvpool_Code_OK);
     ck_assert_int_eq(b.arr[4][0], 4);
-    ck_assert_int_eq(seq_len(&a, 7), 4);
+    ck_assert_int_eq(kvp_raw_seq_len(&a, 7), 4);
 
     /* an error answer is not remembered: once space is free the same id is applied */
     uint64_t big_seq = 8;
@@ -182,7 +146,7 @@ START_TEST(a_replay_answers_only_its_own_call_and_errors_are_not_remembered)
     ck_assert_int_eq(kvp_raw_call(&a, &q, NULL, 0, &resp), kvpool_Code_OK);
     ck_assert_uint_eq(resp.body.release.released, 2);
     ck_assert_int_eq(reserve(&b, 9101, &big_seq, &big, 1, &resp), kvpool_Code_OK);
-    ck_assert_int_eq(seq_len(&a, 8), 250);
+    ck_assert_int_eq(kvp_raw_seq_len(&a, 8), 250);
     kvp_raw_close(&a);
     kvp_raw_close(&b);
     stop_expect_clean();
