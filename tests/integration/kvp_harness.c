@@ -55,6 +55,28 @@ int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra)
     return kvp_daemon_start_opts(d, extra, NULL);
 }
 
+int kvp_daemon_start_shared(kvp_daemon_t *d, const char *const *extra)
+{
+    const char *args[48] = {"--backend",      "host",
+                            "--num-layers",   "2",
+                            "--num-pages",    "64",
+                            "--page-size",    "4",
+                            "--num-kv-heads", "2",
+                            "--head-dim",     "16",
+                            "--set",          "server.socket_mode=0666"};
+    int n = 14;
+    for (int i = 0; extra && extra[i]; i++) {
+        if (n == 46)
+            return -1;
+        args[n++] = extra[i];
+    }
+    args[n] = NULL;
+    if (kvp_daemon_start(d, args))
+        return -1;
+    /* let other users reach the socket: the directory is mkdtemp's 0700 */
+    return chmod(d->dir, 0755) ? -1 : 0;
+}
+
 int kvp_daemon_start_opts(kvp_daemon_t *d, const char *const *extra, const kvp_daemon_opts_t *opts)
 {
     memset(d, 0, sizeof(*d));

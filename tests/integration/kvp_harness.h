@@ -32,6 +32,12 @@ int kvp_daemon_start(kvp_daemon_t *d, const char *const *extra_args);
 int kvp_daemon_start_opts(kvp_daemon_t *d, const char *const *extra_args,
                           const kvp_daemon_opts_t *opts);
 
+/* Starts kvpoold on the small host geometry the multi-user tests share (2 layers, 64 pages of 4
+ * tokens, 2 KV heads, head_dim 16, fp16) with its socket open to other uids (socket mode 0666,
+ * the private directory 0755), then the extra arguments (NULL-terminated, at most 32, may be
+ * NULL). Returns 0, or -1 as kvp_daemon_start does. */
+int kvp_daemon_start_shared(kvp_daemon_t *d, const char *const *extra_args);
+
 /* The daemon's open descriptors (entries of /proc/<pid>/fd), or -1. */
 int kvp_daemon_fd_count(const kvp_daemon_t *d);
 /* The daemon's resident set (VmRSS of /proc/<pid>/status) in KiB, or -1. */

@@ -29,20 +29,12 @@ static kvpool_Response *RESP; /* heap: the list bodies are large */
 
 static void start_with(const char *const *more)
 {
-    const char *args[48] = {"--backend",      "host",
-                            "--num-layers",   "2",
-                            "--num-pages",    "64",
-                            "--page-size",    "4",
-                            "--num-kv-heads", "2",
-                            "--head-dim",     "16",
-                            "--set",          "server.socket_mode=0666",
-                            "--set",          "access.allowed_uids=65534,65533"};
-    int n = 16;
-    for (int i = 0; more && more[i]; i++)
+    const char *args[40] = {"--set", "access.allowed_uids=65534,65533"};
+    int n = 2;
+    for (int i = 0; more && more[i] && n < 39; i++)
         args[n++] = more[i];
     args[n] = NULL;
-    ck_assert_msg(kvp_daemon_start(&DMN, args) == 0, "kvpoold did not start");
-    ck_assert_int_eq(chmod(DMN.dir, 0755), 0); /* mkdtemp's 0700: let other users in */
+    ck_assert_msg(kvp_daemon_start_shared(&DMN, args) == 0, "kvpoold did not start");
     RESP = calloc(1, sizeof(*RESP));
     ck_assert_ptr_nonnull(RESP);
 }

@@ -33,19 +33,7 @@ static kvp_daemon_t DMN;
 
 static void start_with(const char *const *more)
 {
-    const char *args[32] = {"--backend",      "host",
-                            "--num-layers",   "2",
-                            "--num-pages",    "64",
-                            "--page-size",    "4",
-                            "--num-kv-heads", "2",
-                            "--head-dim",     "16",
-                            "--set",          "server.socket_mode=0666"};
-    int n = 14;
-    for (int i = 0; more && more[i]; i++)
-        args[n++] = more[i];
-    args[n] = NULL;
-    ck_assert_msg(kvp_daemon_start(&DMN, args) == 0, "kvpoold did not start");
-    ck_assert_int_eq(chmod(DMN.dir, 0755), 0); /* mkdtemp's 0700: let the other uids in */
+    ck_assert_msg(kvp_daemon_start_shared(&DMN, more) == 0, "kvpoold did not start");
 }
 
 static void stop_expect_clean(void)
