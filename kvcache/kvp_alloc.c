@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kvp_error.h"
+#include "kvp_pcache_internal.h"
 
 struct kvp_alloc {
     uint32_t num_pages;
@@ -22,7 +23,42 @@ struct kvp_alloc {
     uint32_t *refcount;       /* [num_pages] */
     uint32_t *pins;           /* [num_pages] */
     uint32_t *stack;          /* [num_pages]; stack[0..num_free) are free page ids, top last */
+    struct kvp_pcache *pc;    /* the prefix cache keeping indexed pages at refcount 0, or NULL */
 };
+
+void kvp__alloc_set_cache(kvp_alloc_t *a, struct kvp_pcache *pc)
+{
+    a->pc = pc;
+}
+
+/* A page whose last reference and last pin went: the cache keeps it (indexed) or it is free. */
+static inline void page_zero(kvp_alloc_t *a, uint32_t page)
+{
+    if (!a->pc || !kvp__pcache_on_zero(a->pc, page))
+        a->stack[a->num_free++] = page;
+}
+
+void kvp__alloc_push_free(kvp_alloc_t *a, uint32_t page)
+{
+    assert(page < a->num_pages && a->refcount[page] == 0 && !a->pins[page]);
+    a->stack[a->num_free++] = page;
+}
+
+void kvp__alloc_revive(kvp_alloc_t *a, uint32_t page)
+{
+    assert(page < a->num_pages && a->refcount[page] == 0 && !a->pins[page]);
+    a->refcount[page] = 1;
+}
+
+uint32_t kvp_alloc_num_cached(const kvp_alloc_t *a)
+{
+    return a->pc ? kvp__pcache_num_cached(a->pc) : 0;
+}
+
+uint32_t kvp_alloc_num_available(const kvp_alloc_t *a)
+{
+    return a->num_free + kvp_alloc_num_cached(a);
+}
 
 int kvp_alloc_create(uint32_t num_pages, kvp_alloc_t **out)
 {
@@ -69,16 +105,22 @@ void kvp_alloc_destroy(kvp_alloc_t *a)
 
 int kvp_alloc_reserve(kvp_alloc_t *a, uint32_t n, uint32_t *pages)
 {
-    if (n > a->num_free)
+    if (n > a->num_free && (!a->pc || n - a->num_free > kvp__pcache_num_cached(a->pc)))
         return KVP_ENOSPC;
-    uint32_t top = a->num_free;
-    for (uint32_t i = 0; i < n; i++) {
+    uint32_t top = a->num_free, from_stack = n < top ? n : top;
+    for (uint32_t i = 0; i < from_stack; i++) {
         uint32_t p = a->stack[--top];
         assert(a->refcount[p] == 0);
         a->refcount[p] = 1;
         pages[i] = p;
     }
     a->num_free = top;
+    for (uint32_t i = from_stack; i < n; i++) { /* then the cache's, in eviction order */
+        uint32_t p = kvp__pcache_evict(a->pc);
+        assert(p < a->num_pages && a->refcount[p] == 0 && !a->pins[p]);
+        a->refcount[p] = 1;
+        pages[i] = p;
+    }
     return 0;
 }
 
@@ -99,7 +141,7 @@ uint32_t kvp_alloc_unref(kvp_alloc_t *a, uint32_t page)
         if (a->pins[page])
             a->num_pinned_free++;
         else
-            a->stack[a->num_free++] = page;
+            page_zero(a, page);
     }
     return rc;
 }
@@ -115,7 +157,7 @@ void kvp_alloc_unpin(kvp_alloc_t *a, uint32_t page)
     assert(page < a->num_pages && a->pins[page] >= 1);
     if (--a->pins[page] == 0 && a->refcount[page] == 0) {
         a->num_pinned_free--;
-        a->stack[a->num_free++] = page;
+        page_zero(a, page);
     }
 }
 
@@ -187,17 +229,29 @@ int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len)
             seen[p] = 1;
         }
     }
+    uint32_t cached = 0;
     for (uint32_t p = 0; p < a->num_pages && !rc; p++) {
-        if (a->refcount[p] == 0 && !a->pins[p] && !seen[p]) {
+        const int in_cache = a->pc && kvp__pcache_is_cached(a->pc, p);
+        if (in_cache && (seen[p] || a->refcount[p] || a->pins[p])) {
+            snprintf(msg, msg_len, "cached page %u: refcount %u, %u pins, %s the free stack", p,
+                     a->refcount[p], a->pins[p], seen[p] ? "on" : "off");
+            rc = KVP_EAUDIT;
+        } else if (a->refcount[p] == 0 && !a->pins[p] && !seen[p] && !in_cache) {
             snprintf(msg, msg_len, "page %u has refcount 0 but is not on the free stack", p);
             rc = KVP_EAUDIT;
         }
-        zero += a->refcount[p] == 0 && !a->pins[p];
+        cached += in_cache;
+        zero += a->refcount[p] == 0 && !a->pins[p] && !in_cache;
         pinned_free += a->refcount[p] == 0 && a->pins[p];
         shared += a->refcount[p] > 1;
     }
     if (!rc && zero != a->num_free) {
         snprintf(msg, msg_len, "free count %u but %u pages have refcount 0", a->num_free, zero);
+        rc = KVP_EAUDIT;
+    }
+    if (!rc && cached != kvp_alloc_num_cached(a)) {
+        snprintf(msg, msg_len, "cached count %u but %u pages are cached", kvp_alloc_num_cached(a),
+                 cached);
         rc = KVP_EAUDIT;
     }
     if (!rc && pinned_free != a->num_pinned_free) {

@@ -29,7 +29,9 @@ int kvp_alloc_create(uint32_t num_pages, kvp_alloc_t **out);
 void kvp_alloc_destroy(kvp_alloc_t *a);
 
 /* All-or-nothing: takes n free pages, writes their ids to pages[0..n), sets each refcount to
- * 1. Returns 0, or KVP_ENOSPC (fewer than n free; nothing changed). n = 0 returns 0. */
+ * 1. With a prefix cache attached (kvp_pcache.h) the free stack goes first, then cached pages
+ * are evicted in the cache's order. Returns 0, or KVP_ENOSPC (fewer than n free and cached;
+ * nothing changed). n = 0 returns 0. */
 int kvp_alloc_reserve(kvp_alloc_t *a, uint32_t n, uint32_t *pages);
 
 /* Adds a reference to an allocated page (refcount >= 1, asserted). */
@@ -57,6 +59,10 @@ uint32_t kvp_alloc_refcount(const kvp_alloc_t *a, uint32_t page);
 const uint32_t *kvp__alloc_refcounts(const kvp_alloc_t *a);
 uint32_t kvp_alloc_num_pages(const kvp_alloc_t *a);
 uint32_t kvp_alloc_num_free(const kvp_alloc_t *a);
+/* pages the prefix cache keeps at refcount 0 (evictable), 0 without a cache */
+uint32_t kvp_alloc_num_cached(const kvp_alloc_t *a);
+/* free + cached: what kvp_alloc_reserve can hand out */
+uint32_t kvp_alloc_num_available(const kvp_alloc_t *a);
 /* pages with refcount > 1 */
 uint32_t kvp_alloc_num_shared(const kvp_alloc_t *a);
 
@@ -64,7 +70,8 @@ uint32_t kvp_alloc_num_shared(const kvp_alloc_t *a);
 const uint32_t *kvp_alloc_free_stack(const kvp_alloc_t *a, uint32_t *n);
 
 /* Checks the allocator's own invariants: every free-stack entry is a distinct page with
- * refcount 0 and no pin, every unpinned page with refcount 0 is on the stack, the shared and
+ * refcount 0 and no pin, every unpinned page with refcount 0 is on the stack or cached (not
+ * both), the cached, shared and
  * pinned-free counters are exact.
  * Returns 0 or KVP_EAUDIT with a one-line reason in msg. O(num_pages); uses a scratch bitmap
  * allocated here (KVP_ENOMEM if that fails). */

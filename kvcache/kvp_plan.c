@@ -10,7 +10,9 @@
  *
  * Copy-on-write count: when m sequences of the batch append into the same partially filled
  * page whose refcount is r, the first min(m, r - 1) of them (in batch order) copy it and the
- * last holder, if it is in the batch, writes in place. Phase 1 simulates exactly that with a
+ * last holder, if it is in the batch, writes in place. A keyed page (a truncate made it the
+ * partial tail of a sequence while others held it, kvp_pcache.h) is copied by every holder,
+ * the last too, so its content stays findable in the cache. Phase 1 simulates exactly that with a
  * per-page scratch counter so the page count it checks is exact, not a bound.
  */
 #include "kvp_plan.h"
@@ -20,6 +22,8 @@
 
 #include "kvp_error.h"
 #include "kvp_geom.h"
+#include "kvp_pcache.h"
+#include "kvp_pcache_internal.h"
 #include "kvp_seqtab_internal.h"
 
 void kvp_plan_init(kvp_plan_t *p)
@@ -39,6 +43,12 @@ void kvp_plan_free(kvp_plan_t *p)
     free(p->seqs);
     free(p->tail_page);
     free(p->created);
+    free(p->cached_tokens);
+    free(p->keys);
+    free(p->key_off);
+    free(p->linked);
+    free(p->link_pages);
+    free(p->chains);
     kvp_plan_init(p);
 }
 
@@ -67,8 +77,10 @@ static int grow_batch(kvp_plan_t *p, uint32_t n)
     void **bufs[] = {(void **)&p->kv_indptr,     (void **)&p->kv_last_page_len,
                      (void **)&p->append_indptr, (void **)&p->seq_lens,
                      (void **)&p->seqs,          (void **)&p->tail_page,
+                     (void **)&p->cached_tokens, (void **)&p->key_off,
+                     (void **)&p->linked,        (void **)&p->chains,
                      (void **)&p->created};
-    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 4, 1};
+    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 4, 4, 4, 4, sizeof(void *), 1};
     for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint32_t cc = c;
         if (grow(bufs[i], &cc, n + 1, sizes[i]))
@@ -198,12 +210,56 @@ static inline uint32_t lookahead_next(lookahead_t *la, uint32_t i)
 static void rollback_created(kvp_seqtab_t *t, kvp_plan_t *p, uint32_t upto)
 {
     for (uint32_t i = 0; i < upto; i++)
-        if (p->created[i])
+        if (p->created[i] & 1) /* bit 0; bits 1-2 hold the item's chain state */
             kvp__seqtab_remove_empty(t, p->seqs[i]);
 }
 
-int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
-                    const kvp_plan_limits_t *limits, uint64_t now_ms, kvp_plan_t *p)
+/* What phase 1 learned about an item's chain: none, continuing one, or starting one. */
+enum { CH_NONE = 0, CH_CONT = 1, CH_START = 2 };
+
+/* Phase 1 of an item that starts a chain with reuse: its keys into p->keys from *nkeys, its
+ * findable prefix into p->link_pages from *nlinks; counts the cached pages it links (once per
+ * batch: marks in dec[], which only tail pages use otherwise, and a cached page is never
+ * one). Returns 0 or KVP_ENOMEM. */
+static int find_prefix(kvp_pcache_t *pc, kvp_plan_t *p, uint32_t i, const kvp_plan_item_t *it,
+                       const kvp_plan_content_t *ct, const kvp_plan_cache_t *cache, uint32_t ps,
+                       const uint32_t *refcount, uint32_t *dec, uint32_t *nkeys, uint32_t *nlinks,
+                       uint64_t *linked_cached)
+{
+    const uint32_t nfull = it->num_tokens / ps;
+    p->key_off[i] = *nkeys;
+    p->linked[i] = 0;
+    if (nfull == 0)
+        return 0;
+    if (grow((void **)&p->keys, &p->cap_keys, *nkeys + nfull, sizeof(kvp_pagekey_t)) ||
+        grow((void **)&p->link_pages, &p->cap_links, *nlinks + nfull, 4))
+        return KVP_ENOMEM;
+    kvp_pagekey_t root;
+    kvp_pagekey_root(ct->salt, ct->salt_len, &root);
+    kvp_pagekey_t *keys = p->keys + *nkeys;
+    kvp_pagekey_chain(root, ct->token_ids, it->num_tokens, ps, keys, nfull);
+    *nkeys += nfull;
+    const uint32_t max_f = cache->leave_last ? (it->num_tokens - 1) / ps : nfull;
+    uint32_t f = 0;
+    for (; f < max_f; f++) {
+        uint32_t pg = kvp_pcache_find(pc, cache->scope, keys[f]);
+        if (pg == UINT32_MAX)
+            break;
+        p->link_pages[*nlinks + f] = pg;
+        if (refcount[pg] == 0 && !dec[pg]) {
+            dec[pg] = 1;
+            (*linked_cached)++;
+        }
+    }
+    p->linked[i] = f;
+    *nlinks += f;
+    return 0;
+}
+
+static int plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items,
+                       const kvp_plan_content_t *content, uint32_t n,
+                       const kvp_plan_limits_t *limits, const kvp_plan_cache_t *cache,
+                       uint64_t now_ms, kvp_plan_t *p)
 {
     p->fail_index = n;
     if (!t || !p || (n && !items) || n == 0)
@@ -220,15 +276,26 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
     const uint32_t max_tokens = kvp_seqtab_max_seq_tokens(t);
     const uint32_t max_ns = kvp__seqtab_max_namespaces(t);
     kvp_alloc_t *a = kvp_seqtab_alloc(t);
+    kvp_pcache_t *pc = kvp_seqtab_pcache(t);
+    static const kvp_plan_cache_t no_cache = {0, 0, 0, KVP_PCACHE_DEFAULT_PRIORITY, 0};
+    if (!cache)
+        cache = &no_cache;
+    if (!pc)
+        content = NULL; /* nothing to key with */
+    if (content &&
+        (cache->scope >= kvp__pcache_max_scopes(pc) || cache->priority > KVP_PCACHE_MAX_PRIORITY))
+        return KVP_EINVAL;
     const uint32_t *refcount = kvp__alloc_refcounts(a); /* in place: pages of sequences */
     uint32_t *dec = kvp__seqtab_page_scratch(t);
     uint64_t *ns_refs = kvp__seqtab_ns_scratch(t);
     const uint64_t epoch = kvp__seqtab_epoch(t);
-    uint64_t need = 0, copies = 0, total_pages = 0;
+    uint64_t need = 0, copies = 0, total_pages = 0, linked_cached = 0;
+    uint32_t nkeys = 0, nlinks = 0;
     uint32_t seen = 0;    /* items whose p->seqs[] entry is valid (for cleanup) */
     uint32_t fail_at = n; /* the offending item, n for the batch as a whole */
     uint32_t i;
     lookahead_t la;
+    uint8_t *chk = p->created; /* bits 1-2 of created[]: CH_* of the item */
 
     /* ---- phase 1: look up, count, check, grow; undoable ---- */
     lookahead_start(&la, t, items, n);
@@ -242,6 +309,8 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
         }
         kvp_seq_t *s = kvp__seqtab_find_at(t, it->ns, it->seq_id, home);
         p->created[i] = 0;
+        if (content)
+            p->chains[i] = NULL;
         if (!s) {
             rc = kvp__seqtab_insert(t, it->ns, it->seq_id, home, now_ms, &s);
             if (rc)
@@ -260,13 +329,37 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
             rc = KVP_ELIMIT;
             break;
         }
+        uint32_t linked = 0;
+        if (content) {
+            const kvp_plan_content_t *ct = &content[i];
+            p->linked[i] = 0;
+            if (ct->token_ids && it->num_tokens && s->num_tokens == 0) {
+                if (ct->salt_len > KVP_PAGEKEY_MAX_SALT || (ct->salt_len && !ct->salt)) {
+                    rc = KVP_EINVAL;
+                    break;
+                }
+                chk[i] |= CH_START << 1;
+                if (!s->chain && !(p->chains[i] = kvp__pcache_chain_new(pc))) {
+                    rc = KVP_ENOMEM;
+                    break;
+                }
+                if (cache->reuse && (rc = find_prefix(pc, p, i, it, ct, cache, ps, refcount, dec,
+                                                      &nkeys, &nlinks, &linked_cached)))
+                    break;
+                linked = p->linked[i];
+            } else if (ct->token_ids && s->chain && s->chain->tracked) {
+                chk[i] |= CH_CONT << 1;
+            }
+        }
         uint32_t pages_after = pages_for(&pm, len);
-        uint32_t fresh = pages_after - s->num_pages;
+        uint32_t fresh = pages_after - s->num_pages - linked;
         uint32_t cow = 0;
         if (it->num_tokens && tail_of(&pm, s->num_tokens)) {
             uint32_t last = s->pages[s->num_pages - 1];
             p->tail_page[i] = last; /* for the cleanup and phase 2: no second look-up */
-            if (refcount[last] - dec[last] > 1) {
+            /* a keyed page a truncate left as the tail is copied too, whoever else holds it:
+             * its content stays findable */
+            if (refcount[last] - dec[last] > 1 || (s->chain && s->chain->tail_keyed && pc)) {
                 cow = 1;
                 dec[last]++;
             }
@@ -274,22 +367,25 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
         need += fresh + cow;
         copies += cow;
         total_pages += pages_after;
-        ns_refs[it->ns] += fresh;
+        ns_refs[it->ns] += fresh + linked;
         const kvp_ns_stats_t *nst = kvp__seqtab_ns(t, it->ns);
         if (nst->max_page_refs && nst->page_refs + ns_refs[it->ns] > nst->max_page_refs)
             rc = KVP_ELIMIT;
         else if (pages_after > s->cap_pages && kvp__seq_reserve(s, pages_after))
             rc = KVP_ENOMEM;
     }
-    /* clean the scratch counters whatever happened (only items with a tail page raised dec) */
+    /* clean the scratch counters whatever happened (only items with a tail page raised dec,
+     * and the cached pages a reuse links) */
     for (uint32_t j = 0; j < seen; j++) {
         ns_refs[items[j].ns] = 0;
         if (p->tail_page[j] != NO_PAGE)
             dec[p->tail_page[j]] = 0;
     }
+    for (uint32_t k = 0; k < nlinks; k++)
+        dec[p->link_pages[k]] = 0;
     if (!rc) {
         fail_at = n;
-        if (need > kvp_alloc_num_free(a))
+        if (need + linked_cached > kvp_alloc_num_available(a))
             rc = KVP_ENOSPC;
         else if (total_pages > 0x7fffffffull)
             rc = KVP_ELIMIT;
@@ -300,18 +396,61 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
             rc = KVP_ENOMEM;
     }
     if (rc) {
+        if (content)
+            for (uint32_t j = 0; j < seen; j++)
+                free(p->chains[j]);
         rollback_created(t, p, seen);
         p->fail_index = fail_at;
         return rc;
     }
 
     /* ---- phase 2: commit; cannot fail ---- */
+    if (content) {
+        /* chains start and found pages are linked before allocation may evict */
+        kvp_pcache_set_now(pc, now_ms);
+        uint32_t lo = 0;
+        for (i = 0; i < n; i++) {
+            if (!((p->created[i] >> 1) & CH_START))
+                continue;
+            kvp_seq_t *s = p->seqs[i];
+            if (p->chains[i])
+                s->chain = p->chains[i];
+            kvp_pagekey_t root;
+            kvp_pagekey_root(content[i].salt, content[i].salt_len, &root);
+            kvp__pcache_chain_start(s->chain, cache->scope, root, cache->priority,
+                                    cache->retention_ms);
+            const uint32_t f = cache->reuse ? p->linked[i] : 0;
+            for (uint32_t k = 0; k < f; k++) {
+                uint32_t pg = p->link_pages[lo + k];
+                s->pages[k] = pg;
+                kvp__pcache_link(pc, pg, cache->priority, cache->retention_ms);
+            }
+            lo += f;
+            if (cache->reuse)
+                kvp__pcache_count_query(pc, cache->scope, items[i].num_tokens, (uint64_t)f * ps);
+            if (f) {
+                s->num_pages = f;
+                s->num_tokens = f * ps;
+                s->chain->num_keyed = s->chain->num_handed = f;
+                s->chain->last = p->keys[p->key_off[i] + f - 1];
+                /* the last linked page's tokens, for a truncate back into it */
+                memcpy(s->chain->tok + ps, content[i].token_ids + (size_t)(f - 1) * ps,
+                       (size_t)ps * sizeof(int32_t));
+                s->chain->prev_full = 1;
+                kvp__seqtab_account(t, s->ns, (int64_t)f * ps, f);
+            }
+        }
+    }
+    const uint32_t free_before = kvp_alloc_num_free(a);
     int r2 = kvp_alloc_reserve(a, (uint32_t)need, p->new_pages);
-    (void)r2; /* checked above: need <= free */
+    (void)r2; /* checked above: need <= free + cached (less what the links took) */
+    p->num_evicted = need > free_before ? (uint32_t)need - free_before : 0;
     uint32_t taken = 0, off = 0;
     p->kv_indptr[0] = 0;
     p->append_indptr[0] = 0;
     p->num_copies = 0;
+    p->num_cached_tokens = 0;
+    nnz = 0;
     /* the counters grow by sums: added once per run of items of one namespace (a batch is
      * usually one run) rather than through memory once per item */
     uint32_t run_ns = items[0].ns;
@@ -319,14 +458,24 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
     for (i = 0; i < n; i++) {
         kvp_seq_t *s = p->seqs[i];
         uint32_t add = items[i].num_tokens;
+        uint32_t f = 0, ch = 0;
+        if (content) {
+            ch = (p->created[i] >> 1) & 3u;
+            f = ch == CH_START && cache->reuse ? p->linked[i] : 0;
+            add -= f * ps;
+            p->cached_tokens[i] = f * ps;
+            p->num_cached_tokens += (uint64_t)f * ps;
+        }
         uint32_t last = p->tail_page[i]; /* s->pages[num_pages - 1], set when add > 0 */
-        if (last != NO_PAGE && refcount[last] > 1) {
+        if (last != NO_PAGE && (refcount[last] > 1 || (s->chain && s->chain->tail_keyed && pc))) {
             uint32_t dst = p->new_pages[taken++];
             p->copies[p->num_copies].src = last;
             p->copies[p->num_copies].dst = dst;
             p->num_copies++;
-            kvp_alloc_unref(a, last);
+            kvp_alloc_unref(a, last); /* a keyed page nobody holds now stays cached */
             s->pages[s->num_pages - 1] = dst;
+            if (s->chain)
+                s->chain->tail_keyed = 0;
         }
         uint32_t pages_after = pages_for(&pm, (uint64_t)s->num_tokens + add);
         uint32_t fresh = pages_after - s->num_pages;
@@ -336,6 +485,15 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
         s->num_pages = pages_after;
         s->num_tokens += add;
         s->last_touch_ms = now_ms;
+        if (ch) {
+            const uint32_t nfull = items[i].num_tokens / ps;
+            const int have_pre = ch == CH_START && cache->reuse;
+            kvp__pcache_chain_append(pc, s, content[i].token_ids + (size_t)f * ps, add,
+                                     have_pre ? p->keys + p->key_off[i] + f : NULL,
+                                     have_pre ? nfull - f : 0);
+        } else if (add && s->chain) {
+            s->chain->tracked = 0; /* tokens without ids: the chain ends here */
+        }
         if (s->ns != run_ns) {
             kvp__seqtab_account(t, run_ns, (int64_t)run_tokens, (int64_t)run_refs);
             run_ns = s->ns;
@@ -343,6 +501,7 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
         }
         run_tokens += add;
         run_refs += fresh;
+        nnz += add;
         p->append_indptr[i + 1] = p->append_indptr[i] + (int32_t)add;
         write_row(p, i, s, ps, &off);
     }
@@ -352,6 +511,20 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
     p->num_new_pages = taken;
     p->fail_index = n;
     return 0;
+}
+
+int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
+                    const kvp_plan_limits_t *limits, uint64_t now_ms, kvp_plan_t *p)
+{
+    return plan_append(t, items, NULL, n, limits, NULL, now_ms, p);
+}
+
+int kvp_plan_append_cached(kvp_seqtab_t *t, const kvp_plan_item_t *items,
+                           const kvp_plan_content_t *content, uint32_t n,
+                           const kvp_plan_limits_t *limits, const kvp_plan_cache_t *cache,
+                           uint64_t now_ms, kvp_plan_t *p)
+{
+    return plan_append(t, items, content, n, limits, cache, now_ms, p);
 }
 
 int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,

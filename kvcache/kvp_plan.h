@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 
+#include "kvp_pagekey.h"
 #include "kvp_seqtab.h"
 
 #ifdef __cplusplus
@@ -30,6 +31,26 @@ typedef struct {
     uint64_t seq_id;
     uint32_t num_tokens; /* tokens to append (ignored by kvp_plan_page_table) */
 } kvp_plan_item_t;
+
+/* What the prefix cache (kvp_pcache.h) knows of a batch item, in an array parallel to the
+ * items: the token ids of its num_tokens tokens (NULL: none; the sequence's chain then ends
+ * unless it appends 0 tokens), and the salt of a sequence whose chain starts here (an empty
+ * one: new, or with 0 tokens; ignored otherwise). Borrowed for the call. */
+typedef struct {
+    const int32_t *token_ids;
+    const void *salt;
+    uint32_t salt_len; /* <= KVP_PAGEKEY_MAX_SALT */
+} kvp_plan_content_t;
+
+/* How a batch uses the prefix cache (kvp_plan_append_cached); applies to items that start a
+ * chain (empty sequence, token ids given). */
+typedef struct {
+    uint32_t scope;        /* the scope chains start in, and reuse looks in */
+    uint8_t reuse;         /* link the longest findable full-page prefix first */
+    uint8_t leave_last;    /* reuse leaves at least one token of the item to append */
+    uint8_t priority;      /* retention priority of the new chains (kvp_pcache_set_retention) */
+    uint32_t retention_ms; /* and its duration (0: no end) */
+} kvp_plan_cache_t;
 
 /* Same layout as kernels' kvp_page_copy_t: K and V of page src go to page dst in every layer. */
 typedef struct {
@@ -48,6 +69,9 @@ typedef struct {
     int32_t *append_indptr;    /* [batch_size + 1] */
     int32_t *seq_lens;         /* [batch_size], lengths after the append */
     kvp_plan_copy_t *copies;   /* [num_copies] */
+    uint32_t *cached_tokens;   /* [batch_size]: tokens linked from the cache (reuse only) */
+    uint64_t num_cached_tokens; /* their sum */
+    uint32_t num_evicted;       /* cached pages this plan evicted to get its pages */
     uint32_t fail_index;       /* on error: the batch item that caused it (or batch_size) */
     /* private: capacities and scratch */
     uint32_t cap_batch, cap_indices, cap_copies, cap_new;
@@ -55,6 +79,13 @@ typedef struct {
     kvp_seq_t **seqs;
     uint32_t *tail_page; /* [batch]: the partial last page an item appends into, or UINT32_MAX */
     uint8_t *created;
+    uint32_t cap_keys;
+    kvp_pagekey_t *keys; /* scratch: keys of the pages a batch fills or links */
+    uint32_t *key_off;   /* [batch]: each item's first entry in keys */
+    uint32_t *linked;    /* [batch]: pages each item links from the cache */
+    uint32_t cap_links;
+    uint32_t *link_pages; /* scratch: the pages linked, item after item */
+    void **chains;        /* [batch]: chain records made for items that start one */
 } kvp_plan_t;
 
 /* Zeroes a plan; it owns nothing yet. */
@@ -81,6 +112,22 @@ typedef struct {
  */
 int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
                     const kvp_plan_limits_t *limits, uint64_t now_ms, kvp_plan_t *p);
+
+/*
+ * kvp_plan_append with the prefix cache (content NULL: no item has token ids; cache NULL:
+ * scope 0, no reuse, default retention; without a cache attached to the table, kvp_pcache.h,
+ * token ids are ignored). Items with token ids
+ * key the pages they fill (findable only once published); an item that starts a chain takes
+ * its salt, the scope, and with reuse first links the longest findable prefix of its tokens
+ * (p->cached_tokens[i], a multiple of the page size; the item appends only the rest, and
+ * append_indptr and nnz count only those). Allocation takes free pages first, then evicts
+ * cached ones (never one this batch links). Further errors: KVP_EINVAL for a salt above
+ * KVP_PAGEKEY_MAX_SALT or a bad scope. All-or-nothing as kvp_plan_append.
+ */
+int kvp_plan_append_cached(kvp_seqtab_t *t, const kvp_plan_item_t *items,
+                           const kvp_plan_content_t *content, uint32_t n,
+                           const kvp_plan_limits_t *limits, const kvp_plan_cache_t *cache,
+                           uint64_t now_ms, kvp_plan_t *p);
 
 /*
  * The current page table of existing sequences (no allocation, no change): kv_indptr,

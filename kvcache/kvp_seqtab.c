@@ -13,6 +13,7 @@
 
 #include "kvp_error.h"
 #include "kvp_geom.h"
+#include "kvp_pcache_internal.h"
 #include "kvp_seqtab_internal.h"
 
 int kvp_seqtab_create(kvp_alloc_t *alloc, uint32_t page_size, const kvp_seqtab_config_t *cfg,
@@ -70,9 +71,10 @@ void kvp_seqtab_destroy(kvp_seqtab_t *t)
         for (uint32_t i = 0; i < t->max_seqs; i++) {
             if (!t->used[i])
                 continue;
-            for (uint32_t j = 0; j < t->recs[i].num_pages; j++)
+            for (uint32_t j = t->recs[i].num_pages; j-- > 0;)
                 kvp_alloc_unref(t->alloc, t->recs[i].pages[j]);
             free(t->recs[i].pages);
+            free(t->recs[i].chain);
         }
     }
     free(t->group_max_seqs);
@@ -153,6 +155,7 @@ static void remove_rec(kvp_seqtab_t *t, kvp_seq_t *s)
     t->group_seqs[t->ns_group[s->ns]]--;
     t->num_seqs--;
     free(s->pages);
+    free(s->chain);
     memset(s, 0, sizeof(*s));
     t->used[r] = 0;
     t->free_ids[t->num_free_recs++] = r;
@@ -192,17 +195,24 @@ int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t chil
     if (n->max_page_refs && n->page_refs + p->num_pages > n->max_page_refs)
         return KVP_ELIMIT;
     uint32_t *pages = NULL;
+    struct kvp_chain *chain = NULL;
     if (p->num_pages) {
         pages = malloc((size_t)p->num_pages * sizeof(uint32_t));
         if (!pages)
             return KVP_ENOMEM;
     }
+    if (p->chain && t->pc && !(chain = kvp__pcache_chain_dup(t->pc, p->chain))) {
+        free(pages);
+        return KVP_ENOMEM;
+    }
     kvp_seq_t *c;
     int rc = kvp__seqtab_insert(t, ns, child, kvp__seqtab_home(t, ns, child), now_ms, &c);
     if (rc) {
+        free(chain);
         free(pages);
         return rc;
     }
+    c->chain = chain;
     /* p stays valid: records never move */
     if (p->num_pages)
         memcpy(pages, p->pages, (size_t)p->num_pages * sizeof(uint32_t));
@@ -227,19 +237,22 @@ int kvp_seqtab_truncate(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint32_t num_
     if (num_tokens > s->num_tokens)
         return KVP_ERANGE;
     uint32_t keep = kvp_geom_pages_for(t->page_size, num_tokens);
-    for (uint32_t i = keep; i < s->num_pages; i++)
+    for (uint32_t i = s->num_pages; i-- > keep;) /* last first, as a release */
         kvp_alloc_unref(t->alloc, s->pages[i]);
     kvp__seqtab_account(t, ns, -(int64_t)(s->num_tokens - num_tokens),
                         -(int64_t)(s->num_pages - keep));
+    const uint32_t old_tokens = s->num_tokens;
     s->num_pages = keep;
     s->num_tokens = num_tokens;
     s->last_touch_ms = now_ms;
+    if (t->pc)
+        kvp__pcache_truncated(t->pc, s, old_tokens);
     return 0;
 }
 
 static void release_seq(kvp_seqtab_t *t, kvp_seq_t *s)
 {
-    for (uint32_t i = 0; i < s->num_pages; i++)
+    for (uint32_t i = s->num_pages; i-- > 0;)
         kvp_alloc_unref(t->alloc, s->pages[i]);
     kvp__seqtab_account(t, s->ns, -(int64_t)s->num_tokens, -(int64_t)s->num_pages);
     remove_rec(t, s);
@@ -287,7 +300,8 @@ void kvp_seqtab_stats(const kvp_seqtab_t *t, kvp_stats_t *out)
     memset(out, 0, sizeof(*out));
     out->num_pages = kvp_alloc_num_pages(t->alloc);
     out->free_pages = kvp_alloc_num_free(t->alloc);
-    out->used_pages = out->num_pages - out->free_pages;
+    out->cached_pages = kvp_alloc_num_cached(t->alloc);
+    out->used_pages = out->num_pages - out->free_pages - out->cached_pages;
     out->shared_pages = kvp_alloc_num_shared(t->alloc);
     out->num_seqs = t->num_seqs;
     out->num_tokens = t->num_tokens;
@@ -349,6 +363,11 @@ uint32_t kvp_seqtab_max_seq_tokens(const kvp_seqtab_t *t)
 kvp_alloc_t *kvp_seqtab_alloc(const kvp_seqtab_t *t)
 {
     return t->alloc;
+}
+
+void kvp__seqtab_set_cache(kvp_seqtab_t *t, struct kvp_pcache *pc)
+{
+    t->pc = pc;
 }
 
 #define AUDIT_FAIL(...)                                                                            \
@@ -422,10 +441,12 @@ int kvp_seqtab_audit(const kvp_seqtab_t *t, char *msg, unsigned msg_len)
         ns[s->ns].num_tokens += s->num_tokens;
         ns[s->ns].page_refs += s->num_pages;
     }
-    for (uint32_t p = 0; p < np; p++)
-        if (refs[p] != kvp_alloc_refcount(t->alloc, p))
-            AUDIT_FAIL("page %u: refcount %u but %u page-vector entries", p,
-                       kvp_alloc_refcount(t->alloc, p), refs[p]);
+    for (uint32_t p = 0; p < np; p++) {
+        const uint32_t pins = t->pc ? kvp__pcache_pin_refs(t->pc, p) : 0;
+        if (refs[p] + pins != kvp_alloc_refcount(t->alloc, p))
+            AUDIT_FAIL("page %u: refcount %u but %u page-vector entries and %u pins", p,
+                       kvp_alloc_refcount(t->alloc, p), refs[p], pins);
+    }
     if (seqs != t->num_seqs || tokens != t->num_tokens || prefs != t->page_refs)
         AUDIT_FAIL("stats: seqs %u/%u tokens %llu/%llu page_refs %llu/%llu (counted/kept)", seqs,
                    t->num_seqs, (unsigned long long)tokens, (unsigned long long)t->num_tokens,

@@ -24,6 +24,7 @@ extern "C" {
 #endif
 
 typedef struct kvp_seqtab kvp_seqtab_t;
+struct kvp_chain; /* kvp_pcache_internal.h */
 
 /* One sequence. Owned by the table; pointers stay valid until the sequence is released or the
  * table is destroyed (records never move). Read-only for callers. */
@@ -36,6 +37,7 @@ typedef struct {
     uint32_t *pages; /* [num_pages], physical page ids in sequence order */
     uint64_t last_touch_ms;
     uint64_t mark; /* planner scratch: batch epoch that last saw this sequence */
+    struct kvp_chain *chain; /* prefix cache: content keys of its pages; NULL without token ids */
 } kvp_seq_t;
 
 typedef struct {
@@ -47,8 +49,9 @@ typedef struct {
 /* Counters of the whole table, O(1) to read. */
 typedef struct {
     uint32_t num_pages;    /* pool capacity */
-    uint32_t free_pages;   /* refcount 0 */
-    uint32_t used_pages;   /* refcount >= 1 */
+    uint32_t free_pages;   /* refcount 0, on the free stack */
+    uint32_t used_pages;   /* neither free nor cached */
+    uint32_t cached_pages; /* refcount 0, kept by the prefix cache (kvp_pcache.h) */
     uint32_t shared_pages; /* refcount >= 2 */
     uint32_t num_seqs;
     uint64_t num_tokens; /* sum of sequence lengths */
@@ -87,7 +90,8 @@ int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t chil
 int kvp_seqtab_truncate(kvp_seqtab_t *t, uint32_t ns, uint64_t id, uint32_t num_tokens,
                         uint64_t now_ms);
 
-/* Drops a sequence and its page references. Returns 0 or KVP_ENOENT. */
+/* Drops a sequence and its page references, its last page first (a prefix cache then keeps
+ * the deepest page of a chain first in line for eviction). Returns 0 or KVP_ENOENT. */
 int kvp_seqtab_release(kvp_seqtab_t *t, uint32_t ns, uint64_t id);
 
 /* Drops every sequence of a namespace (lease expiry). Returns the number released. */
@@ -126,7 +130,8 @@ kvp_alloc_t *kvp_seqtab_alloc(const kvp_seqtab_t *t);
 /* Checks every invariant of DESIGN.md §3 from scratch: the allocator's own (free stack,
  * refcount-0 pages), each sequence's page count against its length, last_page_len in
  * 1..page_size, page ids in range and allocated, no page twice in one sequence, each page's
- * refcount equal to the number of page-vector entries naming it, the hash index finding every
+ * refcount equal to the number of page-vector entries naming it (plus the prefix cache's pin
+ * references), the hash index finding every
  * record, and every counter (table and namespaces) equal to its recomputed value. Returns 0,
  * KVP_EAUDIT with the first violation in msg, or KVP_ENOMEM. O(pages + page refs). */
 int kvp_seqtab_audit(const kvp_seqtab_t *t, char *msg, unsigned msg_len);

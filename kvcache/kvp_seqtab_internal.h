@@ -36,6 +36,7 @@ struct kvp_seqtab {
     uint64_t epoch;
     uint32_t *page_scratch; /* [num_pages], zero between uses */
     uint64_t *ns_scratch;   /* [max_namespaces], zero between uses */
+    struct kvp_pcache *pc;  /* the prefix cache attached (kvp_pcache.h), or NULL */
 };
 
 /* The home slot of (ns, id): where its linear probe starts. */

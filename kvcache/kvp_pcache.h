@@ -1,0 +1,219 @@
+/*
+ * kvp_pcache.h - the prefix cache (DESIGN.md §9, issue #16): content keys of full pages made
+ * findable, cached pages kept after their last reference, eviction, pins.
+ *
+ * State of a page, beside the allocator's refcount:
+ *   keyed      a full page of a sequence with token ids has a key (kvp_pagekey.h) and a scope,
+ *              written by the planner when the page becomes full. Not findable yet.
+ *   indexed    published (kvp_pcache_publish): in the key table, findable by Lookup and reuse.
+ *              At most one page per (scope, key) is indexed: a second page with the same
+ *              content stays keyed and private and is freed like any other page.
+ *   cached     indexed with refcount 0: in an eviction list instead of the free stack.
+ *   pinned     a pin holds a reference (so it is never cached while pinned).
+ * A page leaves the table when it is evicted (allocation under pressure, flush) or rewritten
+ * (a truncate made it partial again while it was its sole holder's last page).
+ *
+ * Eviction order: one list per retention priority (0..100), each ordered by release time (a
+ * page enters its list's tail when its refcount reaches 0); allocation evicts the head of the
+ * lowest non-empty list. A sequence releases its pages last first, so of a chain released
+ * together the deepest page goes first; since every holder of a page holds its whole chain
+ * before it, a page's ancestors are released no earlier than it is and the deepest-first order
+ * holds across sequences too (unless priorities differ). A page released with a retention
+ * duration keeps its priority that long, then counts as KVP_PCACHE_DEFAULT_PRIORITY (a heap of
+ * expiries, checked at eviction). Everything is O(1) per page but the retention heap
+ * (O(log n) when a page with a duration is released or reused) and flush (O(cached pages)).
+ *
+ * Scopes are small integers the caller assigns (0..max_scopes-1); pages of different scopes
+ * never match. Times are caller-supplied milliseconds; the core reads no clock. Not
+ * thread-safe: the daemon's loop thread. The cache attaches itself to the sequence table and
+ * its allocator at create and detaches at destroy; it must be destroyed before them.
+ */
+#ifndef KVP_PCACHE_H
+#define KVP_PCACHE_H
+
+#include <stdint.h>
+
+#include "kvp_pagekey.h"
+#include "kvp_seqtab.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_pcache kvp_pcache_t;
+
+#define KVP_PCACHE_MAX_PRIORITY     100u
+#define KVP_PCACHE_DEFAULT_PRIORITY 35u /* TensorRT-LLM's default retention priority */
+#define KVP_PCACHE_NO_SCOPE         UINT32_MAX
+
+typedef struct {
+    uint32_t max_scopes; /* scope ids 0..max_scopes-1 (>= 1) */
+    uint32_t max_pins;   /* pins alive at once (>= 1) */
+} kvp_pcache_config_t;
+
+/* Why a page left the key table (the index of kvp_pcache_stats_t.evictions). */
+typedef enum {
+    KVP_EVICT_PRESSURE = 0, /* an allocation needed the page */
+    KVP_EVICT_FLUSH = 1,    /* kvp_pcache_flush */
+    KVP_EVICT_REWRITE = 2,  /* a truncate made it partial again (its content will change) */
+    KVP_EVICT_REASONS = 3
+} kvp_evict_reason_t;
+
+/* Upper bounds (ms, inclusive) of the residence histogram: how long a cached page stayed in
+ * its eviction list before an allocation evicted it (KVP_EVICT_PRESSURE only: what sizes the
+ * cache; a flush is not counted); a last bucket counts the rest. */
+#define KVP_PCACHE_RESIDENCE_BUCKETS 10
+extern const uint64_t kvp_pcache_residence_le_ms[KVP_PCACHE_RESIDENCE_BUCKETS];
+
+typedef struct {
+    uint32_t indexed_pages; /* findable (held or cached) */
+    uint32_t cached_pages;  /* findable with refcount 0: in an eviction list */
+    uint32_t pinned_pages;  /* pages held by at least one pin */
+    uint32_t pins;
+    uint64_t query_tokens, hit_tokens; /* lookups and reuse: tokens asked for / found */
+    uint64_t evictions[KVP_EVICT_REASONS];
+    uint64_t residence[KVP_PCACHE_RESIDENCE_BUCKETS + 1]; /* histogram counts (not cumulative) */
+    uint64_t residence_sum_ms;
+    uint64_t bytes; /* memory of the cache's own tables (fixed at create) */
+} kvp_pcache_stats_t;
+
+typedef struct {
+    uint32_t indexed_pages, cached_pages;
+    uint64_t query_tokens, hit_tokens;
+} kvp_pcache_scope_stats_t;
+
+/* Creates the cache over t (and t's allocator), every page unkeyed. Returns 0, KVP_EINVAL
+ * (NULL, zero sizes, t already has a cache) or KVP_ENOMEM. */
+int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcache_t **out);
+
+/* Drops every pin and every cached page (back to the free stack), detaches from the table and
+ * frees the cache. Sequences keep their pages; their keys are forgotten. NULL: no-op. */
+void kvp_pcache_destroy(kvp_pcache_t *c);
+
+/* The cache attached to t, or NULL. */
+kvp_pcache_t *kvp_seqtab_pcache(const kvp_seqtab_t *t);
+
+/* Advances the cache's clock (ms; never goes back). The planner and the calls below that take
+ * now_ms do it themselves. */
+void kvp_pcache_set_now(kvp_pcache_t *c, uint64_t now_ms);
+
+/* ---- finding ------------------------------------------------------------------------------ */
+
+/* How many leading full pages of tokens[0..num_tokens) are findable in scope, the chain
+ * starting from root (kvp_pagekey_root of the salt). No side effect on any page; adds to the
+ * query/hit counters (of the scope too) when count_stats. Returns pages (tokens = pages *
+ * page_size). A bad scope returns 0. */
+uint32_t kvp_pcache_lookup(kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t root,
+                           const int32_t *tokens, uint64_t num_tokens, int count_stats);
+
+/* The indexed page holding (scope, key), or UINT32_MAX. */
+uint32_t kvp_pcache_find(const kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t key);
+
+/* ---- publishing --------------------------------------------------------------------------- */
+
+/* A page as it was when a commit was asked for: published later only if it still holds the
+ * same content (its generation changes whenever it is keyed anew or loses its key). */
+typedef struct {
+    uint32_t page;
+    uint32_t gen;
+} kvp_pcache_ref_t;
+
+/* The sequence's keyed pages not handed out before, oldest first: writes up to max of them to
+ * out and returns how many (call again while it returns max). They are marked handed out: a
+ * second call does not return them again (a truncate below them hands them out anew once
+ * re-keyed). 0 for a sequence without a chain. */
+uint32_t kvp_pcache_take_unpublished(kvp_pcache_t *c, kvp_seq_t *s, kvp_pcache_ref_t *out,
+                                     uint32_t max);
+
+/* Makes the pages findable: each ref whose page still has that generation, is keyed, held
+ * (refcount >= 1) and not indexed goes into the key table unless its (scope, key) is already
+ * there. Returns how many became findable. */
+uint32_t kvp_pcache_publish(kvp_pcache_t *c, const kvp_pcache_ref_t *refs, uint32_t n);
+
+/* kvp_pcache_take_unpublished + kvp_pcache_publish of everything s keyed (the daemon's own
+ * Append, once its copy completed). Returns pages published. */
+uint32_t kvp_pcache_publish_seq(kvp_pcache_t *c, kvp_seq_t *s);
+
+/* ---- retention, pins, flush --------------------------------------------------------------- */
+
+/* Sets the retention of s's pages from now on (0..KVP_PCACHE_MAX_PRIORITY; retention_ms 0: no
+ * end). A page takes the highest priority of the sequences that held it. KVP_EINVAL for a
+ * priority above the maximum or a sequence without a chain. */
+int kvp_pcache_set_retention(kvp_pcache_t *c, kvp_seq_t *s, uint32_t priority,
+                             uint32_t retention_ms);
+
+/* A namespace's quota of pinned pages: the sum of the pages of its pins (a page pinned twice
+ * counts twice). 0 forbids pins; UINT64_MAX (every namespace's until set) is no limit.
+ * Lowering it below current use only refuses new pins. KVP_EINVAL for a bad ns. */
+int kvp_pcache_set_pin_quota(kvp_pcache_t *c, uint32_t ns, uint64_t max_pinned_pages);
+
+/* Pins the findable prefix of tokens (scope, root) for namespace ns until now_ms + ttl_ms:
+ * a reference on each page. Returns 0 and *pin_id (never 0), *pages (>= 1); KVP_ENOENT (no
+ * page of it is findable), KVP_ELIMIT (the namespace's quota, or max_pins), KVP_ENOMEM,
+ * KVP_EINVAL (bad ns or scope). Nothing changes on error. */
+int kvp_pcache_pin(kvp_pcache_t *c, uint32_t ns, uint32_t scope, kvp_pagekey_t root,
+                   const int32_t *tokens, uint64_t num_tokens, uint64_t now_ms, uint64_t ttl_ms,
+                   uint64_t *pin_id, uint32_t *pages);
+
+/* Drops a pin of namespace ns. Returns the pages it held (>= 1) or KVP_ENOENT (no such pin
+ * of ns). */
+int kvp_pcache_unpin(kvp_pcache_t *c, uint32_t ns, uint64_t pin_id);
+
+/* Drops every pin whose time is up at now_ms; returns how many. Also moves pages whose
+ * retention duration ended to the default priority. */
+uint32_t kvp_pcache_expire(kvp_pcache_t *c, uint64_t now_ms);
+
+/* The earliest pin expiry (ms), or UINT64_MAX when there is no pin. */
+uint64_t kvp_pcache_next_expiry(const kvp_pcache_t *c);
+
+/* Pinned page references of a namespace (its quota use), and its pins. */
+uint64_t kvp_pcache_ns_pinned_pages(const kvp_pcache_t *c, uint32_t ns);
+uint32_t kvp_pcache_ns_pins(const kvp_pcache_t *c, uint32_t ns);
+
+/* Evicts every cached page of scope (KVP_PCACHE_NO_SCOPE: of every scope). Held and pinned
+ * pages stay. Returns how many went. */
+uint32_t kvp_pcache_flush(kvp_pcache_t *c, uint32_t scope);
+
+/* Pin iteration (kvpoolctl): start with *cursor = 0; returns 0 and the pin's fields, or
+ * KVP_ENOENT at the end. */
+typedef struct {
+    uint64_t pin_id;
+    uint32_t ns, scope, pages;
+    uint64_t expires_ms;
+} kvp_pcache_pin_info_t;
+int kvp_pcache_next_pin(const kvp_pcache_t *c, uint32_t *cursor, kvp_pcache_pin_info_t *out);
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+void kvp_pcache_stats(const kvp_pcache_t *c, kvp_pcache_stats_t *out);
+/* Zeroes a scope's counters before its id is given to another scope: 0, KVP_EBUSY (pages of it
+ * are still indexed: flush it first and drop what holds them), KVP_EINVAL (bad scope). */
+int kvp_pcache_scope_reset(kvp_pcache_t *c, uint32_t scope);
+/* KVP_EINVAL for a bad scope. */
+int kvp_pcache_scope_stats(const kvp_pcache_t *c, uint32_t scope, kvp_pcache_scope_stats_t *out);
+
+/* A page's cache state, for tests and the audit: bit 0 keyed, bit 1 indexed, bit 2 cached. */
+#define KVP_PAGE_KEYED   1u
+#define KVP_PAGE_INDEXED 2u
+#define KVP_PAGE_CACHED  4u
+unsigned kvp_pcache_page_state(const kvp_pcache_t *c, uint32_t page);
+/* The key and scope of a keyed page (0 and *key, *scope), else KVP_ENOENT. */
+int kvp_pcache_page_key(const kvp_pcache_t *c, uint32_t page, kvp_pagekey_t *key, uint32_t *scope);
+
+/* The cached pages in eviction order, first to go first: writes up to max page ids, returns
+ * how many it wrote. O(cached). For tests. */
+uint32_t kvp_pcache_eviction_order(const kvp_pcache_t *c, uint32_t *out, uint32_t max);
+
+/* Checks every invariant of the cache and of the table it is attached to (kvp_seqtab_audit
+ * first): each indexed page is in the key table exactly once and found through it, no two
+ * indexed pages share (scope, key), cached pages are exactly the indexed ones with refcount 0
+ * and no allocator pin, each in exactly one eviction list exactly once, in its priority's
+ * list, referenced pages in none; refcounts equal sequence references plus pin references;
+ * pinned-page counts and namespace quota use add up; every counter equals its recount.
+ * Returns 0, KVP_EAUDIT with the first violation in msg, or KVP_ENOMEM. O(pages). */
+int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
