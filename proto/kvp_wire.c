@@ -29,6 +29,14 @@ static bool array_decode(pb_istream_t *stream, const pb_field_t *field, void **a
     (void)field;
     kvp_array_t *a = *arg;
     size_t n = stream->bytes_left;
+    if (!a->elem_size) { /* a zeroed array: prepared for no element */
+        if (n == 0) {
+            a->count = 0;
+            return true;
+        }
+        a->bad = KVP_ELIMIT;
+        PB_RETURN_ERROR(stream, "array not accepted (no capacity prepared)");
+    }
     if (n % a->elem_size) {
         a->bad = KVP_EINVAL;
         PB_RETURN_ERROR(stream, "array length not a multiple of its element size");
@@ -101,6 +109,9 @@ static void bind_batch_decode(kvpool_Batch *batch, kvp_batch_arrays_t *b)
 {
     kvp_array_bind_decode(&batch->seq_ids, &b->seq_ids);
     kvp_array_bind_decode(&batch->num_tokens, &b->num_tokens);
+    kvp_array_bind_decode(&batch->token_ids, &b->token_ids);
+    kvp_array_bind_decode(&batch->salts, &b->salts);
+    kvp_array_bind_decode(&batch->salt_lens, &b->salt_lens);
 }
 
 /* Called by nanopb before a oneof submessage of Request is decoded: binds its arrays. */
@@ -121,6 +132,20 @@ static bool request_body_cb(pb_istream_t *stream, const pb_field_t *field, void 
     case kvpool_Request_get_page_table_tag:
         bind_batch_decode(&((kvpool_GetPageTableRequest *)field->pData)->batch, b);
         break;
+    case kvpool_Request_commit_tag:
+        bind_batch_decode(&((kvpool_CommitRequest *)field->pData)->batch, b);
+        break;
+    case kvpool_Request_lookup_tag: {
+        kvpool_LookupRequest *q = field->pData;
+        kvp_array_bind_decode(&q->token_ids, &b->token_ids);
+        kvp_array_bind_decode(&q->lengths, &b->num_tokens);
+        kvp_array_bind_decode(&q->salts, &b->salts);
+        kvp_array_bind_decode(&q->salt_lens, &b->salt_lens);
+        break;
+    }
+    case kvpool_Request_pin_tag:
+        kvp_array_bind_decode(&((kvpool_PinRequest *)field->pData)->token_ids, &b->token_ids);
+        break;
     default:
         break;
     }
@@ -129,8 +154,9 @@ static bool request_body_cb(pb_istream_t *stream, const pb_field_t *field, void 
 
 void kvp_wire_request_bind_decode(kvpool_Request *req, kvp_batch_arrays_t *b)
 {
-    b->seq_ids.count = b->num_tokens.count = 0;
-    b->seq_ids.bad = b->num_tokens.bad = 0;
+    kvp_array_t *all[] = {&b->seq_ids, &b->num_tokens, &b->token_ids, &b->salts, &b->salt_lens};
+    for (unsigned i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        all[i]->count = 0, all[i]->bad = 0;
     req->cb_body.funcs.decode = request_body_cb;
     req->cb_body.arg = b;
 }
@@ -143,6 +169,7 @@ static void bind_table_decode(kvpool_PageTable *t, kvp_reply_arrays_t *r)
     kvp_array_bind_decode(&t->append_indptr, &r->append_indptr);
     kvp_array_bind_decode(&t->seq_lens, &r->seq_lens);
     kvp_array_bind_decode(&t->copies, &r->copies);
+    kvp_array_bind_decode(&t->cached_tokens, &r->cached_tokens);
 }
 
 static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void **arg)
@@ -159,6 +186,10 @@ static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void
     case kvpool_Response_get_page_table_tag:
         bind_table_decode(&((kvpool_GetPageTableResponse *)field->pData)->table, r);
         break;
+    case kvpool_Response_lookup_tag:
+        kvp_array_bind_decode(&((kvpool_LookupResponse *)field->pData)->cached_tokens,
+                              &r->cached_tokens);
+        break;
     case kvpool_Response_metrics_tag:
         kvp_text_bind_decode(&((kvpool_MetricsResponse *)field->pData)->text, &r->text);
         break;
@@ -170,9 +201,9 @@ static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void
 
 void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r)
 {
-    kvp_array_t *all[] = {&r->kv_indptr,     &r->kv_indices, &r->kv_last_page_len,
-                          &r->append_indptr, &r->seq_lens,   &r->copies};
-    for (unsigned i = 0; i < 6; i++)
+    kvp_array_t *all[] = {&r->kv_indptr, &r->kv_indices, &r->kv_last_page_len, &r->append_indptr,
+                          &r->seq_lens,  &r->copies,     &r->cached_tokens};
+    for (unsigned i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         all[i]->count = 0, all[i]->bad = 0;
     r->text.len = 0;
     r->text.bad = 0;
@@ -180,10 +211,40 @@ void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r)
     resp->cb_body.arg = r;
 }
 
+/* Binds a for encoding when it has elements; leaves the field out otherwise. */
+static void bind_encode_nonempty(pb_callback_t *cb, kvp_array_t *a)
+{
+    if (a->count)
+        kvp_array_bind_encode(cb, a);
+    else
+        cb->funcs.encode = NULL;
+}
+
 void kvp_wire_batch_bind_encode(kvpool_Batch *batch, kvp_batch_arrays_t *b)
 {
     kvp_array_bind_encode(&batch->seq_ids, &b->seq_ids);
     kvp_array_bind_encode(&batch->num_tokens, &b->num_tokens);
+    bind_encode_nonempty(&batch->token_ids, &b->token_ids);
+    bind_encode_nonempty(&batch->salts, &b->salts);
+    bind_encode_nonempty(&batch->salt_lens, &b->salt_lens);
+}
+
+void kvp_wire_lookup_request_bind_encode(kvpool_LookupRequest *q, kvp_batch_arrays_t *b)
+{
+    kvp_array_bind_encode(&q->token_ids, &b->token_ids);
+    kvp_array_bind_encode(&q->lengths, &b->num_tokens);
+    bind_encode_nonempty(&q->salts, &b->salts);
+    bind_encode_nonempty(&q->salt_lens, &b->salt_lens);
+}
+
+void kvp_wire_pin_request_bind_encode(kvpool_PinRequest *q, kvp_batch_arrays_t *b)
+{
+    kvp_array_bind_encode(&q->token_ids, &b->token_ids);
+}
+
+void kvp_wire_lookup_bind_encode(kvpool_LookupResponse *l, kvp_reply_arrays_t *r)
+{
+    kvp_array_bind_encode(&l->cached_tokens, &r->cached_tokens);
 }
 
 void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r)
@@ -194,6 +255,7 @@ void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r)
     kvp_array_bind_encode(&t->append_indptr, &r->append_indptr);
     kvp_array_bind_encode(&t->seq_lens, &r->seq_lens);
     kvp_array_bind_encode(&t->copies, &r->copies);
+    bind_encode_nonempty(&t->cached_tokens, &r->cached_tokens);
 }
 
 long kvp_wire_encoded_size(const pb_msgdesc_t *fields, const void *msg)
@@ -247,7 +309,9 @@ _Static_assert(sizeof(((kvpool_AppendRequest *)0)->rank_sources) ==
                    KVP_MAX_DEVICES * sizeof(kvpool_RankSource),
                "kvpool.options: AppendRequest.rank_sources max_count is the device limit");
 _Static_assert(kvpool_Request_get_page_table_tag < 16 && kvpool_Request_release_tag < 16 &&
-                   kvpool_Response_get_page_table_tag < 16,
+                   kvpool_Request_reserve_tag < 16 && kvpool_Response_get_page_table_tag < 16 &&
+                   kvpool_PageTable_cached_tokens_tag < 16 && kvpool_Batch_salt_lens_tag < 16 &&
+                   kvpool_CacheOptions_retention_ms_tag < 16,
                "the direct encoders write one-byte keys");
 #define WT_VARINT 0
 #define WT_LEN    2
@@ -288,11 +352,11 @@ static uint8_t *put_array_field(uint8_t *p, uint32_t field, const pb_callback_t 
 int kvp__wire_direct_shapes_known(void)
 {
     return kvpool_Status_msg.field_count == 2 && kvpool_PingResponse_msg.field_count == 1 &&
-           kvpool_PingRequest_msg.field_count == 1 && kvpool_PageTable_msg.field_count == 8 &&
+           kvpool_PingRequest_msg.field_count == 1 && kvpool_PageTable_msg.field_count == 9 &&
            kvpool_AppendResponse_msg.field_count == 3 &&
            kvpool_ReserveResponse_msg.field_count == 1 &&
-           kvpool_GetPageTableResponse_msg.field_count == 1 && kvpool_Batch_msg.field_count == 2 &&
-           kvpool_ReserveRequest_msg.field_count == 1 &&
+           kvpool_GetPageTableResponse_msg.field_count == 1 && kvpool_Batch_msg.field_count == 5 &&
+           kvpool_ReserveRequest_msg.field_count == 2 && kvpool_CacheOptions_msg.field_count == 4 &&
            kvpool_ReleaseRequest_msg.field_count == 1 &&
            kvpool_GetPageTableRequest_msg.field_count == 1;
 }
@@ -354,7 +418,7 @@ long kvp_wire_encode_response_frame(const kvpool_Response *resp, uint8_t *buf, s
                     array_field_len(&t->kv_indices, &ok) +
                     array_field_len(&t->kv_last_page_len, &ok) +
                     array_field_len(&t->append_indptr, &ok) + array_field_len(&t->seq_lens, &ok) +
-                    array_field_len(&t->copies, &ok);
+                    array_field_len(&t->copies, &ok) + array_field_len(&t->cached_tokens, &ok);
     }
     if (!ok)
         return kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap);
@@ -400,6 +464,7 @@ long kvp_wire_encode_response_frame(const kvpool_Response *resp, uint8_t *buf, s
             p = put_array_field(p, kvpool_PageTable_append_indptr_tag, &t->append_indptr);
             p = put_array_field(p, kvpool_PageTable_seq_lens_tag, &t->seq_lens);
             p = put_array_field(p, kvpool_PageTable_copies_tag, &t->copies);
+            p = put_array_field(p, kvpool_PageTable_cached_tokens_tag, &t->cached_tokens);
         }
         if (fence) {
             *p++ = KEY(kvpool_AppendResponse_fence_tag, WT_VARINT);
@@ -414,12 +479,42 @@ long kvp_wire_encode_response_frame(const kvpool_Response *resp, uint8_t *buf, s
     return (long)(len + KVP_FRAME_HDR_BYTES);
 }
 
+/* CacheOptions' bytes as nanopb writes them: false, 0 and an absent priority left out. */
+static size_t cache_options_len(const kvpool_CacheOptions *o)
+{
+    return (o->reuse ? 2 : 0) + (o->leave_last ? 2 : 0) +
+           (o->has_priority ? 1 + varint_len(o->priority) : 0) +
+           (o->retention_ms ? 1 + varint_len(o->retention_ms) : 0);
+}
+
+static uint8_t *put_cache_options(uint8_t *p, const kvpool_CacheOptions *o)
+{
+    if (o->reuse) {
+        *p++ = KEY(kvpool_CacheOptions_reuse_tag, WT_VARINT);
+        *p++ = 1;
+    }
+    if (o->leave_last) {
+        *p++ = KEY(kvpool_CacheOptions_leave_last_tag, WT_VARINT);
+        *p++ = 1;
+    }
+    if (o->has_priority) {
+        *p++ = KEY(kvpool_CacheOptions_priority_tag, WT_VARINT);
+        p = put_varint(p, o->priority);
+    }
+    if (o->retention_ms) {
+        *p++ = KEY(kvpool_CacheOptions_retention_ms_tag, WT_VARINT);
+        p = put_varint(p, o->retention_ms);
+    }
+    return p;
+}
+
 long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size_t cap)
 {
-    /* A Ping, or a Reserve, Release or GetPageTable (a Batch only) bound with
-     * kvp_wire_batch_bind_encode; the rest, and any other callback, through nanopb */
+    /* A Ping, or a Reserve (Batch and CacheOptions), Release or GetPageTable (a Batch only)
+     * bound with kvp_wire_batch_bind_encode; the rest, and any other callback, through nanopb */
     int ok = direct_ok() && !req->cb_body.funcs.encode;
     const kvpool_Batch *b = NULL;
+    const kvpool_CacheOptions *opts = NULL; /* Reserve's, when present */
     int has_batch = 0;
     uint64_t nonce = 0;
     switch (ok ? req->which_body : 0) {
@@ -429,6 +524,8 @@ long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size
     case kvpool_Request_reserve_tag:
         b = &req->body.reserve.batch;
         has_batch = req->body.reserve.has_batch;
+        if (req->body.reserve.has_cache)
+            opts = &req->body.reserve.cache;
         break;
     case kvpool_Request_release_tag:
         b = &req->body.release.batch;
@@ -442,13 +539,18 @@ long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size
         ok = 0;
         break;
     }
-    size_t batch_len = 0;
+    size_t batch_len = 0, opts_len = 0;
     if (ok && has_batch)
-        batch_len = array_field_len(&b->seq_ids, &ok) + array_field_len(&b->num_tokens, &ok);
+        batch_len = array_field_len(&b->seq_ids, &ok) + array_field_len(&b->num_tokens, &ok) +
+                    array_field_len(&b->token_ids, &ok) + array_field_len(&b->salts, &ok) +
+                    array_field_len(&b->salt_lens, &ok);
+    if (opts)
+        opts_len = cache_options_len(opts);
     if (!ok)
         return kvp_wire_encode_frame(kvpool_Request_fields, req, buf, cap);
 
-    size_t body_len = b ? (has_batch ? 1 + varint_len(batch_len) + batch_len : 0)
+    size_t body_len = b ? (has_batch ? 1 + varint_len(batch_len) + batch_len : 0) +
+                              (opts ? 1 + varint_len(opts_len) + opts_len : 0)
                         : (nonce ? 1 + varint_len(nonce) : 0);
     size_t len = (req->id ? 1 + varint_len(req->id) : 0) + 1 + varint_len(body_len) + body_len;
     if (cap < KVP_FRAME_HDR_BYTES || len > cap - KVP_FRAME_HDR_BYTES || len > UINT32_MAX)
@@ -464,11 +566,21 @@ long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size
     if (!b && nonce) {
         *p++ = KEY(kvpool_PingRequest_nonce_tag, WT_VARINT);
         p = put_varint(p, nonce);
-    } else if (b && has_batch) { /* batch is field 1 of all three bodies */
-        *p++ = KEY(kvpool_ReserveRequest_batch_tag, WT_LEN);
-        p = put_varint(p, batch_len);
-        p = put_array_field(p, kvpool_Batch_seq_ids_tag, &b->seq_ids);
-        p = put_array_field(p, kvpool_Batch_num_tokens_tag, &b->num_tokens);
+    } else if (b) {
+        if (has_batch) { /* batch is field 1 of all three bodies */
+            *p++ = KEY(kvpool_ReserveRequest_batch_tag, WT_LEN);
+            p = put_varint(p, batch_len);
+            p = put_array_field(p, kvpool_Batch_seq_ids_tag, &b->seq_ids);
+            p = put_array_field(p, kvpool_Batch_num_tokens_tag, &b->num_tokens);
+            p = put_array_field(p, kvpool_Batch_token_ids_tag, &b->token_ids);
+            p = put_array_field(p, kvpool_Batch_salts_tag, &b->salts);
+            p = put_array_field(p, kvpool_Batch_salt_lens_tag, &b->salt_lens);
+        }
+        if (opts) {
+            *p++ = KEY(kvpool_ReserveRequest_cache_tag, WT_LEN);
+            p = put_varint(p, opts_len);
+            p = put_cache_options(p, opts);
+        }
     }
     kvp_frame_put_len(buf, (uint32_t)len);
     return (long)(len + KVP_FRAME_HDR_BYTES);

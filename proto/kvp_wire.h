@@ -73,29 +73,58 @@ typedef struct {
 void kvp_text_bind_encode(pb_callback_t *cb, kvp_text_t *t);
 void kvp_text_bind_decode(pb_callback_t *cb, kvp_text_t *t);
 
-/* The arrays a decoded Request's batch lands in (server side). */
+/* The arrays a decoded Request's bulk fields land in (server side), and those a client
+ * request encodes. A kvp_array_t left zeroed (elem_size 0) takes no element: a field that
+ * arrives for it fails the decode with bad = KVP_ELIMIT (an empty one decodes as count 0). */
 typedef struct {
     kvp_array_t seq_ids;    /* uint64 */
-    kvp_array_t num_tokens; /* uint32 */
+    kvp_array_t num_tokens; /* uint32 (LookupRequest: its lengths) */
+    kvp_array_t token_ids;  /* int32 */
+    kvp_array_t salts;      /* uint8 */
+    kvp_array_t salt_lens;  /* uint32 */
 } kvp_batch_arrays_t;
 
-/* The arrays a decoded Response's page table and metrics text land in (client side). */
+/* The arrays a decoded Response's page table, Lookup answer and metrics text land in (client
+ * side), and those a daemon answer encodes. */
 typedef struct {
     kvp_array_t kv_indptr, kv_indices, kv_last_page_len, append_indptr, seq_lens, copies;
+    kvp_array_t cached_tokens; /* uint32: PageTable.cached_tokens, LookupResponse.cached_tokens */
     kvp_text_t text;
 } kvp_reply_arrays_t;
 
-/* Prepares req for pb_decode: whichever body arrives, its Batch lands in b. */
+/* Prepares req for pb_decode (the daemon sets each array's data and cap first; counts and
+ * `bad` are reset here). Whichever body arrives, its bulk fields land in b:
+ *   Batch of Reserve, Append, Release, GetPageTable, Commit: seq_ids, num_tokens, token_ids,
+ *     salts, salt_lens -> the arrays of the same names;
+ *   LookupRequest: token_ids -> token_ids, lengths -> num_tokens, salts -> salts,
+ *     salt_lens -> salt_lens;
+ *   PinRequest.token_ids -> token_ids.
+ * A field longer than its array's cap fails the decode with that array's bad = KVP_ELIMIT (a
+ * length that is not a multiple of the element: KVP_EINVAL). b is borrowed until the decode
+ * returns. */
 void kvp_wire_request_bind_decode(kvpool_Request *req, kvp_batch_arrays_t *b);
 
-/* Prepares resp for pb_decode: a page table or metrics text lands in r. */
+/* Prepares resp for pb_decode: a page table (cached_tokens included), a Lookup answer's
+ * cached_tokens, or metrics text lands in r. */
 void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r);
 
-/* Binds a Batch for encoding (client side). */
+/* Binds a Batch for encoding (client side): seq_ids and num_tokens always, token_ids, salts
+ * and salt_lens only when their count is > 0 (left out otherwise). */
 void kvp_wire_batch_bind_encode(kvpool_Batch *batch, kvp_batch_arrays_t *b);
 
-/* Binds a page table for encoding (server side): arrays as int32 / uint32-pair counts. */
+/* Binds a LookupRequest for encoding (client side): b->token_ids -> token_ids, b->num_tokens
+ * -> lengths (both always), b->salts and b->salt_lens when their count is > 0. */
+void kvp_wire_lookup_request_bind_encode(kvpool_LookupRequest *q, kvp_batch_arrays_t *b);
+
+/* Binds a PinRequest's token ids for encoding (client side): b->token_ids. */
+void kvp_wire_pin_request_bind_encode(kvpool_PinRequest *q, kvp_batch_arrays_t *b);
+
+/* Binds a page table for encoding (server side): arrays as int32 / uint32-pair counts;
+ * cached_tokens only when its count is > 0 (absent otherwise). */
 void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r);
+
+/* Binds a LookupResponse for encoding (server side): r->cached_tokens, one uint32 per prompt. */
+void kvp_wire_lookup_bind_encode(kvpool_LookupResponse *l, kvp_reply_arrays_t *r);
 
 /* Encodes msg into buf[KVP_FRAME_HDR_BYTES ..] and writes the frame header in front.
  * Returns the total frame length, or a negative code (KVP_ELIMIT: does not fit in cap). */
@@ -103,13 +132,15 @@ long kvp_wire_encode_frame(const pb_msgdesc_t *fields, const void *msg, uint8_t 
 
 /* kvp_wire_encode_frame(kvpool_Response_fields, resp, buf, cap), byte for byte and code for
  * code, for the daemon's hot answers: an OK Ping, Append, Reserve or GetPageTable answer
- * (arrays bound with kvp_array_bind_encode) is written directly, the rest through nanopb.
+ * (arrays bound with kvp_array_bind_encode, cached_tokens included) is written directly, the
+ * rest through nanopb.
  * Walking nanopb's field descriptors, once to size each submessage and once to write it, cost
  * more than the bytes of a 256-sequence page table. */
 long kvp_wire_encode_response_frame(const kvpool_Response *resp, uint8_t *buf, size_t cap);
 
-/* The same for the client's hot requests: a Ping, Reserve, Release or GetPageTable request
- * (arrays bound with kvp_wire_batch_bind_encode) is written directly, byte for byte as
+/* The same for the client's hot requests: a Ping, Reserve (with or without token ids, salts
+ * and CacheOptions), Release or GetPageTable request (arrays bound with
+ * kvp_wire_batch_bind_encode) is written directly, byte for byte as
  * kvp_wire_encode_frame(kvpool_Request_fields, ...) would, the rest through nanopb. */
 long kvp_wire_encode_request_frame(const kvpool_Request *req, uint8_t *buf, size_t cap);
 

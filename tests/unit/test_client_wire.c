@@ -35,9 +35,11 @@ static const int32_t seed_append[] = {0, 45, 53, 78, 100};
 static const int32_t seed_lens[] = {45, 8, 25, 22};
 static const uint32_t seed_copies[] = {1, 9, 2, 10};
 
-/* Server side: a Response whose body `which` carries the seed page table, as a frame. */
-static long encode_seed_table(pb_size_t which, uint64_t id, uint8_t *buf, size_t cap,
-                              const int32_t *indptr)
+/* Server side: a Response whose body `which` carries the seed page table, as a frame, with
+ * `num_cached` PageTable.cached_tokens entries from cached (0: the field left out). */
+static long encode_seed_table_cached(pb_size_t which, uint64_t id, uint8_t *buf, size_t cap,
+                                     const int32_t *indptr, const uint32_t *cached,
+                                     uint32_t num_cached)
 {
     kvpool_Response *resp = calloc(1, sizeof(*resp));
     kvp_reply_arrays_t out;
@@ -48,6 +50,7 @@ static long encode_seed_table(pb_size_t which, uint64_t id, uint8_t *buf, size_t
     out.append_indptr = kvp_array((void *)seed_append, 4, 5, 5);
     out.seq_lens = kvp_array((void *)seed_lens, 4, 4, 4);
     out.copies = kvp_array((void *)seed_copies, 8, 2, 2);
+    out.cached_tokens = kvp_array((void *)cached, 4, num_cached, num_cached);
     resp->id = id;
     resp->has_status = true;
     resp->status.code = kvpool_Code_OK;
@@ -69,9 +72,15 @@ static long encode_seed_table(pb_size_t which, uint64_t id, uint8_t *buf, size_t
     return n;
 }
 
+static long encode_seed_table(pb_size_t which, uint64_t id, uint8_t *buf, size_t cap,
+                              const int32_t *indptr)
+{
+    return encode_seed_table_cached(which, id, buf, cap, indptr, NULL, 0);
+}
+
 typedef struct {
     int32_t indptr[16], indices[16], last[16], append[16], lens[16];
-    uint32_t copies[16];
+    uint32_t copies[16], cached[16];
     kvp_page_table_t t;
 } table_buf_t;
 
@@ -86,6 +95,7 @@ static void table_init(table_buf_t *b, uint32_t cap_batch, uint32_t cap_indices,
     b->t.append_indptr = b->append;
     b->t.seq_lens = b->lens;
     b->t.copies = b->copies;
+    b->t.cached_tokens = b->cached;
     b->t.cap_batch = cap_batch;
     b->t.cap_indices = cap_indices;
     b->t.cap_copies = cap_copies;
@@ -131,7 +141,8 @@ START_TEST(reserve_of_256_sequences_decodes_exactly_on_the_server)
     uint32_t got_toks[N];
     kvpool_Request sreq;
     memset(&sreq, 0, sizeof(sreq));
-    kvp_batch_arrays_t sb = {kvp_array(got_ids, 8, 0, N), kvp_array(got_toks, 4, 0, N)};
+    kvp_batch_arrays_t sb = {.seq_ids = kvp_array(got_ids, 8, 0, N),
+                             .num_tokens = kvp_array(got_toks, 4, 0, N)};
     kvp_wire_request_bind_decode(&sreq, &sb);
     ck_assert_int_eq(kvp_wire_decode(kvpool_Request_fields, &sreq, frame + 4, (size_t)n - 4, NULL),
                      0);
@@ -144,7 +155,8 @@ START_TEST(reserve_of_256_sequences_decodes_exactly_on_the_server)
     ck_assert_int_eq(memcmp(got_toks, toks, sizeof(toks)), 0);
 
     /* one more than the daemon's bound is refused by its decoder */
-    kvp_batch_arrays_t small = {kvp_array(got_ids, 8, 0, N - 1), kvp_array(got_toks, 4, 0, N)};
+    kvp_batch_arrays_t small = {.seq_ids = kvp_array(got_ids, 8, 0, N - 1),
+                                .num_tokens = kvp_array(got_toks, 4, 0, N)};
     memset(&sreq, 0, sizeof(sreq));
     kvp_wire_request_bind_decode(&sreq, &small);
     ck_assert_int_eq(kvp_wire_decode(kvpool_Request_fields, &sreq, frame + 4, (size_t)n - 4, NULL),
@@ -171,7 +183,8 @@ START_TEST(release_and_page_table_requests_carry_seq_ids_only)
         uint32_t toks[8];
         kvpool_Request sreq;
         memset(&sreq, 0, sizeof(sreq));
-        kvp_batch_arrays_t sb = {kvp_array(got, 8, 0, 8), kvp_array(toks, 4, 0, 8)};
+        kvp_batch_arrays_t sb = {.seq_ids = kvp_array(got, 8, 0, 8),
+                                 .num_tokens = kvp_array(toks, 4, 0, 8)};
         kvp_wire_request_bind_decode(&sreq, &sb);
         ck_assert_int_eq(
             kvp_wire_decode(kvpool_Request_fields, &sreq, frame + 4, (size_t)n - 4, NULL), 0);
@@ -322,8 +335,8 @@ START_TEST(direct_answer_encoding_is_nanopbs_byte_for_byte)
     kvp_rng_t rng;
     kvp_rng_seed(&rng, kvp_test_seed(31));
     enum { MAXB = 300 };
-    static int32_t arr[6][4 * MAXB];
-    for (int k = 0; k < 6; k++)
+    static int32_t arr[7][4 * MAXB];
+    for (int k = 0; k < 7; k++)
         kvp_rng_fill(&rng, arr[k], sizeof(arr[k]));
     static const pb_size_t bodies[] = {
         kvpool_Response_ping_tag,    kvpool_Response_append_tag,
@@ -376,11 +389,15 @@ START_TEST(direct_answer_encoding_is_nanopbs_byte_for_byte)
             out.append_indptr = kvp_array(arr[3], 4, B + 1, B + 1);
             out.seq_lens = kvp_array(arr[4], 4, B, B);
             out.copies = kvp_array(arr[5], 4, 2 * kvp_rng_below(&rng, 3), 0);
+            /* PageTable.cached_tokens (field 9): present with reuse, else left out */
+            out.cached_tokens = kvp_array(arr[6], 4, kvp_rng_below(&rng, 2) ? B : 0, 0);
             kvp_wire_table_bind_encode(t, &out);
             if (kvp_rng_below(&rng, 5) == 0)
                 t->copies.funcs.encode = NULL; /* left out */
             if (kvp_rng_below(&rng, 20) == 0)
                 t->seq_lens.funcs.encode = other_encode; /* not ours: nanopb's */
+            if (kvp_rng_below(&rng, 20) == 0)
+                t->cached_tokens.funcs.encode = other_encode;
         }
         if (kvp_rng_below(&rng, 50) == 0)
             resp->cb_body.funcs.encode = other_encode;
@@ -399,7 +416,9 @@ START_TEST(direct_answer_encoding_is_nanopbs_byte_for_byte)
 END_TEST
 
 /* And the client's direct encoder of its hot requests: Ping, Reserve, Release and
- * GetPageTable requests as libkvpool builds them (and variations), against nanopb. */
+ * GetPageTable requests as libkvpool builds them (and variations: the prefix cache's
+ * Batch.token_ids / salts / salt_lens, Reserve's CacheOptions with every combination of
+ * present fields), and Commit (nanopb's), against nanopb. */
 static void expect_same_request(const kvpool_Request *req, size_t cap)
 {
     uint8_t *a = malloc(cap ? cap : 1), *b = malloc(cap ? cap : 1);
@@ -419,18 +438,32 @@ START_TEST(direct_request_encoding_is_nanopbs_byte_for_byte)
     kvp_rng_seed(&rng, kvp_test_seed(32));
     static uint64_t ids[300];
     static uint32_t toks[300];
+    static int32_t token_ids[3000];
+    static uint8_t salts[600];
     kvp_rng_fill(&rng, ids, sizeof(ids));
     kvp_rng_fill(&rng, toks, sizeof(toks));
-    static const pb_size_t bodies[] = {kvpool_Request_ping_tag, kvpool_Request_reserve_tag,
-                                       kvpool_Request_release_tag,
-                                       kvpool_Request_get_page_table_tag, kvpool_Request_fork_tag};
+    kvp_rng_fill(&rng, token_ids, sizeof(token_ids));
+    kvp_rng_fill(&rng, salts, sizeof(salts));
+    static const pb_size_t bodies[] = {
+        kvpool_Request_ping_tag,           kvpool_Request_reserve_tag, kvpool_Request_release_tag,
+        kvpool_Request_get_page_table_tag, kvpool_Request_fork_tag,    kvpool_Request_commit_tag,
+        kvpool_Request_reserve_tag};
     static const uint64_t big[] = {0, 1, 127, 128, 16384, 0xffffffffull, 0xffffffffffffffffull};
     kvpool_Request *req = calloc(1, sizeof(*req));
-    for (int iter = 0; iter < 3000; iter++) {
-        pb_size_t which = bodies[kvp_rng_below(&rng, 5)];
+    unsigned with_cache = 0, with_tokens = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        pb_size_t which = bodies[kvp_rng_below(&rng, 7)];
         uint32_t n = kvp_rng_below(&rng, 4) ? kvp_rng_below(&rng, 300) : 0;
         kvp_batch_arrays_t b;
         kvp__client_batch_arrays(&b, ids, kvp_rng_below(&rng, 3) ? toks : NULL, n);
+        if (kvp_rng_below(&rng, 2)) { /* the prefix cache's arrays, any of them */
+            uint32_t nt = kvp_rng_below(&rng, 4) ? kvp_rng_below(&rng, 3000) : 0;
+            uint32_t ns = kvp_rng_below(&rng, 2) ? kvp_rng_below(&rng, 600) : 0;
+            b.token_ids = kvp_array(token_ids, 4, nt, nt);
+            b.salts = kvp_array(salts, 1, ns, ns);
+            b.salt_lens = kvp_array(toks, 4, kvp_rng_below(&rng, 2) ? n : 0, n);
+            with_tokens += nt > 0;
+        }
         if (kvp__client_request_batch(req, which, &b) != 0) {
             memset(req, 0, sizeof(*req));
             req->which_body = which;
@@ -443,8 +476,24 @@ START_TEST(direct_request_encoding_is_nanopbs_byte_for_byte)
                 req->body.reserve.has_batch = false;
             else if (which == kvpool_Request_release_tag)
                 req->body.release.has_batch = false;
+            else if (which == kvpool_Request_commit_tag)
+                req->body.commit.has_batch = false;
             else
                 req->body.get_page_table.has_batch = false;
+        }
+        if (which == kvpool_Request_reserve_tag && kvp_rng_below(&rng, 2)) {
+            kvpool_CacheOptions *o = &req->body.reserve.cache;
+            req->body.reserve.has_cache = true; /* even all defaults: an empty submessage */
+            o->reuse = kvp_rng_below(&rng, 2);
+            o->leave_last = kvp_rng_below(&rng, 2);
+            o->has_priority = kvp_rng_below(&rng, 2); /* present even when 0 */
+            o->priority = kvp_rng_below(&rng, 2) ? (uint32_t)big[kvp_rng_below(&rng, 6)] : 0;
+            o->retention_ms = kvp_rng_below(&rng, 2) ? (uint32_t)big[kvp_rng_below(&rng, 6)] : 0;
+            with_cache++;
+        }
+        if (which == kvpool_Request_commit_tag && kvp_rng_below(&rng, 2)) {
+            req->body.commit.event_handle.size = 64;
+            memcpy(req->body.commit.event_handle.bytes, token_ids, 64);
         }
         req->id = kvp_rng_below(&rng, 2) ? big[kvp_rng_below(&rng, 7)] : kvp_rng_next(&rng);
         if (kvp_rng_below(&rng, 50) == 0)
@@ -457,6 +506,8 @@ START_TEST(direct_request_encoding_is_nanopbs_byte_for_byte)
         expect_same_request(req, exact - 1);
         expect_same_request(req, kvp_rng_below(&rng, (uint32_t)exact + 1));
     }
+    ck_assert_uint_gt(with_cache, 100);
+    ck_assert_uint_gt(with_tokens, 300);
     free(req);
 }
 END_TEST
@@ -502,6 +553,356 @@ START_TEST(metrics_text_is_read_skipped_or_refused_when_too_long)
 }
 END_TEST
 
+/* ---- the prefix cache's fields ---------------------------------------------------------- */
+
+/* Server side: decodes one request frame with arrays of exactly `cap` elements each. */
+typedef struct {
+    uint64_t ids[64];
+    uint32_t toks[64], salt_lens[64];
+    int32_t token_ids[256];
+    uint8_t salts[256];
+    kvp_batch_arrays_t b;
+} server_arrays_t;
+
+static void server_arrays(server_arrays_t *a, uint32_t cap_tokens, uint32_t cap_salts)
+{
+    memset(a, 0x5a, sizeof(*a));
+    a->b.seq_ids = kvp_array(a->ids, 8, 0, 64);
+    a->b.num_tokens = kvp_array(a->toks, 4, 0, 64);
+    a->b.token_ids = kvp_array(a->token_ids, 4, 0, cap_tokens);
+    a->b.salts = kvp_array(a->salts, 1, 0, cap_salts);
+    a->b.salt_lens = kvp_array(a->salt_lens, 4, 0, 64);
+}
+
+static int server_decode(const uint8_t *frame, long n, kvpool_Request *req, server_arrays_t *a)
+{
+    memset(req, 0, sizeof(*req));
+    kvp_wire_request_bind_decode(req, &a->b);
+    return kvp_wire_decode(kvpool_Request_fields, req, frame + 4, (size_t)n - 4, NULL);
+}
+
+START_TEST(reserve_with_token_ids_salts_and_options_decodes_exactly_on_the_server)
+{
+    uint64_t ids[3] = {5, 6, 1ull << 62};
+    uint32_t toks[3] = {20, 0, 13};
+    int32_t token_ids[33];
+    for (int i = 0; i < 33; i++)
+        token_ids[i] = i % 2 ? -i * 1000003 : i; /* negative ids survive as int32 */
+    uint8_t salts[] = {'l', 'o', 'r', 'a', '7', 0xff};
+    uint32_t salt_lens[3] = {5, 0, 1};
+    kvp_cache_opts_t cache = {.token_ids = token_ids,
+                              .salts = salts,
+                              .salt_lens = salt_lens,
+                              .reuse = 1,
+                              .leave_last = 1,
+                              .priority = 0,
+                              .retention_ms = 60000};
+    kvpool_Request req;
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, ids, toks, 3);
+    const char *why = NULL;
+    ck_assert_int_eq(kvp__client_batch_cache(&b, toks, 3, &cache, &why), 0);
+    ck_assert_int_eq(kvp__client_request_batch(&req, kvpool_Request_reserve_tag, &b), 0);
+    bool has = false;
+    ck_assert_int_eq(kvp__client_cache_options(&req.body.reserve.cache, &has, &cache), 0);
+    ck_assert(has);
+    req.body.reserve.has_cache = has;
+    req.id = 77;
+    uint8_t frame[1024], ref[1024];
+    long n = kvp_wire_encode_request_frame(&req, frame, sizeof(frame));
+    ck_assert_int_gt(n, 0);
+    /* the direct encoder's bytes are nanopb's */
+    ck_assert_int_eq(kvp_wire_encode_frame(kvpool_Request_fields, &req, ref, sizeof(ref)), n);
+    ck_assert_int_eq(memcmp(frame, ref, (size_t)n), 0);
+
+    static server_arrays_t a;
+    static kvpool_Request sreq;
+    server_arrays(&a, 33, 6);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), 0);
+    ck_assert_uint_eq(sreq.which_body, kvpool_Request_reserve_tag);
+    ck_assert_uint_eq(a.b.seq_ids.count, 3);
+    ck_assert_uint_eq(a.b.num_tokens.count, 3);
+    ck_assert_uint_eq(a.b.token_ids.count, 33);
+    ck_assert_uint_eq(a.b.salts.count, 6);
+    ck_assert_uint_eq(a.b.salt_lens.count, 3);
+    ck_assert_int_eq(memcmp(a.ids, ids, sizeof(ids)), 0);
+    ck_assert_int_eq(memcmp(a.token_ids, token_ids, sizeof(token_ids)), 0);
+    ck_assert_int_eq(a.token_ids[33], 0x5a5a5a5a); /* nothing past the data */
+    ck_assert_int_eq(memcmp(a.salts, salts, sizeof(salts)), 0);
+    ck_assert_int_eq(memcmp(a.salt_lens, salt_lens, sizeof(salt_lens)), 0);
+    ck_assert(sreq.body.reserve.has_cache);
+    ck_assert(sreq.body.reserve.cache.reuse);
+    ck_assert(sreq.body.reserve.cache.leave_last);
+    ck_assert(sreq.body.reserve.cache.has_priority); /* 0 is a priority, not "absent" */
+    ck_assert_uint_eq(sreq.body.reserve.cache.priority, 0);
+    ck_assert_uint_eq(sreq.body.reserve.cache.retention_ms, 60000);
+
+    /* one token id more than the daemon's bound: refused by its decoder, with the reason */
+    server_arrays(&a, 32, 6);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), KVP_EINVAL);
+    ck_assert_int_eq(a.b.token_ids.bad, KVP_ELIMIT);
+    ck_assert_int_eq(a.b.seq_ids.bad, 0);
+    /* salts likewise */
+    server_arrays(&a, 33, 5);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), KVP_EINVAL);
+    ck_assert_int_eq(a.b.salts.bad, KVP_ELIMIT);
+    /* a daemon that prepared no token-id array (zeroed: elem_size 0) refuses them, no crash */
+    server_arrays(&a, 33, 6);
+    memset(&a.b.token_ids, 0, sizeof(a.b.token_ids));
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), KVP_EINVAL);
+    ck_assert_int_eq(a.b.token_ids.bad, KVP_ELIMIT);
+
+    /* without the cache: no token ids, no salts, no options on the wire */
+    kvp__client_batch_arrays(&b, ids, toks, 3);
+    ck_assert_int_eq(kvp__client_request_batch(&req, kvpool_Request_reserve_tag, &b), 0);
+    req.id = 77;
+    n = kvp_wire_encode_request_frame(&req, frame, sizeof(frame));
+    ck_assert_int_eq(n, 4 + 2 + 2 + 2 + (2 + 24) + (2 + 12)); /* hdr, id, body, batch, 2 arrays */
+    server_arrays(&a, 33, 6);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), 0);
+    ck_assert_uint_eq(a.b.token_ids.count, 0);
+    ck_assert_uint_eq(a.b.salts.count, 0);
+    ck_assert_uint_eq(a.b.salt_lens.count, 0);
+    ck_assert(!sreq.body.reserve.has_cache);
+}
+END_TEST
+
+START_TEST(client_cache_arguments_are_checked_before_anything_is_sent)
+{
+    uint64_t ids[2] = {1, 2};
+    uint32_t toks[2] = {3, 4};
+    int32_t token_ids[7] = {1, 2, 3, 4, 5, 6, 7};
+    uint8_t salt[2] = {1, 2};
+    uint32_t lens[2] = {2, 0}, zero_lens[2] = {0, 0};
+    kvp_batch_arrays_t b;
+    const char *why = NULL;
+
+    kvp__client_batch_arrays(&b, ids, toks, 2);
+    kvp_cache_opts_t c1 = {.salts = salt, .priority = -1}; /* salts without lengths */
+    ck_assert_int_eq(kvp__client_batch_cache(&b, toks, 2, &c1, &why), KVP_EINVAL);
+    ck_assert_str_eq(why, "salts given without salt_lens");
+    kvp_cache_opts_t c2 = {.salt_lens = lens, .priority = -1}; /* lengths without bytes */
+    ck_assert_int_eq(kvp__client_batch_cache(&b, toks, 2, &c2, &why), KVP_EINVAL);
+    ck_assert_str_eq(why, "salt_lens name salt bytes but salts is NULL");
+    kvp_cache_opts_t c3 = {.salt_lens = zero_lens, .priority = -1}; /* all empty: fine */
+    ck_assert_int_eq(kvp__client_batch_cache(&b, toks, 2, &c3, &why), 0);
+    ck_assert_uint_eq(b.salt_lens.count, 2);
+    ck_assert_uint_eq(b.salts.count, 0);
+    kvp_cache_opts_t c4 = {.token_ids = token_ids, .priority = -1};
+    ck_assert_int_eq(kvp__client_batch_cache(&b, NULL, 2, &c4, &why), KVP_EINVAL);
+    uint32_t huge[2] = {UINT32_MAX, 1};
+    ck_assert_int_eq(kvp__client_batch_cache(&b, huge, 2, &c4, &why), KVP_EINVAL);
+    kvp__client_batch_arrays(&b, ids, toks, 2);
+    ck_assert_int_eq(kvp__client_batch_cache(&b, toks, 2, &c4, &why), 0);
+    ck_assert_uint_eq(b.token_ids.count, 7); /* sum(num_tokens) */
+    ck_assert_ptr_eq(b.token_ids.data, token_ids);
+    ck_assert_int_eq(kvp__client_batch_cache(&b, toks, 2, NULL, &why), 0);
+
+    kvpool_CacheOptions o;
+    bool has = true;
+    ck_assert_int_eq(kvp__client_cache_options(&o, &has, &c4), 0);
+    ck_assert(!has); /* token ids only: every option is the default, none sent */
+    kvp_cache_opts_t bad = {.priority = -2};
+    ck_assert_int_eq(kvp__client_cache_options(&o, &has, &bad), KVP_EINVAL);
+    kvp_cache_opts_t p100 = {.priority = 100};
+    ck_assert_int_eq(kvp__client_cache_options(&o, &has, &p100), 0);
+    ck_assert(has && o.has_priority && o.priority == 100 && !o.reuse);
+    kvp_cache_opts_t ret = {.priority = -1, .retention_ms = 5};
+    ck_assert_int_eq(kvp__client_cache_options(&o, &has, &ret), 0);
+    ck_assert(has && !o.has_priority && o.retention_ms == 5);
+    ck_assert_int_eq(kvp__client_cache_options(&o, &has, NULL), 0);
+    ck_assert(!has);
+}
+END_TEST
+
+START_TEST(commit_lookup_and_pin_requests_decode_exactly_on_the_server)
+{
+    static server_arrays_t a;
+    static kvpool_Request req, sreq;
+    uint8_t frame[2048];
+
+    /* Commit: seq ids and the event handle */
+    uint64_t ids[2] = {9, UINT64_MAX};
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, ids, NULL, 2);
+    ck_assert_int_eq(kvp__client_request_batch(&req, kvpool_Request_commit_tag, &b), 0);
+    req.body.commit.event_handle.size = 64;
+    for (int i = 0; i < 64; i++)
+        req.body.commit.event_handle.bytes[i] = (uint8_t)(i * 3);
+    req.id = 1;
+    long n = kvp_wire_encode_request_frame(&req, frame, sizeof(frame));
+    ck_assert_int_gt(n, 0);
+    server_arrays(&a, 16, 16);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), 0);
+    ck_assert_uint_eq(sreq.which_body, kvpool_Request_commit_tag);
+    ck_assert_uint_eq(a.b.seq_ids.count, 2);
+    ck_assert_uint_eq(a.ids[1], UINT64_MAX);
+    ck_assert_uint_eq(a.b.num_tokens.count, 0);
+    ck_assert_uint_eq(sreq.body.commit.event_handle.size, 64);
+    ck_assert_uint_eq(sreq.body.commit.event_handle.bytes[63], (uint8_t)(63 * 3));
+
+    /* Lookup: token_ids -> token_ids, lengths -> num_tokens, salts, salt_lens */
+    int32_t prompts[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, -10};
+    uint32_t lengths[3] = {4, 0, 6};
+    uint8_t salts[3] = {7, 8, 9};
+    uint32_t salt_lens[3] = {0, 3, 0};
+    kvp__client_batch_arrays(&b, NULL, lengths, 3);
+    b.token_ids = kvp_array(prompts, 4, 10, 10);
+    b.salts = kvp_array(salts, 1, 3, 3);
+    b.salt_lens = kvp_array(salt_lens, 4, 3, 3);
+    memset(&req, 0, sizeof(req));
+    req.which_body = kvpool_Request_lookup_tag;
+    kvp_wire_lookup_request_bind_encode(&req.body.lookup, &b);
+    n = kvp_wire_encode_request_frame(&req, frame, sizeof(frame));
+    ck_assert_int_gt(n, 0);
+    server_arrays(&a, 10, 16);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), 0);
+    ck_assert_uint_eq(sreq.which_body, kvpool_Request_lookup_tag);
+    ck_assert_uint_eq(a.b.token_ids.count, 10);
+    ck_assert_int_eq(memcmp(a.token_ids, prompts, sizeof(prompts)), 0);
+    ck_assert_uint_eq(a.b.num_tokens.count, 3);
+    ck_assert_int_eq(memcmp(a.toks, lengths, sizeof(lengths)), 0);
+    ck_assert_uint_eq(a.b.salts.count, 3);
+    ck_assert_int_eq(memcmp(a.salts, salts, 3), 0);
+    ck_assert_uint_eq(a.b.salt_lens.count, 3);
+    ck_assert_uint_eq(a.salt_lens[1], 3);
+    ck_assert_uint_eq(a.b.seq_ids.count, 0);
+    server_arrays(&a, 9, 16); /* a Lookup over the token bound */
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), KVP_EINVAL);
+    ck_assert_int_eq(a.b.token_ids.bad, KVP_ELIMIT);
+
+    /* Lookup without salts: the fields are left out */
+    b.salts = kvp_array(NULL, 1, 0, 0);
+    b.salt_lens = kvp_array(NULL, 4, 0, 0);
+    kvp_wire_lookup_request_bind_encode(&req.body.lookup, &b);
+    n = kvp_wire_encode_request_frame(&req, frame, sizeof(frame));
+    server_arrays(&a, 10, 16);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), 0);
+    ck_assert_uint_eq(a.b.salts.count, 0);
+    ck_assert_uint_eq(a.b.salt_lens.count, 0);
+    ck_assert_uint_eq(a.b.token_ids.count, 10);
+
+    /* Pin: token ids, salt, ttl */
+    memset(&req, 0, sizeof(req));
+    req.which_body = kvpool_Request_pin_tag;
+    kvp__client_batch_arrays(&b, NULL, NULL, 0);
+    b.token_ids = kvp_array(prompts, 4, 10, 10);
+    kvp_wire_pin_request_bind_encode(&req.body.pin, &b);
+    memcpy(req.body.pin.salt.bytes, "tenant-9", 8);
+    req.body.pin.salt.size = 8;
+    req.body.pin.ttl_ms = 1234;
+    n = kvp_wire_encode_request_frame(&req, frame, sizeof(frame));
+    ck_assert_int_gt(n, 0);
+    server_arrays(&a, 10, 16);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), 0);
+    ck_assert_uint_eq(sreq.which_body, kvpool_Request_pin_tag);
+    ck_assert_uint_eq(a.b.token_ids.count, 10);
+    ck_assert_int_eq(a.token_ids[9], -10);
+    ck_assert_uint_eq(sreq.body.pin.salt.size, 8);
+    ck_assert_int_eq(memcmp(sreq.body.pin.salt.bytes, "tenant-9", 8), 0);
+    ck_assert_uint_eq(sreq.body.pin.ttl_ms, 1234);
+    server_arrays(&a, 3, 16);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), KVP_EINVAL);
+    ck_assert_int_eq(a.b.token_ids.bad, KVP_ELIMIT);
+}
+END_TEST
+
+START_TEST(cached_tokens_land_in_the_table_or_read_as_zeros)
+{
+    static const uint32_t cached[4] = {32, 0, 16, 0};
+    static const pb_size_t bodies[] = {kvpool_Response_reserve_tag, kvpool_Response_append_tag,
+                                       kvpool_Response_get_page_table_tag};
+    uint8_t frame[1024];
+    table_buf_t b;
+    for (size_t k = 0; k < 3; k++) {
+        long n =
+            encode_seed_table_cached(bodies[k], 3, frame, sizeof(frame), seed_indptr, cached, 4);
+        ck_assert_int_gt(n, 0);
+        table_init(&b, 5, 8, 2);
+        ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), 0);
+        ck_assert_uint_eq(b.t.batch_size, 4);
+        ck_assert_int_eq(memcmp(b.cached, cached, sizeof(cached)), 0);
+        ck_assert_uint_eq(b.cached[4], 0x7f7f7f7f);
+        ck_assert_int_eq(memcmp(b.indices, seed_indices, sizeof(seed_indices)), 0);
+    }
+
+    /* an answer without cached_tokens: zeros in the caller's array, exactly batch_size */
+    long n = encode_seed_table(kvpool_Response_reserve_tag, 3, frame, sizeof(frame), seed_indptr);
+    table_init(&b, 5, 8, 2);
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), 0);
+    static const uint32_t zeros[4];
+    ck_assert_int_eq(memcmp(b.cached, zeros, sizeof(zeros)), 0);
+    ck_assert_uint_eq(b.cached[4], 0x7f7f7f7f);
+
+    /* not wanted (NULL): skipped, the rest read as before */
+    n = encode_seed_table_cached(kvpool_Response_reserve_tag, 3, frame, sizeof(frame), seed_indptr,
+                                 cached, 4);
+    table_init(&b, 5, 8, 2);
+    b.t.cached_tokens = NULL;
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), 0);
+    ck_assert_uint_eq(b.cached[0], 0x7f7f7f7f);
+    ck_assert_int_eq(memcmp(b.last, seed_last, sizeof(seed_last)), 0);
+
+    /* a row count other than batch_size is a protocol error */
+    n = encode_seed_table_cached(kvpool_Response_reserve_tag, 3, frame, sizeof(frame), seed_indptr,
+                                 cached, 3);
+    table_init(&b, 5, 8, 2);
+    ck_assert_int_eq(client_decode_table(frame, n, &b.t, NULL, 0), KVP_EPROTO);
+    /* more rows than the caller's cap: KVP_ELIMIT naming the array */
+    n = encode_seed_table_cached(kvpool_Response_reserve_tag, 3, frame, sizeof(frame), seed_indptr,
+                                 cached, 4);
+    table_init(&b, 5, 8, 2);
+    uint32_t small[3];
+    kvp_reply_arrays_t r;
+    kvp__client_table_arrays(&r, &b.t);
+    r.cached_tokens = kvp_array(small, 4, 0, 3);
+    static kvpool_Response resp;
+    char err[200];
+    ck_assert_int_eq(
+        kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, err, sizeof(err)),
+        KVP_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "cached_tokens"));
+}
+END_TEST
+
+START_TEST(lookup_answer_lands_in_the_callers_array)
+{
+    static kvpool_Response resp;
+    uint32_t answer[3] = {48, 0, 16};
+    kvp_reply_arrays_t out;
+    memset(&out, 0, sizeof(out));
+    out.cached_tokens = kvp_array(answer, 4, 3, 3);
+    resp.id = 12;
+    resp.which_body = kvpool_Response_lookup_tag;
+    kvp_wire_lookup_bind_encode(&resp.body.lookup, &out);
+    uint8_t frame[256];
+    long n = kvp_wire_encode_response_frame(&resp, frame, sizeof(frame)); /* nanopb's path */
+    ck_assert_int_eq(n, 4 + 2 + (2 + 1) + 2 + 12); /* hdr, id, body (tag 51: 2-byte key), array */
+
+    uint32_t got[4] = {7, 7, 7, 7};
+    kvp_reply_arrays_t r;
+    kvp__client_table_arrays(&r, NULL);
+    r.cached_tokens = kvp_array(got, 4, 0, 3);
+    memset(&resp, 0, sizeof(resp));
+    ck_assert_int_eq(kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, NULL, 0), 0);
+    ck_assert_uint_eq(resp.which_body, kvpool_Response_lookup_tag);
+    ck_assert_uint_eq(r.cached_tokens.count, 3);
+    ck_assert_int_eq(memcmp(got, answer, sizeof(answer)), 0);
+    ck_assert_uint_eq(got[3], 7);
+
+    r.cached_tokens = kvp_array(got, 4, 0, 2); /* fewer prompts than the answer */
+    char err[200];
+    ck_assert_int_eq(
+        kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, err, sizeof(err)),
+        KVP_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "cached_tokens"));
+    /* kvpoolctl's zeroed arrays (data NULL, elem_size 0): skipped, counted in bytes */
+    memset(&r, 0, sizeof(r));
+    ck_assert_int_eq(kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, NULL, 0), 0);
+    ck_assert_uint_eq(r.cached_tokens.count, 12); /* the client's sink counts bytes */
+}
+END_TEST
+
 /* ---- a scripted fake daemon on a real socket ------------------------------------------- */
 
 enum { FAKE_MAX_IDS = 64, FAKE_POOL_BYTES = 1 << 20 };
@@ -528,6 +929,20 @@ typedef struct {
     uint64_t reserve_ids[4];
     uint32_t reserve_toks[4];
     uint32_t reserve_n;
+    /* the prefix cache's calls: what the last one carried */
+    pb_size_t cache_body; /* Reserve or Append */
+    uint32_t token_n, salt_n, salt_lens_n;
+    int32_t token_ids[256];
+    uint8_t salts[256];
+    uint32_t salt_lens[64];
+    bool has_cache;
+    kvpool_CacheOptions cache;
+    uint32_t commit_n;
+    kvpool_CommitRequest_event_handle_t commit_event;
+    uint32_t lookup_n;
+    kvpool_PinRequest pin;
+    uint64_t unpinned;
+    kvpool_CacheFlushRequest flush;
     kvpool_Response resp;
 } fake_t;
 
@@ -556,8 +971,14 @@ static void *fake_main(void *arg)
         kvpool_Request req;
         memset(&req, 0, sizeof(req));
         uint64_t ids[64];
-        uint32_t toks[64];
-        kvp_batch_arrays_t b = {kvp_array(ids, 8, 0, 64), kvp_array(toks, 4, 0, 64)};
+        uint32_t toks[64], salt_lens[64];
+        int32_t token_ids[256];
+        uint8_t salts[256];
+        kvp_batch_arrays_t b = {.seq_ids = kvp_array(ids, 8, 0, 64),
+                                .num_tokens = kvp_array(toks, 4, 0, 64),
+                                .token_ids = kvp_array(token_ids, 4, 0, 256),
+                                .salts = kvp_array(salts, 1, 0, 256),
+                                .salt_lens = kvp_array(salt_lens, 4, 0, 64)};
         kvp_wire_request_bind_decode(&req, &b);
         if (kvp_wire_decode(kvpool_Request_fields, &req, in, len, NULL))
             break;
@@ -628,11 +1049,95 @@ static void *fake_main(void *arg)
             resp->which_body = kvpool_Response_unregister_buffer_tag;
             break;
         case kvpool_Request_reserve_tag:
+        case kvpool_Request_append_tag: {
+            int is_reserve = req.which_body == kvpool_Request_reserve_tag;
             f->reserve_n = b.seq_ids.count;
             memcpy(f->reserve_ids, ids, sizeof(f->reserve_ids));
             memcpy(f->reserve_toks, toks, sizeof(f->reserve_toks));
-            n = encode_seed_table(kvpool_Response_reserve_tag, req.id, out, 1 << 16, seed_indptr);
+            f->cache_body = req.which_body;
+            f->token_n = b.token_ids.count;
+            f->salt_n = b.salts.count;
+            f->salt_lens_n = b.salt_lens.count;
+            memcpy(f->token_ids, token_ids, sizeof(f->token_ids));
+            memcpy(f->salts, salts, sizeof(f->salts));
+            memcpy(f->salt_lens, salt_lens, sizeof(f->salt_lens));
+            f->has_cache = is_reserve ? req.body.reserve.has_cache : req.body.append.has_cache;
+            f->cache = is_reserve ? req.body.reserve.cache : req.body.append.cache;
+            static const uint32_t cached[4] = {32, 0, 16, 0};
+            n = encode_seed_table_cached(
+                is_reserve ? kvpool_Response_reserve_tag : kvpool_Response_append_tag, req.id, out,
+                1 << 16, seed_indptr, cached, f->cache.reuse ? 4 : 0);
             break;
+        }
+        case kvpool_Request_commit_tag:
+            f->commit_n = b.seq_ids.count;
+            f->commit_event = req.body.commit.event_handle;
+            resp->which_body = kvpool_Response_commit_tag;
+            resp->body.commit.pages = 2 * b.seq_ids.count;
+            resp->body.commit.published =
+                req.body.commit.event_handle.size ? 0 : 2 * b.seq_ids.count;
+            break;
+        case kvpool_Request_lookup_tag: {
+            /* whole pages of 16 of each prompt, as a daemon with everything cached answers */
+            f->lookup_n = b.num_tokens.count;
+            f->token_n = b.token_ids.count;
+            f->salt_n = b.salts.count;
+            f->salt_lens_n = b.salt_lens.count;
+            memcpy(f->token_ids, token_ids, sizeof(f->token_ids));
+            memcpy(f->salts, salts, sizeof(f->salts));
+            memcpy(f->salt_lens, salt_lens, sizeof(f->salt_lens));
+            static uint32_t answer[64];
+            for (uint32_t i = 0; i < b.num_tokens.count; i++)
+                answer[i] = toks[i] / 16 * 16;
+            static kvp_reply_arrays_t la;
+            memset(&la, 0, sizeof(la));
+            la.cached_tokens = kvp_array(answer, 4, b.num_tokens.count, 0);
+            resp->which_body = kvpool_Response_lookup_tag;
+            kvp_wire_lookup_bind_encode(&resp->body.lookup, &la);
+            break;
+        }
+        case kvpool_Request_pin_tag:
+            f->pin = req.body.pin;
+            f->token_n = b.token_ids.count;
+            memcpy(f->token_ids, token_ids, sizeof(f->token_ids));
+            if (b.token_ids.count < 16) {
+                fake_status(resp, kvpool_Code_NOT_FOUND, "nothing of the prompt is cached");
+                break;
+            }
+            resp->which_body = kvpool_Response_pin_tag;
+            resp->body.pin.pin_id = 0x1234567890ull;
+            resp->body.pin.pinned_tokens = b.token_ids.count / 16 * 16;
+            resp->body.pin.pinned_pages = b.token_ids.count / 16;
+            resp->body.pin.expires_in_ms = req.body.pin.ttl_ms ? req.body.pin.ttl_ms : 600000;
+            break;
+        case kvpool_Request_unpin_tag:
+            f->unpinned = req.body.unpin.pin_id;
+            resp->which_body = kvpool_Response_unpin_tag;
+            resp->body.unpin.pages = 3;
+            break;
+        case kvpool_Request_cache_flush_tag:
+            f->flush = req.body.cache_flush;
+            resp->which_body = kvpool_Response_cache_flush_tag;
+            resp->body.cache_flush.pages = 7;
+            break;
+        case kvpool_Request_stats_tag: {
+            resp->which_body = kvpool_Response_stats_tag;
+            resp->body.stats.has_stats = true;
+            kvpool_Stats *st = &resp->body.stats.stats;
+            st->num_pages = 16;
+            st->has_cache = true;
+            st->cache = (kvpool_CacheStats){.cached_pages = 1,
+                                            .pinned_pages = 2,
+                                            .indexed_pages = 3,
+                                            .pins = 4,
+                                            .query_tokens_total = 5,
+                                            .hit_tokens_total = 6,
+                                            .evictions_pressure_total = 7,
+                                            .evictions_flush_total = 8,
+                                            .evictions_rewrite_total = 9,
+                                            .bytes = 1ull << 40};
+            break;
+        }
         default:
             fake_status(resp, kvpool_Code_UNIMPLEMENTED, "not in the script");
             break;
@@ -914,6 +1419,196 @@ START_TEST(reserve_round_trip_fills_the_page_table)
 }
 END_TEST
 
+START_TEST(prefix_cache_calls_carry_their_arguments_and_read_their_answers)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_opts_t o = {.socket_path = f->path, .ns = "engine-b", .cache_scope = "llama-70b"};
+    kvp_client_t *c = NULL;
+    ck_assert_int_eq(kvp_client_connect(&o, &c, NULL, 0), 0);
+    ck_assert_str_eq(f->hello.cache_scope, "llama-70b");
+
+    /* Reserve with token ids, salts and reuse: the table's cached_tokens come back */
+    uint64_t ids[4] = {10, 11, 12, 13};
+    uint32_t toks[4] = {45, 8, 25, 22};
+    int32_t token_ids[100];
+    for (int i = 0; i < 100; i++)
+        token_ids[i] = 1000 + i;
+    uint8_t salts[] = {'a', 'b', 'c'};
+    uint32_t salt_lens[4] = {0, 3, 0, 0};
+    kvp_cache_opts_t cache = {.token_ids = token_ids,
+                              .salts = salts,
+                              .salt_lens = salt_lens,
+                              .reuse = 1,
+                              .priority = 80,
+                              .retention_ms = 0};
+    table_buf_t b;
+    table_init(&b, 5, 8, 2);
+    ck_assert_int_eq(kvp_client_reserve_cached(c, ids, toks, 4, &cache, &b.t), 0);
+    ck_assert_uint_eq(f->cache_body, kvpool_Request_reserve_tag);
+    ck_assert_uint_eq(f->token_n, 100);
+    ck_assert_int_eq(memcmp(f->token_ids, token_ids, sizeof(token_ids)), 0);
+    ck_assert_uint_eq(f->salt_n, 3);
+    ck_assert_int_eq(memcmp(f->salts, "abc", 3), 0);
+    ck_assert_uint_eq(f->salt_lens_n, 4);
+    ck_assert_uint_eq(f->salt_lens[1], 3);
+    ck_assert(f->has_cache && f->cache.reuse && !f->cache.leave_last);
+    ck_assert(f->cache.has_priority && f->cache.priority == 80 && f->cache.retention_ms == 0);
+    static const uint32_t want_cached[4] = {32, 0, 16, 0};
+    ck_assert_int_eq(memcmp(b.cached, want_cached, sizeof(want_cached)), 0);
+    ck_assert_uint_eq(b.t.batch_size, 4);
+
+    /* the plain Reserve sends none of it, and its table reads cached_tokens as 0s */
+    table_init(&b, 5, 8, 2);
+    ck_assert_int_eq(kvp_client_reserve(c, ids, toks, 4, &b.t), 0);
+    ck_assert_uint_eq(f->token_n, 0);
+    ck_assert_uint_eq(f->salt_lens_n, 0);
+    ck_assert(!f->has_cache);
+    static const uint32_t zeros[4];
+    ck_assert_int_eq(memcmp(b.cached, zeros, sizeof(zeros)), 0);
+
+    /* token ids only (defaults): no CacheOptions on the wire */
+    kvp_cache_opts_t plain = {.token_ids = token_ids, .priority = -1};
+    ck_assert_int_eq(kvp_client_reserve_cached(c, ids, toks, 4, &plain, NULL), 0);
+    ck_assert_uint_eq(f->token_n, 100);
+    ck_assert(!f->has_cache);
+
+    /* Append with the cache */
+    kvp_source_t src = {.buffer_id = 5};
+    table_init(&b, 5, 8, 2);
+    cache.leave_last = 1;
+    ck_assert_int_eq(kvp_client_append_cached(c, ids, toks, 4, &src, &cache, &b.t), 0);
+    ck_assert_uint_eq(f->cache_body, kvpool_Request_append_tag);
+    ck_assert_uint_eq(f->token_n, 100);
+    ck_assert(f->has_cache && f->cache.reuse && f->cache.leave_last);
+    ck_assert_int_eq(memcmp(b.cached, want_cached, sizeof(want_cached)), 0);
+
+    /* refused before anything is sent; the connection stays */
+    kvp_cache_opts_t bad = {.salts = salts, .priority = -1};
+    ck_assert_int_eq(kvp_client_reserve_cached(c, ids, toks, 4, &bad, NULL), KVP_EINVAL);
+    ck_assert_str_eq(kvp_client_last_error(c), "reserve: salts given without salt_lens");
+    kvp_cache_opts_t badp = {.priority = -7};
+    ck_assert_int_eq(kvp_client_append_cached(c, ids, toks, 4, &src, &badp, NULL), KVP_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvp_client_last_error(c), "priority -7"));
+
+    /* Commit, without and with an event handle */
+    uint32_t pages = 0, published = 0;
+    ck_assert_int_eq(kvp_client_commit(c, ids, 3, NULL, &pages, &published), 0);
+    ck_assert_uint_eq(f->commit_n, 3);
+    ck_assert_uint_eq(f->commit_event.size, 0);
+    ck_assert_uint_eq(pages, 6);
+    ck_assert_uint_eq(published, 6);
+    uint8_t ev[64];
+    for (int i = 0; i < 64; i++)
+        ev[i] = (uint8_t)(255 - i);
+    ck_assert_int_eq(kvp_client_commit(c, ids, 2, ev, &pages, &published), 0);
+    ck_assert_uint_eq(f->commit_event.size, 64);
+    ck_assert_int_eq(memcmp(f->commit_event.bytes, ev, 64), 0);
+    ck_assert_uint_eq(pages, 4);
+    ck_assert_uint_eq(published, 0);
+    ck_assert_int_eq(kvp_client_commit(c, ids, 1, NULL, NULL, NULL), 0);
+
+    /* Lookup of three prompts, one with a salt */
+    uint32_t lengths[3] = {40, 15, 33};
+    uint32_t lsalt_lens[3] = {0, 0, 2};
+    uint32_t found[3] = {9, 9, 9};
+    ck_assert_int_eq(kvp_client_lookup(c, token_ids, lengths, 3, salts, lsalt_lens, found), 0);
+    ck_assert_uint_eq(f->lookup_n, 3);
+    ck_assert_uint_eq(f->token_n, 88);
+    ck_assert_uint_eq(f->salt_n, 2);
+    ck_assert_uint_eq(f->salt_lens_n, 3);
+    ck_assert_uint_eq(found[0], 32);
+    ck_assert_uint_eq(found[1], 0);
+    ck_assert_uint_eq(found[2], 32);
+    ck_assert_int_eq(kvp_client_lookup(c, token_ids, lengths, 3, NULL, NULL, found), 0);
+    ck_assert_uint_eq(f->salt_n, 0);
+    ck_assert_uint_eq(f->salt_lens_n, 0);
+    ck_assert_int_eq(kvp_client_lookup(c, NULL, lengths, 3, NULL, NULL, found), KVP_EINVAL);
+
+    /* Pin, Unpin */
+    kvp_pin_t pin;
+    memset(&pin, 0, sizeof(pin));
+    ck_assert_int_eq(kvp_client_pin(c, token_ids, 40, "xy", 2, 5000, &pin), 0);
+    ck_assert_uint_eq(f->token_n, 40);
+    ck_assert_int_eq(f->token_ids[39], 1039);
+    ck_assert_uint_eq(f->pin.salt.size, 2);
+    ck_assert_int_eq(memcmp(f->pin.salt.bytes, "xy", 2), 0);
+    ck_assert_uint_eq(f->pin.ttl_ms, 5000);
+    ck_assert_uint_eq(pin.pin_id, 0x1234567890ull);
+    ck_assert_uint_eq(pin.pinned_tokens, 32);
+    ck_assert_uint_eq(pin.pinned_pages, 2);
+    ck_assert_uint_eq(pin.expires_in_ms, 5000);
+    ck_assert_int_eq(kvp_client_pin(c, token_ids, 8, NULL, 0, 0, &pin), KVP_ENOENT);
+    ck_assert_str_eq(kvp_client_last_error(c), "nothing of the prompt is cached");
+    uint8_t big_salt[257] = {0};
+    ck_assert_int_eq(kvp_client_pin(c, token_ids, 40, big_salt, 257, 0, &pin), KVP_EINVAL);
+    ck_assert_int_eq(kvp_client_unpin(c, pin.pin_id, &pages), 0);
+    ck_assert_uint_eq(f->unpinned, 0x1234567890ull);
+    ck_assert_uint_eq(pages, 3);
+
+    /* CacheFlush and the cache's counters */
+    ck_assert_int_eq(kvp_client_cache_flush(c, "other", 0, &pages), 0);
+    ck_assert_str_eq(f->flush.scope, "other");
+    ck_assert(!f->flush.all);
+    ck_assert_uint_eq(pages, 7);
+    ck_assert_int_eq(kvp_client_cache_flush(c, NULL, 1, NULL), 0);
+    ck_assert_str_eq(f->flush.scope, "");
+    ck_assert(f->flush.all);
+    char longs[80];
+    memset(longs, 'a', sizeof(longs) - 1);
+    longs[sizeof(longs) - 1] = '\0';
+    ck_assert_int_eq(kvp_client_cache_flush(c, longs, 0, NULL), KVP_EINVAL);
+    kvp_cache_stats_t cs;
+    ck_assert_int_eq(kvp_client_cache_stats(c, &cs), 0);
+    ck_assert_uint_eq(cs.cached_pages, 1);
+    ck_assert_uint_eq(cs.pinned_pages, 2);
+    ck_assert_uint_eq(cs.indexed_pages, 3);
+    ck_assert_uint_eq(cs.pins, 4);
+    ck_assert_uint_eq(cs.query_tokens_total, 5);
+    ck_assert_uint_eq(cs.hit_tokens_total, 6);
+    ck_assert_uint_eq(cs.evictions_pressure_total, 7);
+    ck_assert_uint_eq(cs.evictions_flush_total, 8);
+    ck_assert_uint_eq(cs.evictions_rewrite_total, 9);
+    ck_assert_uint_eq(cs.bytes, 1ull << 40);
+    ck_assert_int_eq(kvp_client_ping(c, NULL), 0);
+    kvp_client_close(c);
+
+    /* a scope name over 64 bytes is refused before connecting */
+    o.cache_scope = longs;
+    char err[200];
+    ck_assert_int_eq(kvp_client_connect(&o, &c, err, sizeof(err)), KVP_EINVAL);
+    ck_assert_str_eq(err, "cache scope longer than 64 bytes");
+    fake_stop(f);
+}
+END_TEST
+
+/* kvp_client_cuda_commit: without CUDA (a build without it, or no driver) KVP_EUNAVAIL and
+ * nothing sent; with a GPU, Commit carries the 64-byte handle of the event it recorded, and a
+ * second call reuses the event (the same handle). */
+START_TEST(cuda_commit_sends_an_event_handle_or_is_unavailable)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 0, 5000);
+    uint64_t id = 1;
+    int rc = kvp_client_cuda_commit(c, &id, 1, NULL);
+    if (rc == KVP_EUNAVAIL) {
+        ck_assert_uint_eq(f->commit_n, 0);
+    } else {
+        ck_assert_msg(rc == 0, "cuda_commit: %s", kvp_client_last_error(c));
+        ck_assert_uint_eq(f->commit_n, 1);
+        ck_assert_uint_eq(f->commit_event.size, 64);
+        kvpool_CommitRequest_event_handle_t first = f->commit_event;
+        uint32_t pages = 0, published = 9;
+        ck_assert_int_eq(kvp_client_cuda_commit_ex(c, &id, 1, NULL, &pages, &published), 0);
+        ck_assert_uint_eq(pages, 2);
+        ck_assert_uint_eq(published, 0);
+        ck_assert_int_eq(memcmp(f->commit_event.bytes, first.bytes, 64), 0);
+    }
+    ck_assert_int_eq(kvp_client_ping(c, NULL), 0);
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
 START_TEST(default_socket_follows_the_environment)
 {
     char buf[108];
@@ -977,6 +1672,11 @@ int main(void)
     tcase_add_test(tc, direct_answer_encoding_is_nanopbs_byte_for_byte);
     tcase_add_test(tc, direct_request_encoding_is_nanopbs_byte_for_byte);
     tcase_add_test(tc, metrics_text_is_read_skipped_or_refused_when_too_long);
+    tcase_add_test(tc, reserve_with_token_ids_salts_and_options_decodes_exactly_on_the_server);
+    tcase_add_test(tc, client_cache_arguments_are_checked_before_anything_is_sent);
+    tcase_add_test(tc, commit_lookup_and_pin_requests_decode_exactly_on_the_server);
+    tcase_add_test(tc, cached_tokens_land_in_the_table_or_read_as_zeros);
+    tcase_add_test(tc, lookup_answer_lands_in_the_callers_array);
     suite_add_tcase(s, tc);
     TCase *tf = tcase_create("fake_daemon");
     tcase_set_timeout(tf, 30);
@@ -990,6 +1690,8 @@ int main(void)
     tcase_add_test(tf, a_silent_daemon_times_out_and_the_connection_is_dropped);
     tcase_add_test(tf, host_buffer_is_a_sealed_memfd_shared_with_the_daemon);
     tcase_add_test(tf, reserve_round_trip_fills_the_page_table);
+    tcase_add_test(tf, prefix_cache_calls_carry_their_arguments_and_read_their_answers);
+    tcase_add_test(tf, cuda_commit_sends_an_event_handle_or_is_unavailable);
     tcase_add_test(tf, default_socket_follows_the_environment);
     tcase_add_test(tf, a_bad_busy_poll_environment_fails_the_connect);
     suite_add_tcase(s, tf);
