@@ -1,5 +1,6 @@
 # kvp_server_infra: the daemon's standalone infrastructure - the logger (kvp_log), the
-# configuration (kvp_config, INI through libinih) and the systemd integration (kvp_notify).
+# configuration (kvp_config, INI through libinih), the systemd integration (kvp_notify), and the
+# access policies and namespace names the configuration checks (kvp_access, kvp_ns).
 # Included from server/CMakeLists.txt; paths are relative to this file so it works from there.
 pkg_check_modules(INIH REQUIRED IMPORTED_TARGET inih)
 kvp_prefer_static(PkgConfig::INIH)
@@ -7,7 +8,9 @@ kvp_prefer_static(PkgConfig::INIH)
 add_library(kvp_server_infra STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kvp_log.c
   ${CMAKE_CURRENT_LIST_DIR}/kvp_config.c
-  ${CMAKE_CURRENT_LIST_DIR}/kvp_notify.c)
+  ${CMAKE_CURRENT_LIST_DIR}/kvp_notify.c
+  ${CMAKE_CURRENT_LIST_DIR}/kvp_access.c
+  ${CMAKE_CURRENT_LIST_DIR}/kvp_ns.c)
 target_include_directories(kvp_server_infra PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 # kvp_config.h exposes kvp_geom_t and the KVP_E* codes; inih stays an implementation detail.
 target_link_libraries(kvp_server_infra PUBLIC kvp_kvcache kvp_common PRIVATE PkgConfig::INIH)

@@ -43,4 +43,33 @@ typedef struct {
  * listed (the session records only the primary gid). Returns 0 (allowed) or KVP_EPERM. */
 int kvp_access_pool_check(const kvp_pool_access_t *a, uint32_t uid, uint32_t gid);
 
+/* Who may join which prefix-cache scope (access.cache_scopes, kvpool.proto Hello.cache_scope):
+ * "name=uid,uid;name2=uid" lists the scopes shared across uids and who may join each. A scope
+ * a Hello names that is listed here is one scope for the listed uids (and root and self_uid);
+ * anyone else naming it is refused. An unlisted name is private to the uid that names it:
+ * another uid naming the same string gets a different scope. So sharing KV (and the timing
+ * side channel a shared cache is) across tenants happens only where the operator wrote it. */
+#define KVP_ACCESS_MAX_SCOPES     32
+#define KVP_ACCESS_MAX_SCOPE_UIDS 16
+typedef struct {
+    uint32_t self_uid;
+    uint32_t count;
+    struct {
+        char name[65];
+        uint32_t num_uids;
+        uint32_t uids[KVP_ACCESS_MAX_SCOPE_UIDS];
+    } scopes[KVP_ACCESS_MAX_SCOPES];
+} kvp_scope_access_t;
+
+/* Parses text ("" is no shared scope) into *out (self_uid left 0). Returns 0, or KVP_EINVAL
+ * with the reason in why: a name that is not a valid name (kvp_ns_name_valid), listed twice,
+ * without uids, too many scopes or uids, a uid that is not a number. */
+int kvp_access_scopes_parse(const char *text, kvp_scope_access_t *out, char *why, unsigned why_len);
+
+/* For a Hello of uid naming scope `name` (non-empty): 0 with *shared = 1 (a listed scope the
+ * uid may join: root, self_uid and the listed uids may) or *shared = 0 (unlisted: the uid's
+ * own), or KVP_EPERM (listed, and the uid is not). */
+int kvp_access_scope_check(const kvp_scope_access_t *a, const char *name, uint32_t uid,
+                           int *shared);
+
 #endif

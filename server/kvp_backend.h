@@ -112,6 +112,15 @@ typedef struct {
      * backend is healthy - the caller rolls the sequences back and fails the request; any
      * other code: the backend failed (the daemon must stop serving). */
     int (*run)(kvp_backend_t *b, const kvp_exec_t *e);
+    /* A worker's interprocess event for a prefix-cache Commit (kvpool.proto, Visibility):
+     * event_open opens the handle (KVP_BACKEND_IPC_HANDLE_BYTES) into *ev (0, or KVP_EINVAL
+     * for a handle the driver refuses); event_query answers 1 once the work recorded before
+     * it is complete, 0 while it is not, a negative code when the event reports an error;
+     * event_close frees it. Loop thread. NULL in a backend without events (host): a Commit
+     * then cannot name one. */
+    int (*event_open)(kvp_backend_t *b, const uint8_t *handle, uint32_t len, void **ev);
+    int (*event_query)(kvp_backend_t *b, void *ev);
+    void (*event_close)(kvp_backend_t *b, void *ev);
     /* A health probe: 0 when the backend can serve (cuda: the context is not poisoned). */
     int (*health)(kvp_backend_t *b);
     void (*destroy)(kvp_backend_t *b);

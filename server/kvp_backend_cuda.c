@@ -727,8 +727,50 @@ static void cuda_destroy(kvp_backend_t *b)
     free(cb);
 }
 
+/* Commit events: the worker's interprocess event, opened on the pool's first device (an IPC
+ * event handle opens in any context of the machine). cudaEventQuery never blocks, so the loop
+ * thread may poll it. */
+static int cuda_event_open(kvp_backend_t *b, const uint8_t *handle, uint32_t len, void **ev)
+{
+    cuda_backend_t *cb = (cuda_backend_t *)b;
+    int rc = 0;
+    cudaIpcEventHandle_t eh;
+    cudaEvent_t e = NULL;
+    if (len != sizeof(eh))
+        return KVP_EINVAL;
+    memcpy(&eh, handle, sizeof(eh));
+    KVP_CUDA_TRY(cudaSetDevice(cb->dev[0].ordinal), rc, fail);
+    KVP_CUDA_TRY(cudaIpcOpenEventHandle(&e, eh), rc, fail);
+    *ev = e;
+    return 0;
+fail:
+    (void)rc;
+    return KVP_EINVAL;
+}
+
+static int cuda_event_query(kvp_backend_t *b, void *ev)
+{
+    (void)b;
+    cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    if (e == cudaSuccess)
+        return 1;
+    if (e == cudaErrorNotReady)
+        return 0;
+    return KVP_CUDA_FAILED(e, "cudaEventQuery(commit event)");
+}
+
+static void cuda_event_close(kvp_backend_t *b, void *ev)
+{
+    (void)b;
+    if (ev)
+        (void)cudaEventDestroy((cudaEvent_t)ev);
+}
+
 static const kvp_backend_ops_t cuda_ops = {
     .name = "cuda",
+    .event_open = cuda_event_open,
+    .event_query = cuda_event_query,
+    .event_close = cuda_event_close,
     .export_fds = cuda_export,
     .import_buffer = cuda_import,
     .release_buffer = cuda_release,

@@ -11,6 +11,8 @@
  */
 #include "kvp_config.h"
 
+#include "kvp_access.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <ini.h>
@@ -42,6 +44,7 @@ typedef enum {
     T_IDLIST,  /* kvp_config_idlist_t: >= min entries, each <= max, distinct */
     T_ENUM,    /* uint32_t: the index of one of names[0..max] */
     T_LIB,     /* char[]: a library file name or path, or empty */
+    T_SCOPES,  /* char[]: access.cache_scopes, "name=uid,uid;..." (kvp_access.h) */
 } type_t;
 
 typedef struct {
@@ -102,6 +105,7 @@ static const setting_t settings[] = {
     S(server, drain_timeout_ms, T_U32, 0, 3600000, true),
     S(server, copy_threads, T_U32, 0, 256, false),
     S(server, busy_poll_us, T_U32, 0, 1000000, false),
+    S(server, commit_poll_ms, T_U32, 1, 1000, true),
     S(pool, backend, T_BACKEND, 0, 0, false),
     S(pool, devices, T_IDLIST, 1, 1023, false),
     S(pool, num_layers, T_U32, 0, UINT32_MAX, false),
@@ -132,10 +136,16 @@ static const setting_t settings[] = {
     S(limits, uid_max_namespaces, T_U32, 0, 1u << 20, true),
     S(limits, uid_max_idle_namespaces, T_U32, 0, 1u << 20, true),
     S(limits, uid_max_seqs, T_U32, 0, 1u << 26, true),
+    S(limits, max_cache_scopes, T_U32, 1, 1u << 20, false),
+    S(limits, max_pins, T_U32, 1, 65535, false),
+    S(limits, ns_max_pinned_pages, T_U32, 0, UINT32_MAX, true),
+    S(limits, pin_max_ttl_ms, T_U32, 1, UINT32_MAX, true),
+    S(limits, max_lookup_tokens, T_U32, 1, INT32_MAX, true),
     S(access, allowed_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, allowed_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, pool_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, pool_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
+    S(access, cache_scopes, T_SCOPES, 0, 0, false),
     S_FIELD(transfer, timeout_ms, transfer_timeout_ms, T_U32, 1, 3600000, true),
     S_FIELD(transfer, comm_idle_ms, transfer_comm_idle_ms, T_U32, 1000, UINT32_MAX, true),
     S_FIELD(transfer, max_in_flight, transfer_max_in_flight, T_U32, 1, 64, false),
@@ -382,6 +392,14 @@ static int check_string(const setting_t *s, const char *v, char *why, size_t why
             return fail(-1, why, why_len, "expected host:port without spaces");
         return 0;
     }
+    case T_SCOPES: {
+        kvp_scope_access_t a;
+        memset(&a, 0, sizeof(a));
+        char w[160];
+        if (kvp_access_scopes_parse(v, &a, w, sizeof(w)))
+            return fail(-1, why, why_len, "%s", w);
+        return 0;
+    }
     default:
         return 0;
     }
@@ -434,6 +452,7 @@ static int check_field(const setting_t *s, const void *p, char *why, size_t why_
     case T_ENUM:
         return *(const uint32_t *)p <= s->max ? 0 : enum_fail(s, why, why_len);
     case T_LIB:
+    case T_SCOPES:
         return check_string(s, p, why, why_len);
     }
     return -1;
@@ -444,7 +463,7 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
                       size_t why_len)
 {
     union {
-        char str[KVP_CONFIG_LIB_MAX];
+        char str[KVP_CONFIG_SCOPES_MAX];
         uint32_t u32;
         uint64_t u64;
         int level;
@@ -455,8 +474,9 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
         kvp_storage_t storage;
         kvp_config_idlist_t list;
     } v;
-    _Static_assert(KVP_CONFIG_LIB_MAX >= KVP_CONFIG_SOCKET_MAX &&
-                       KVP_CONFIG_LIB_MAX >= KVP_CONFIG_NAME_MAX,
+    _Static_assert(KVP_CONFIG_SCOPES_MAX >= KVP_CONFIG_SOCKET_MAX &&
+                       KVP_CONFIG_SCOPES_MAX >= KVP_CONFIG_NAME_MAX &&
+                       KVP_CONFIG_SCOPES_MAX >= KVP_CONFIG_LIB_MAX,
                    "string fields fit v.str");
     memset(&v, 0, sizeof(v));
     int r = 0;
@@ -466,6 +486,7 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
     case T_GROUP:
     case T_LISTEN:
     case T_LIB:
+    case T_SCOPES:
         if (s->type == T_SOCKET && !*text)
             return fail(-1, why, why_len, "expected an absolute path");
         if (strlen(text) >= s->size)
@@ -576,6 +597,7 @@ static void format_value(const kvp_config_t *cfg, const setting_t *s, char *buf,
     case T_GROUP:
     case T_LISTEN:
     case T_LIB:
+    case T_SCOPES:
         snprintf(buf, len, "%.*s", (int)strnlen(p, s->size), (const char *)p);
         return;
     case T_ENUM: {
@@ -633,6 +655,7 @@ static bool same_value(const kvp_config_t *a, const kvp_config_t *b, const setti
     case T_GROUP:
     case T_LISTEN:
     case T_LIB:
+    case T_SCOPES:
         return strncmp(pa, pb, s->size) == 0;
     case T_IDLIST: {
         const kvp_config_idlist_t *la = pa, *lb = pb;
@@ -717,6 +740,12 @@ void kvp_config_defaults(kvp_config_t *cfg)
     cfg->uid_max_namespaces = 32;
     cfg->uid_max_idle_namespaces = 8;
     cfg->uid_max_seqs = 16384;
+    cfg->max_cache_scopes = 256;
+    cfg->max_pins = 1024;
+    cfg->ns_max_pinned_pages = 16384;
+    cfg->pin_max_ttl_ms = 86400000;
+    cfg->max_lookup_tokens = 1u << 20;
+    cfg->commit_poll_ms = 1;
     cfg->max_batch = 4096;
     cfg->max_batch_tokens = 1048576;
     cfg->max_seq_tokens = 0;

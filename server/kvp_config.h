@@ -72,10 +72,13 @@
  *                    wake-up costs tens of microseconds on a virtual machine). Trades up to
  *                    one CPU per busy thread, while requests flow, for latency. 0 (off)..
  *                    1000000. Default 0.
+ *   commit_poll_ms   how often the daemon polls the events of pending prefix-cache Commits
+ *                    (the pages become findable at the first poll that sees the worker's
+ *                    event complete). 1..1000. Default 1. Reloadable.
  *   [pool]           (the geometry: DESIGN.md §3, kvp_geom.h)
  *   backend          auto|host|cuda. auto: cuda when a GPU is usable, else host. Default auto.
- *   devices          comma list of distinct CUDA ordinals (0..1023), 1..16 of them (KVP_MAX_DEVICES). The
- *                    geometry's num_devices (tensor-parallel group size G) is their number,
+ *   devices          comma list of distinct CUDA ordinals (0..1023), 1..16 of them
+ * (KVP_MAX_DEVICES). The geometry's num_devices (tensor-parallel group size G) is their number,
  *                    whatever the backend. Default "0".
  *   num_layers       Default 2.
  *   num_pages        pages in the pool; 0: derived from pool_bytes. Default 0.
@@ -128,6 +131,17 @@
  *                          whose lease ends first is released at once. 0..1048576. Default 8.
  *   uid_max_seqs           live sequences over all the namespaces one uid owns. 0..67108864.
  *                          Default 16384 (a quarter of the default max_seqs).
+ *   The prefix cache (kvpool.proto, prefix cache; DESIGN.md §9):
+ *   max_cache_scopes       scopes known at once (a namespace's private one, and each name a
+ *                          Hello gives; one with no namespace and nothing held is reused).
+ *                          1..1048576. Default 256.
+ *   max_pins               pins alive at once (Pin). 1..65535. Default 1024.
+ *   ns_max_pinned_pages    pages one namespace may keep pinned (a page in two pins counts
+ *                          twice); a Pin above it is RESOURCE_EXHAUSTED. 0: no limit. Default
+ *                          16384. Reloadable.
+ *   pin_max_ttl_ms         longest pin (a Pin asking more is cut to it). Default 86400000.
+ *                          Reloadable.
+ *   max_lookup_tokens      tokens one Lookup or Pin may carry. Default 1048576. Reloadable.
  *   [access]         who may connect (checked on each connection with SO_PEERCRED and
  *                    SO_PEERGROUPS; a peer that is refused gets PERMISSION_DENIED and is
  *                    disconnected). The daemon's own uid and root may always connect.
@@ -148,6 +162,11 @@
  *                    process holding the pool fds can map ALL of the pool read-write;
  *                    namespace ownership protects allocation, not data. The daemon warns once
  *                    (and Stats.pool_shared_across_uids says) when two uids were given them.
+ *   cache_scopes     the prefix-cache scopes shared across uids and who may join each:
+ *                    "name=uid,uid;name2=uid" (at most 32 scopes of 16 uids). A Hello naming
+ *                    a listed scope joins it if its uid is listed (or is root or the
+ *                    daemon's), else gets PERMISSION_DENIED; an unlisted scope name is the
+ *                    uid's own (kvp_access.h). Default "": no KV shared across uids.
  *   [transfer]       KV transfers between daemons over NCCL (kvp_xfer.h, DESIGN.md §6)
  *   timeout_ms       longest time one ExportBegin or Import may take, the peer's join
  *                    included, when the request names none. 1..3600000. Default 30000.
@@ -225,6 +244,7 @@ extern "C" {
 #define KVP_CONFIG_MAX_IDS       64   /* entries of devices, allowed_uids, allowed_gids */
 #define KVP_CONFIG_VALUE_MAX     256  /* one value given on the command line, with the NUL */
 #define KVP_CONFIG_LIB_MAX       256  /* tuning.nccl_lib, with the NUL */
+#define KVP_CONFIG_SCOPES_MAX    1024 /* access.cache_scopes, with the NUL */
 #define KVP_CONFIG_MAX_OVERRIDES 96   /* >= the number of keys: one slot per key */
 
 typedef enum {
@@ -275,6 +295,7 @@ typedef struct {
     uint32_t drain_timeout_ms;
     uint32_t copy_threads;
     uint32_t busy_poll_us;
+    uint32_t commit_poll_ms;
     /* [pool] */
     kvp_config_backend_t backend;
     kvp_config_idlist_t devices;
@@ -307,11 +328,17 @@ typedef struct {
     uint32_t uid_max_namespaces;
     uint32_t uid_max_idle_namespaces;
     uint32_t uid_max_seqs;
+    uint32_t max_cache_scopes;
+    uint32_t max_pins;
+    uint32_t ns_max_pinned_pages;
+    uint32_t pin_max_ttl_ms;
+    uint32_t max_lookup_tokens;
     /* [access] */
     kvp_config_idlist_t allowed_uids;
     kvp_config_idlist_t allowed_gids;
     kvp_config_idlist_t pool_uids;
     kvp_config_idlist_t pool_gids;
+    char cache_scopes[KVP_CONFIG_SCOPES_MAX];
     /* [transfer] */
     uint32_t transfer_timeout_ms;
     uint32_t transfer_comm_idle_ms;

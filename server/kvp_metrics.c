@@ -144,6 +144,55 @@ static void put_histogram(sbuf_t *b, const char *name, const char *label, const 
     }
 }
 
+/* The prefix cache's families (kvp_pcache.h): tokens asked for and found, pages by state,
+ * evictions by reason (kvp_evict_reason_t order) and how long a cached page stayed in the
+ * eviction order before memory pressure took it (kvp_pcache_stats_t.residence; the bounds
+ * kvp_pcache_residence_le_ms are milliseconds, seconds here). */
+static void put_cache(sbuf_t *b, const kvp_pcache_stats_t *c)
+{
+    put_header(b, "kvpool_prefix_cache_query_tokens_total", "counter",
+               "Prompt tokens looked up in the prefix cache (Lookup, and Reserve or Append with "
+               "reuse).");
+    put(b, "kvpool_prefix_cache_query_tokens_total %llu\n", (unsigned long long)c->query_tokens);
+    put_header(b, "kvpool_prefix_cache_hit_tokens_total", "counter",
+               "Of those tokens, the ones found cached (whole pages).");
+    put(b, "kvpool_prefix_cache_hit_tokens_total %llu\n", (unsigned long long)c->hit_tokens);
+    put_header(b, "kvpool_prefix_cache_pages", "gauge",
+               "Pages of the prefix cache by state (indexed: findable, held or not; cached: "
+               "findable and held by nobody, evictable; pinned: held by at least one pin).");
+    put(b, "kvpool_prefix_cache_pages{state=\"cached\"} %u\n", c->cached_pages);
+    put(b, "kvpool_prefix_cache_pages{state=\"pinned\"} %u\n", c->pinned_pages);
+    put(b, "kvpool_prefix_cache_pages{state=\"indexed\"} %u\n", c->indexed_pages);
+    put_header(b, "kvpool_prefix_cache_pins", "gauge",
+               "Pins alive (neither unpinned nor expired).");
+    put(b, "kvpool_prefix_cache_pins %u\n", c->pins);
+    put_header(b, "kvpool_prefix_cache_evictions_total", "counter",
+               "Pages that left the prefix cache, by reason (pressure: an allocation needed "
+               "the page; flush: CacheFlush; rewrite: a truncate made the page partial again).");
+    static const char *const why[KVP_EVICT_REASONS] = {"pressure", "flush", "rewrite"};
+    for (unsigned i = 0; i < KVP_EVICT_REASONS; i++)
+        put(b, "kvpool_prefix_cache_evictions_total{reason=\"%s\"} %llu\n", why[i],
+            (unsigned long long)c->evictions[i]);
+    put_header(b, "kvpool_prefix_cache_residence_seconds", "histogram",
+               "Time a cached page (held by nobody) stayed in the eviction order before an "
+               "allocation evicted it (pages a flush drops are not counted).");
+    uint64_t cum = 0;
+    for (unsigned k = 0; k < KVP_PCACHE_RESIDENCE_BUCKETS; k++) {
+        cum += c->residence[k];
+        put(b, "kvpool_prefix_cache_residence_seconds_bucket{le=\"%.9g\"} %llu\n",
+            (double)kvp_pcache_residence_le_ms[k] / 1000.0, (unsigned long long)cum);
+    }
+    cum += c->residence[KVP_PCACHE_RESIDENCE_BUCKETS];
+    put(b, "kvpool_prefix_cache_residence_seconds_bucket{le=\"+Inf\"} %llu\n",
+        (unsigned long long)cum);
+    put(b, "kvpool_prefix_cache_residence_seconds_sum %.3f\n",
+        (double)c->residence_sum_ms / 1000.0);
+    put(b, "kvpool_prefix_cache_residence_seconds_count %llu\n", (unsigned long long)cum);
+    put_header(b, "kvpool_prefix_cache_bytes", "gauge",
+               "Daemon memory of the prefix cache's own tables (fixed at start).");
+    put(b, "kvpool_prefix_cache_bytes %llu\n", (unsigned long long)c->bytes);
+}
+
 size_t kvp_metrics_text(const kvp_metrics_t *m, char *buf, size_t cap)
 {
     if (!buf || cap == 0)
@@ -220,7 +269,9 @@ size_t kvp_metrics_text(const kvp_metrics_t *m, char *buf, size_t cap)
     put(&b, "kvpool_lease_expiries_total %llu\n", (unsigned long long)r->lease_expiries_total);
     put_header(&b, "kvpool_evicted_sequences_total", "counter",
                "Sequences released by the daemon rather than by their client (lease expiry; "
-               "the daemon never evicts for space: a full pool answers RESOURCE_EXHAUSTED).");
+               "the daemon never evicts a sequence for space: it evicts cached prefix pages "
+               "nobody holds, kvpool_prefix_cache_evictions_total, and a pool full of held "
+               "pages answers RESOURCE_EXHAUSTED).");
     put(&b, "kvpool_evicted_sequences_total{reason=\"lease_expired\"} %llu\n",
         (unsigned long long)r->evicted_seqs_total);
     put_header(&b, "kvpool_evicted_pages_total", "counter",
@@ -271,6 +322,8 @@ size_t kvp_metrics_text(const kvp_metrics_t *m, char *buf, size_t cap)
     put_header(&b, "kvpool_dedup_replays_total", "counter",
                "Retries answered with the first answer of their request id.");
     put(&b, "kvpool_dedup_replays_total %llu\n", (unsigned long long)r->dedup_replays_total);
+    if (m->has_cache)
+        put_cache(&b, &m->cache);
     put_header(&b, "kvpool_rpc_requests_total", "counter",
                "Requests answered, by call and status code (call=\"invalid\": a frame that did "
                "not decode or named no call).");

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvp_pcache.h"
 #include "kvp_seqtab.h"
 
 #define KVP_METRICS_MAX_CALLS 32 /* rows of the call table, "invalid" included */
@@ -69,6 +70,10 @@ typedef struct {
     uint64_t xfer_total[2][2]; /* [export|import][ok|failed] */
     uint64_t xfer_bytes[2];
     uint32_t xfer_in_flight, xfer_comms;
+    /* The prefix cache (kvp_pcache_stats at the scrape): its kvpool_prefix_cache_* families
+     * are written only when has_cache (a daemon without a cache writes none of them). */
+    kvp_pcache_stats_t cache;
+    int has_cache;
     const kvp_counters_t *counters;
     const char *const *call_names; /* [num_calls], index 0 "invalid" */
     unsigned num_calls;

@@ -23,6 +23,8 @@ typedef struct {
     uint64_t expires_at_ms; /* sessions == 0: when its sequences go; 0 = none pending */
     uint64_t buffer_bytes;  /* registered by its sessions, for limits.ns_max_buffer_bytes */
     uint32_t group; /* its tenant group in the sequence table (the owner uid's; kvp_rpc.c) */
+    uint32_t scope1; /* its prefix-cache scope + 1 (kvp_rpc_cache.c); 0: none yet */
+    int pins_only;   /* released, kept only for its pins (kvp_rpc_cache.c) */
 } kvp_ns_t;
 
 typedef struct {

@@ -62,6 +62,11 @@ const kvp_rpc_call_t kvp__rpc_calls[] = {
     ROW(export_begin, KVP_CALL_MUTATING),
     ROW(import, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
     ROW(list_transfers, KVP_CALL_OBSERVER),
+    ROW(commit, KVP_CALL_MUTATING),
+    ROW(lookup, 0),
+    ROW(pin, KVP_CALL_MUTATING),
+    ROW(unpin, KVP_CALL_MUTATING),
+    ROW(cache_flush, KVP_CALL_MUTATING),
 };
 #define NUM_CALLS (sizeof(kvp__rpc_calls) / sizeof(kvp__rpc_calls[0]))
 _Static_assert(NUM_CALLS <= KVP_METRICS_MAX_CALLS, "raise KVP_METRICS_MAX_CALLS");
@@ -106,6 +111,8 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
         rc = KVP_ENOMEM;
         goto fail;
     }
+    if ((rc = kvp__rpc_cache_create(r)))
+        goto fail;
     kvp_xfer_config_t xc = {
         .timeout_ms = lim->transfer_timeout_ms ? lim->transfer_timeout_ms : 30000,
         .comm_idle_ms = lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000,
@@ -134,6 +141,7 @@ void kvp_rpc_destroy(kvp_rpc_t *r)
             r->backend->ops->release_buffer(r->backend, &h->buf);
         free(h);
     }
+    kvp__rpc_cache_destroy(r);
     free(r->items);
     kvp_dedup_free(&r->dedup);
     kvp_ns_table_free(&r->ns);
@@ -197,6 +205,13 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
     r->lim.ns_max_buffer_bytes = lim->ns_max_buffer_bytes;
     r->lim.ns_max_connections = lim->ns_max_connections;
     r->lim.uid_max_namespaces = lim->uid_max_namespaces;
+    r->lim.pin_max_ttl_ms = lim->pin_max_ttl_ms;
+    r->lim.max_lookup_tokens = lim->max_lookup_tokens;
+    r->lim.ns_max_pinned_pages = lim->ns_max_pinned_pages;
+    for (uint32_t i = 0; i < r->ns.max; i++)
+        if (r->ns.ns[i].in_use)
+            kvp_pcache_set_pin_quota(
+                r->pc, i, lim->ns_max_pinned_pages ? lim->ns_max_pinned_pages : UINT64_MAX);
     r->lim.uid_max_idle_namespaces = lim->uid_max_idle_namespaces;
     r->lim.uid_max_seqs = lim->uid_max_seqs;
     r->lim.pool_access = lim->pool_access;
@@ -257,6 +272,11 @@ static void release_namespace(kvp_rpc_t *r, uint32_t ns, const char *why)
     kvp_log(KVP_LOG_INFO, "namespace released ns=%s sequences=%u reason=%s", r->ns.ns[ns].name, n,
             why);
     kvp_dedup_close(&r->dedup, ns);
+    if (kvp__rpc_scope_leave(r, ns)) { /* its pins outlive it (kvpool.proto, Pin) */
+        r->ns.ns[ns].pins_only = 1;
+        r->ns.ns[ns].expires_at_ms = 0;
+        return;
+    }
     kvp_ns_forget(&r->ns, ns);
 }
 
@@ -299,6 +319,7 @@ static void cap_idle_namespaces(kvp_rpc_t *r, uint32_t uid)
 void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
 {
     const int attached = s->hello_done && !s->observer;
+    kvp__rpc_cache_session_close(r, s);
     for (uint32_t i = 0; i < s->num_buffers; i++) {
         if (attached)
             r->ns.ns[s->ns].buffer_bytes -= s->buffers[i].buf.size_bytes;
@@ -326,6 +347,7 @@ uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms)
 {
     uint32_t n = 0;
     kvp_xfer_sweep(r->xfer, now_ms); /* communicators idle too long (the tick calls here) */
+    kvp__rpc_cache_tick(r, now_ms);  /* pins whose time is up */
     int id;
     while ((id = kvp_ns_next_expired(&r->ns, now_ms)) >= 0) {
         kvp_stats_t before, after;
@@ -334,7 +356,8 @@ uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms)
         kvp_seqtab_stats(r->seqs, &after);
         r->counters.lease_expiries_total++;
         r->counters.evicted_seqs_total += before.num_seqs - after.num_seqs;
-        r->counters.evicted_pages_total += after.free_pages - before.free_pages;
+        r->counters.evicted_pages_total +=
+            (after.free_pages + after.cached_pages) - (before.free_pages + before.cached_pages);
         n++;
     }
     return n;
@@ -467,10 +490,19 @@ KVP_RPC_HANDLER(hello)
         kvp_seqtab_set_ns_group(r->seqs, ns, n->group);
         kvp_seqtab_set_group_limit(r->seqs, n->group, uid_seq_quota(r, n->owner_uid));
     }
-    if ((rc = kvp_dedup_open(&r->dedup, ns))) {
+    r->ns.ns[ns].pins_only = 0; /* a namespace kept for its pins is back */
+    if (kvp__rpc_scope_join(r, s, ns, h->cache_scope, existing < 0, resp, id)) {
         kvp_ns_detach(&r->ns, ns, 0);
         if (existing < 0)
             kvp_ns_forget(&r->ns, ns);
+        return 0;
+    }
+    if ((rc = kvp_dedup_open(&r->dedup, ns))) {
+        kvp_ns_detach(&r->ns, ns, 0);
+        if (existing < 0) {
+            kvp__rpc_scope_leave(r, ns);
+            kvp_ns_forget(&r->ns, ns);
+        }
         kvp_rpc_error(resp, id, rc, "no memory for the namespace's retry window");
         return 0;
     }

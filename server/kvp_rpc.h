@@ -66,6 +66,14 @@ typedef struct {
     uint32_t operator_uid;
     /* who may receive the pool fds (access.pool_uids / pool_gids); all zero: everyone */
     kvp_pool_access_t pool_access;
+    /* the prefix cache (kvp_config.h, limits.max_cache_scopes ... and access.cache_scopes);
+     * 0: 256 scopes, 1024 pins, no pinned-page quota, a day, 1 Mi tokens */
+    uint32_t max_cache_scopes;
+    uint32_t max_pins;
+    uint32_t ns_max_pinned_pages; /* 0: none */
+    uint32_t pin_max_ttl_ms;
+    uint32_t max_lookup_tokens;
+    kvp_scope_access_t scope_access;
 } kvp_rpc_limits_t;
 
 typedef struct {
@@ -89,6 +97,12 @@ typedef struct kvp_session {
     kvp_session_buffer_t *buffers; /* [max_buffers_per_client] */
     uint32_t num_buffers;
     uint32_t next_buffer_id;
+    /* the interprocess events its Commits named, opened once each (kvp_rpc_cache.c) */
+    struct {
+        uint8_t handle[64];
+        void *ev;
+    } commit_ev[KVP_MAX_DEVICES];
+    uint32_t num_commit_ev;
     /* the request being answered (at most one per connection): kvp_rpc_handle sets it,
      * kvp_rpc_answered closes it */
     struct {
@@ -171,6 +185,14 @@ void kvp_rpc_bg_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, uint64_t now_ms);
 uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms);
 /* Earliest lease deadline (ms), UINT64_MAX when none. */
 uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r);
+
+/* Prefix-cache Commits waiting for their worker's event (kvpool.proto, Visibility): polls
+ * each once and publishes the pages of those complete; returns how many are still waiting.
+ * The server calls it every server.commit_poll_ms while kvp_rpc_commits_pending is not 0, and
+ * the rpc layer calls wake(arg) when a Commit starts waiting (kvp_rpc_set_commit_wake). */
+uint32_t kvp_rpc_poll_commits(kvp_rpc_t *r, uint64_t now_ms);
+uint32_t kvp_rpc_commits_pending(const kvp_rpc_t *r);
+void kvp_rpc_set_commit_wake(kvp_rpc_t *r, void (*wake)(void *arg), void *arg);
 
 /* Fills resp with an error status (code from a KVP_E* value) and message. */
 void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)

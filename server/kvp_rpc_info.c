@@ -66,6 +66,8 @@ KVP_RPC_HANDLER(stats)
     st->dedup_bytes = r->dedup.bytes;
     st->dedup_evictions_total = r->dedup.evictions_total;
     st->pool_shared_across_uids = r->pool_shared_across_uids != 0;
+    st->has_cache = true;
+    kvp__rpc_cache_stats(r, s, &st->cache);
     const pb_size_t cap = sizeof(st->namespaces) / sizeof(st->namespaces[0]);
     for (uint32_t i = 0; i < r->ns.max; i++) {
         const kvp_ns_t *n = &r->ns.ns[i];
@@ -178,7 +180,7 @@ KVP_RPC_HANDLER(audit)
     (void)now_ms;
     kvp__rpc_ok(io, id);
     kvpool_AuditResponse *ar = &io->resp.body.audit;
-    int rc = kvp_seqtab_audit(r->seqs, ar->message, sizeof(ar->message));
+    int rc = kvp_pcache_audit(r->pc, ar->message, sizeof(ar->message)); /* the table's too */
     ar->ok = rc == 0;
     if (rc == 0)
         snprintf(ar->message, sizeof(ar->message), "ok");
@@ -266,6 +268,8 @@ size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms
                        .call_names = names,
                        .num_calls = kvp__rpc_num_calls};
     kvp_seqtab_stats(r->seqs, &m.pool);
+    kvp_pcache_stats(r->pc, &m.cache);
+    m.has_cache = 1;
     for (uint32_t i = 0; i < r->ns.max && m.num_ns < n; i++) {
         if (!r->ns.ns[i].in_use)
             continue;

@@ -22,6 +22,7 @@
 
 #include "kvp_dedup.h"
 #include "kvp_metrics.h"
+#include "kvp_pcache.h"
 #include "kvp_rpc.h"
 #include "kvp_xfer.h"
 
@@ -66,6 +67,9 @@ struct kvp_rpc_job {
     uint64_t req_id;
     uint32_t batch_size, nnz, num_copies, num_indices;
     int32_t *kv_indptr, *kv_indices, *kv_last_page_len, *append_indptr, *seq_lens;
+    int32_t *cached_tokens; /* [batch_size]: linked from the prefix cache (0s without reuse) */
+    int publish;            /* publish the pages keyed once the copy completed */
+    int reused;             /* cached_tokens answers (CacheOptions.reuse) */
     int32_t *batch_indices, *positions;
     kvp_page_copy_t *copies;
     uint32_t *pinned;
@@ -96,6 +100,17 @@ typedef struct held_buf {
     kvp_buffer_t buf; /* the value to release */
 } held_buf_t;
 
+/* A prefix-cache scope (kvpool.proto Hello.cache_scope): a namespace's private one is named
+ * "ns:<namespace>" for its owner; a listed shared one has shared = 1 and uid 0; an unlisted
+ * name is qualified by the uid that gave it. A scope is kept while namespaces are in it or
+ * pages are held in it; otherwise its slot may be reused (its cached pages flushed). */
+typedef struct {
+    char name[72];
+    uint32_t uid;
+    uint8_t shared, in_use;
+    uint32_t namespaces;
+} kvp_scope_t;
+
 struct kvp_rpc {
     kvp_backend_t *backend;
     kvp_alloc_t *alloc;
@@ -123,6 +138,16 @@ struct kvp_rpc {
      * sticky, a process keeps its mapping after it disconnects */
     int pool_fds_given, pool_shared_across_uids;
     uint32_t pool_fds_uid; /* the first uid given them */
+    /* the prefix cache (kvp_rpc_cache.c) */
+    kvp_pcache_t *pc;
+    kvp_scope_t *scopes;         /* [lim.max_cache_scopes] */
+    kvp_plan_content_t *content; /* [max_batch]: a batch's token ids and salts */
+    int plan_reused;             /* the last plan linked from the cache (answers cached_tokens) */
+    uint32_t *cache_out;         /* [max_batch]: a Lookup's answer */
+    struct kvp_commit *commits;  /* waiting for their event, oldest first */
+    uint32_t num_commits;
+    void (*commit_wake)(void *arg);
+    void *commit_wake_arg;
 };
 
 /* The table (kvp_rpc.c), in row order; kvp__rpc_calls[0] is the "invalid" pseudo-call (a
@@ -163,6 +188,29 @@ void kvp__rpc_fill_pool_info(kvp_rpc_t *r, kvpool_PoolInfo *pi);
 int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, const kvp_session_t *s, kvp_rpc_io_t *io,
                              kvpool_PoolInfo *pi);
 
+/* kvp_rpc_cache.c: the prefix cache's part of the rpc layer */
+int kvp__rpc_cache_create(kvp_rpc_t *r);
+void kvp__rpc_cache_destroy(kvp_rpc_t *r);
+/* Hello: joins the scope the request names (empty: the namespace's own) for namespace ns of
+ * session s; 0, or an error answered in resp (nothing changed). */
+int kvp__rpc_scope_join(kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns, const char *name,
+                        int ns_is_new, kvpool_Response *resp, uint64_t id);
+/* A namespace goes: leaves its scope. Returns 1 when it still has pins (keep its slot). */
+int kvp__rpc_scope_leave(kvp_rpc_t *r, uint32_t ns);
+uint32_t kvp__rpc_ns_scope(const kvp_rpc_t *r, uint32_t ns);
+/* Reserve / Append: the batch's token ids and salts into r->content and the options into
+ * *cache. Returns 1 when the batch uses the cache (content then set), 0 when not, or -1 with
+ * an error answered in resp. r->items must hold the batch. */
+int kvp__rpc_take_content(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io_t *io, uint32_t n,
+                          int has_opts, const kvpool_CacheOptions *opts, kvp_plan_cache_t *cache,
+                          kvpool_Response *resp, uint64_t id);
+/* A session closes: its Commits still waiting are dropped and its events closed. */
+void kvp__rpc_cache_session_close(kvp_rpc_t *r, kvp_session_t *s);
+/* Pins expire, namespaces kept only for their pins go (the tick). */
+void kvp__rpc_cache_tick(kvp_rpc_t *r, uint64_t now_ms);
+/* Stats' cache part for session s. */
+void kvp__rpc_cache_stats(kvp_rpc_t *r, const kvp_session_t *s, kvpool_CacheStats *out);
+
 /* kvp_rpc_xfer.c */
 void kvp__rpc_finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms);
 void kvp__rpc_xfer_unpin(kvp_rpc_t *r, kvp_rpc_job_t *j);
@@ -190,5 +238,10 @@ KVP_RPC_HANDLER(metrics);
 KVP_RPC_HANDLER(export_begin);
 KVP_RPC_HANDLER(import);
 KVP_RPC_HANDLER(list_transfers);
+KVP_RPC_HANDLER(commit);
+KVP_RPC_HANDLER(lookup);
+KVP_RPC_HANDLER(pin);
+KVP_RPC_HANDLER(unpin);
+KVP_RPC_HANDLER(cache_flush);
 
 #endif

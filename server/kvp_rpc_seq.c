@@ -71,7 +71,20 @@ void kvp__rpc_table_from_plan(kvp_rpc_t *r, kvpool_PageTable *t, kvp_reply_array
     out->append_indptr = kvp_array(p->append_indptr, 4, B + 1, B + 1);
     out->seq_lens = kvp_array(p->seq_lens, 4, B, B);
     out->copies = kvp_array(p->copies, 4, 2 * p->num_copies, 0);
+    out->cached_tokens = kvp_array(p->cached_tokens, 4, r->plan_reused ? B : 0, 0);
     kvp_wire_table_bind_encode(t, out);
+}
+
+/* Plans r->items[0..n) with the request's cache fields when it has token ids (content 1 from
+ * kvp__rpc_take_content), else exactly as before. */
+static int plan(kvp_rpc_t *r, uint32_t n, int content, const kvp_plan_cache_t *cache,
+                uint64_t now_ms)
+{
+    r->plan_reused = content && cache->reuse;
+    if (!content)
+        return kvp_plan_append(r->seqs, r->items, n, &r->plan_limits, now_ms, &r->plan);
+    return kvp_plan_append_cached(r->seqs, r->items, r->content, n, &r->plan_limits, cache, now_ms,
+                                  &r->plan);
 }
 
 void kvp__rpc_count_alloc_failure(kvp_rpc_t *r, int rc)
@@ -86,10 +99,16 @@ void kvp__rpc_count_alloc_failure(kvp_rpc_t *r, int rc)
 KVP_RPC_HANDLER(reserve)
 {
     const uint64_t id = req->id;
+    const kvpool_ReserveRequest *q = &req->body.reserve;
     uint32_t n;
     if (kvp__rpc_take_batch(r, s, io, 1, &n, &io->resp, id))
         return 0;
-    int rc = kvp_plan_append(r->seqs, r->items, n, &r->plan_limits, now_ms, &r->plan);
+    kvp_plan_cache_t cache;
+    int content =
+        kvp__rpc_take_content(r, s, io, n, q->has_cache, &q->cache, &cache, &io->resp, id);
+    if (content < 0)
+        return 0;
+    int rc = plan(r, n, content, &cache, now_ms);
     if (rc) {
         kvp__rpc_count_alloc_failure(r, rc);
         kvp_rpc_error(&io->resp, id, rc, "%s (batch item %u)", kvp__rpc_plan_error_text(rc),
@@ -185,7 +204,7 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const k
     kvp_rpc_job_t *j = calloc(1, sizeof(*j));
     if (!j)
         return NULL;
-    size_t words = (size_t)(B + 1) * 2 + (size_t)B * 2 + I + (size_t)N * 2 + (size_t)C * 2;
+    size_t words = (size_t)(B + 1) * 2 + (size_t)B * 3 + I + (size_t)N * 2 + (size_t)C * 2;
     int32_t *w = malloc(words * sizeof(int32_t) + 4);
     j->pinned = malloc(((size_t)I + 2 * C + 1) * sizeof(uint32_t));
     j->seq_ids = malloc(((size_t)B + 1) * sizeof(uint64_t));
@@ -217,6 +236,7 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const k
     j->append_indptr = w, w += B + 1;
     j->kv_last_page_len = w, w += B;
     j->seq_lens = w, w += B;
+    j->cached_tokens = w, w += B;
     j->kv_indices = w, w += I;
     j->batch_indices = w, w += N;
     j->positions = w, w += N;
@@ -225,6 +245,11 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const k
     memcpy(j->append_indptr, p->append_indptr, (B + 1) * 4);
     memcpy(j->kv_last_page_len, p->kv_last_page_len, B * 4);
     memcpy(j->seq_lens, p->seq_lens, B * 4);
+    if (r->plan_reused)
+        memcpy(j->cached_tokens, p->cached_tokens, B * 4);
+    else
+        memset(j->cached_tokens, 0, B * 4);
+    j->reused = r->plan_reused;
     if (I)
         memcpy(j->kv_indices, p->kv_indices, (size_t)I * 4);
     if (C)
@@ -365,6 +390,47 @@ KVP_RPC_HANDLER(append)
         kvp_rpc_error(resp, id, KVP_EINVAL, "nothing to append: every num_tokens is 0");
         return KVP_RPC_DONE;
     }
+    kvp_plan_cache_t cache;
+    int content, reuse;
+    content = kvp__rpc_take_content(r, s, io, n, q->has_cache, &q->cache, &cache, resp, id);
+    if (content < 0)
+        return KVP_RPC_DONE;
+    reuse = content && cache.reuse;
+    if ((reuse && n != 1) || (!reuse && q->skip_tokens)) {
+        kvp_rpc_error(resp, id, KVP_EINVAL,
+                      reuse ? "an Append with cache.reuse takes one sequence (Reserve takes "
+                              "batches)"
+                            : "skip_tokens needs cache.reuse");
+        return KVP_RPC_DONE;
+    }
+    const uint32_t ps = r->backend->geom.page_size;
+    if (reuse) {
+        /* the prefix the source does not hold must be found whole, or nothing changes */
+        const kvp_seq_t *cur = kvp_seqtab_find(r->seqs, s->ns, r->items[0].seq_id);
+        kvp_pagekey_t root;
+        kvp_pagekey_root(r->content[0].salt, r->content[0].salt_len, &root);
+        uint32_t found =
+            cur && cur->num_tokens
+                ? 0
+                : kvp_pcache_lookup(r->pc, cache.scope, root, r->content[0].token_ids,
+                                    r->items[0].num_tokens - (cache.leave_last ? 1 : 0), 0) *
+                      ps;
+        if (q->skip_tokens % ps || q->skip_tokens > r->items[0].num_tokens) {
+            kvp_rpc_error(resp, id, KVP_EINVAL,
+                          "skip_tokens %u: a multiple of page_size %u, at most num_tokens",
+                          q->skip_tokens, ps);
+            return KVP_RPC_DONE;
+        }
+        if (found < q->skip_tokens) {
+            kvp_rpc_error(resp, id, KVP_EPRECOND,
+                          "only %u of the %u tokens skip_tokens names are cached now (evicted "
+                          "since the Lookup?): send their rows",
+                          found, q->skip_tokens);
+            return KVP_RPC_DONE;
+        }
+    }
+    /* with reuse the source holds the rows of tokens [skip_tokens, num_tokens) only */
+    const uint64_t rows = nnz - (reuse ? q->skip_tokens : 0);
     char why[160];
     const kvp_buffer_t *ranks[KVP_GEOM_MAX_DEVICES];
     uint32_t num_ranks = 0;
@@ -372,14 +438,14 @@ KVP_RPC_HANDLER(append)
     if (!rc && q->rank_sources_count)
         rc = take_rank_sources(r, s, q, ranks, &num_ranks, why, sizeof(why));
     for (uint32_t g = 0; g < num_ranks && !rc; g++)
-        rc = check_source(r, &layout, ranks[g], (uint32_t)nnz, lb, le, why, sizeof(why));
+        rc = check_source(r, &layout, ranks[g], (uint32_t)rows, lb, le, why, sizeof(why));
     if (!rc && !num_ranks)
-        rc = check_source(r, &layout, &sb->buf, (uint32_t)nnz, lb, le, why, sizeof(why));
+        rc = check_source(r, &layout, &sb->buf, (uint32_t)rows, lb, le, why, sizeof(why));
     if (rc) {
         kvp_rpc_error(resp, id, rc, "%s", rc == KVP_ELIMIT ? "too many tokens" : why);
         return KVP_RPC_DONE;
     }
-    rc = kvp_plan_append(r->seqs, r->items, n, &r->plan_limits, now_ms, &r->plan);
+    rc = plan(r, n, content, &cache, now_ms);
     if (rc) {
         kvp__rpc_count_alloc_failure(r, rc);
         kvp_rpc_error(resp, id, rc, "%s (batch item %u)", kvp__rpc_plan_error_text(rc),
@@ -387,9 +453,24 @@ KVP_RPC_HANDLER(append)
         return KVP_RPC_DONE;
     }
     r->counters.pages_allocated_total += r->plan.num_new_pages;
+    if (reuse && r->plan.nnz == 0) { /* all of it was cached: nothing to copy */
+        kvp_pcache_publish_seq(r->pc, kvp_seqtab_find(r->seqs, s->ns, r->items[0].seq_id));
+        kvp__rpc_ok(io, id);
+        io->resp.body.append.completed = true;
+        io->resp.body.append.has_table = true;
+        kvp__rpc_table_from_plan(r, &io->resp.body.append.table, &io->out);
+        return KVP_RPC_DONE;
+    }
+    if (reuse) { /* the source's rows start at skip_tokens: skip those of the rest it linked */
+        uint64_t skip = (uint64_t)r->plan.cached_tokens[0] - q->skip_tokens;
+        layout.k_offset += skip * layout.k_stride_n;
+        layout.v_offset += skip * layout.v_stride_n;
+    }
     r->counters.cow_copies_total += r->plan.num_copies;
     kvp_rpc_job_t *j = make_job(r, io->call, sb ? &sb->buf : NULL, ranks, num_ranks, &layout, lb,
                                 le, id, (uint32_t)q->sync);
+    if (j)
+        j->publish = content && lb == 0 && le == L; /* every layer written: findable */
     if (!j) {
         /* the plan is committed but cannot be executed: give the pages back by rolling the
          * sequences back to their previous lengths */
@@ -430,7 +511,9 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
         /* the backend refused or could not wait for the source (a dead worker's event, an
          * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
         for (uint32_t b = 0; b < j->batch_size; b++) {
-            uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]);
+            /* the tokens appended and those linked from the cache */
+            uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]) +
+                           (uint32_t)j->cached_tokens[b];
             kvp_seqtab_truncate(r->seqs, j->ns, j->seq_ids[b], (uint32_t)j->seq_lens[b] - add,
                                 now_ms);
         }
@@ -449,6 +532,11 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
         return;
     }
     r->counters.append_bytes_total += j->bytes;
+    for (uint32_t b = 0; j->publish && b < j->batch_size; b++) {
+        kvp_seq_t *sq = kvp_seqtab_find(r->seqs, j->ns, j->seq_ids[b]);
+        if (sq)
+            kvp_pcache_publish_seq(r->pc, sq);
+    }
     kvp__rpc_ok(io, j->req_id);
     kvpool_AppendResponse *ar = &io->resp.body.append;
     ar->completed = true; /* run() returns once the copy is done (kvp_backend.h) */
@@ -462,6 +550,7 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
     io->out.append_indptr = kvp_array(j->append_indptr, 4, B + 1, 0);
     io->out.seq_lens = kvp_array(j->seq_lens, 4, B, 0);
     io->out.copies = kvp_array(j->copies, 4, 2 * j->num_copies, 0);
+    io->out.cached_tokens = kvp_array(j->cached_tokens, 4, j->reused ? B : 0, 0);
     kvp_wire_table_bind_encode(&ar->table, &io->out);
 }
 

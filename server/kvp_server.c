@@ -109,6 +109,9 @@ struct kvp_server {
     kvpool_Request req;
     uint64_t *seq_ids;
     uint32_t *num_tokens;
+    int32_t *token_ids; /* decode scratch of the prefix cache's arrays */
+    uint8_t *salts;
+    uint32_t *salt_lens;
     kvp_batch_arrays_t batch;
     kvp_rpc_io_t io;
     uint8_t *obuf; /* [ENCODE_KEEP_BYTES]: answers are encoded here (loop thread only) */
@@ -365,6 +368,9 @@ static void on_server_handle_closed(uv_handle_t *h)
     if (--s->open_handles == 0) {
         free(s->seq_ids);
         free(s->num_tokens);
+        free(s->token_ids);
+        free(s->salts);
+        free(s->salt_lens);
         free(s->obuf);
         free(s->socket_path);
         free(s);
@@ -610,6 +616,10 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
     memset(req, 0, sizeof(*req));
     s->batch.seq_ids = kvp_array(s->seq_ids, 8, 0, s->cfg.max_frame_bytes / 8);
     s->batch.num_tokens = kvp_array(s->num_tokens, 4, 0, s->cfg.max_frame_bytes / 8);
+    /* a frame's bytes bound every array it carries (and the daemon's limits, checked after) */
+    s->batch.token_ids = kvp_array(s->token_ids, 4, 0, s->cfg.max_frame_bytes / 4);
+    s->batch.salts = kvp_array(s->salts, 1, 0, s->cfg.max_frame_bytes);
+    s->batch.salt_lens = kvp_array(s->salt_lens, 4, 0, s->cfg.max_frame_bytes / 8);
     kvp_wire_request_bind_decode(req, &s->batch);
     const char *why = NULL;
     if (kvp_wire_decode(kvpool_Request_fields, req, payload, len, &why)) {
@@ -1073,8 +1083,13 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->cfg.socket_path = s->socket_path;
     s->seq_ids = malloc(cfg->max_frame_bytes);
     s->num_tokens = malloc(cfg->max_frame_bytes / 2 + 4);
+    /* pages are touched only by the frames that carry token ids or salts */
+    s->token_ids = malloc(cfg->max_frame_bytes + 4);
+    s->salts = malloc(cfg->max_frame_bytes + 4);
+    s->salt_lens = malloc(cfg->max_frame_bytes / 2 + 4);
     s->obuf = malloc(ENCODE_KEEP_BYTES);
-    if (!s->seq_ids || !s->num_tokens || !s->obuf || (cfg->socket_path && !s->socket_path)) {
+    if (!s->seq_ids || !s->num_tokens || !s->token_ids || !s->salts || !s->salt_lens || !s->obuf ||
+        (cfg->socket_path && !s->socket_path)) {
         rc = KVP_ENOMEM;
         goto fail;
     }
@@ -1117,6 +1132,9 @@ fail:
         close(s->listen_fd);
     free(s->seq_ids);
     free(s->num_tokens);
+    free(s->token_ids);
+    free(s->salts);
+    free(s->salt_lens);
     free(s->obuf);
     free(s->socket_path);
     free(s);

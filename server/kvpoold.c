@@ -44,6 +44,7 @@ typedef struct {
     kvp_notify_t notify;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick;     /* leases, health, status */
+    uv_timer_t commits;  /* polls the events of pending prefix-cache Commits */
     uv_timer_t watchdog; /* WATCHDOG=1 */
     uint64_t watchdog_usec;
     int exit_code;
@@ -53,8 +54,8 @@ typedef struct {
 static void close_handles(daemon_t *d)
 {
     uv_handle_t *hs[] = {(uv_handle_t *)&d->sig_term, (uv_handle_t *)&d->sig_int,
-                         (uv_handle_t *)&d->sig_hup, (uv_handle_t *)&d->tick,
-                         (uv_handle_t *)&d->watchdog};
+                         (uv_handle_t *)&d->sig_hup,  (uv_handle_t *)&d->tick,
+                         (uv_handle_t *)&d->watchdog, (uv_handle_t *)&d->commits};
     for (unsigned i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
         if (!uv_is_closing(hs[i]))
             uv_close(hs[i], NULL);
@@ -94,6 +95,19 @@ static kvp_pool_access_t pool_access(const kvp_config_t *c)
     return a;
 }
 
+/* [access] cache_scopes -> who may join which shared prefix-cache scope (kvp_access.h);
+ * the config check already parsed it */
+static kvp_scope_access_t scope_access(const kvp_config_t *c)
+{
+    kvp_scope_access_t a = {.self_uid = (uint32_t)geteuid()};
+    char why[160];
+    if (kvp_access_scopes_parse(c->cache_scopes, &a, why, sizeof(why)))
+        kvp_log(KVP_LOG_ERR, "access.cache_scopes ignored reason=\"%s\"", why);
+    else if (a.count)
+        kvp_log(KVP_LOG_INFO, "cache scopes shared across uids scopes=%u", a.count);
+    return a;
+}
+
 static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
 {
     return (kvp_rpc_limits_t){
@@ -122,6 +136,12 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
         .uid_max_seqs = c->uid_max_seqs,
         .operator_uid = (uint32_t)geteuid(),
         .pool_access = pool_access(c),
+        .max_cache_scopes = c->max_cache_scopes,
+        .max_pins = c->max_pins,
+        .ns_max_pinned_pages = c->ns_max_pinned_pages,
+        .pin_max_ttl_ms = c->pin_max_ttl_ms,
+        .max_lookup_tokens = c->max_lookup_tokens,
+        .scope_access = scope_access(c),
     };
 }
 
@@ -210,6 +230,21 @@ static void on_tick(uv_timer_t *t)
         d->stopping = 1;
         close_handles(d);
     }
+}
+
+/* While Commits wait for their workers' events, poll them every server.commit_poll_ms. */
+static void on_commits(uv_timer_t *t)
+{
+    daemon_t *d = t->data;
+    if (kvp_rpc_poll_commits(d->rpc, kvp_server_now_ms()) == 0)
+        uv_timer_stop(t);
+}
+
+static void commit_wake(void *arg)
+{
+    daemon_t *d = arg;
+    if (!uv_is_closing((uv_handle_t *)&d->commits))
+        uv_timer_start(&d->commits, on_commits, d->cfg.commit_poll_ms, d->cfg.commit_poll_ms);
 }
 
 static void on_watchdog(uv_timer_t *t)
@@ -309,6 +344,9 @@ static int run(daemon_t *d)
     uv_timer_init(d->loop, &d->tick);
     d->tick.data = d;
     uv_timer_start(&d->tick, on_tick, 100, 100);
+    uv_timer_init(d->loop, &d->commits);
+    d->commits.data = d;
+    kvp_rpc_set_commit_wake(d->rpc, commit_wake, d);
     uv_timer_init(d->loop, &d->watchdog);
     d->watchdog.data = d;
     /* the metrics listener before the socket: once a client can connect, everything the
