@@ -127,6 +127,10 @@ static bool bind_body(pb_istream_t *stream, const pb_field_t *field, void **arg)
     case kvpool_Response_get_page_table_tag:
         t = &((kvpool_GetPageTableResponse *)field->pData)->table;
         break;
+    case kvpool_Response_lookup_tag:
+        sink_if_unwanted(&((kvpool_LookupResponse *)field->pData)->cached_tokens,
+                         &r->cached_tokens);
+        break;
     case kvpool_Response_metrics_tag:
         if (!r->text.s)
             ((kvpool_MetricsResponse *)field->pData)->text.funcs.decode = discard_text;
@@ -141,6 +145,7 @@ static bool bind_body(pb_istream_t *stream, const pb_field_t *field, void **arg)
         sink_if_unwanted(&t->append_indptr, &r->append_indptr);
         sink_if_unwanted(&t->seq_lens, &r->seq_lens);
         sink_if_unwanted(&t->copies, &r->copies);
+        sink_if_unwanted(&t->cached_tokens, &r->cached_tokens);
     }
     return true;
 }
@@ -151,6 +156,79 @@ void kvp__client_batch_arrays(kvp_batch_arrays_t *b, const uint64_t *seq_ids,
     /* encoding only reads through data */
     b->seq_ids = kvp_array((void *)seq_ids, sizeof(uint64_t), n, n);
     b->num_tokens = kvp_array((void *)num_tokens, sizeof(uint32_t), num_tokens ? n : 0, n);
+    b->token_ids = kvp_array(NULL, sizeof(int32_t), 0, 0);
+    b->salts = kvp_array(NULL, 1, 0, 0);
+    b->salt_lens = kvp_array(NULL, sizeof(uint32_t), 0, 0);
+}
+
+/* sum(v[0..n)) into *out; 0, or KVP_EINVAL when it does not fit in uint32. */
+static int sum_u32(const uint32_t *v, uint32_t n, uint32_t *out)
+{
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n; i++)
+        sum += v[i];
+    if (sum > UINT32_MAX)
+        return KVP_EINVAL;
+    *out = (uint32_t)sum;
+    return 0;
+}
+
+/* The salts of n sequences or prompts as two arrays; checks they agree. */
+static int salt_arrays(kvp_batch_arrays_t *b, const uint8_t *salts, const uint32_t *salt_lens,
+                       uint32_t n, const char **why)
+{
+    if (!salt_lens) {
+        if (salts) {
+            *why = "salts given without salt_lens";
+            return KVP_EINVAL;
+        }
+        return 0;
+    }
+    uint32_t bytes;
+    if (sum_u32(salt_lens, n, &bytes)) {
+        *why = "the salts add up to more than 4 GiB";
+        return KVP_EINVAL;
+    }
+    if (bytes && !salts) {
+        *why = "salt_lens name salt bytes but salts is NULL";
+        return KVP_EINVAL;
+    }
+    b->salt_lens = kvp_array((void *)salt_lens, sizeof(uint32_t), n, n);
+    b->salts = kvp_array((void *)salts, 1, bytes, bytes);
+    return 0;
+}
+
+int kvp__client_batch_cache(kvp_batch_arrays_t *b, const uint32_t *num_tokens, uint32_t n,
+                            const kvp_cache_opts_t *cache, const char **why)
+{
+    if (!cache)
+        return 0;
+    if (cache->token_ids) {
+        uint32_t total;
+        if (!num_tokens || sum_u32(num_tokens, n, &total)) {
+            *why = "token ids need num_tokens adding up to at most UINT32_MAX";
+            return KVP_EINVAL;
+        }
+        b->token_ids = kvp_array((void *)cache->token_ids, sizeof(int32_t), total, total);
+    }
+    return salt_arrays(b, cache->salts, cache->salt_lens, n, why);
+}
+
+int kvp__client_cache_options(kvpool_CacheOptions *o, bool *has, const kvp_cache_opts_t *cache)
+{
+    memset(o, 0, sizeof(*o));
+    *has = false;
+    if (!cache)
+        return 0;
+    if (cache->priority < -1)
+        return KVP_EINVAL;
+    o->reuse = cache->reuse != 0;
+    o->leave_last = cache->leave_last != 0;
+    o->has_priority = cache->priority >= 0;
+    o->priority = o->has_priority ? (uint32_t)cache->priority : 0;
+    o->retention_ms = cache->retention_ms;
+    *has = o->reuse || o->leave_last || o->has_priority || o->retention_ms;
+    return 0;
 }
 
 int kvp__client_request_batch(kvpool_Request *req, pb_size_t which_body, kvp_batch_arrays_t *b)
@@ -175,6 +253,10 @@ int kvp__client_request_batch(kvpool_Request *req, pb_size_t which_body, kvp_bat
         req->body.get_page_table.has_batch = true;
         batch = &req->body.get_page_table.batch;
         break;
+    case kvpool_Request_commit_tag:
+        req->body.commit.has_batch = true;
+        batch = &req->body.commit.batch;
+        break;
     default:
         req->which_body = 0;
         return KVP_EINVAL;
@@ -192,6 +274,7 @@ void kvp__client_table_arrays(kvp_reply_arrays_t *r, const kvp_page_table_t *t)
         r->kv_indptr = r->kv_indices = r->kv_last_page_len = kvp_array(NULL, 4, 0, 0);
         r->append_indptr = r->seq_lens = kvp_array(NULL, 4, 0, 0);
         r->copies = kvp_array(NULL, 8, 0, 0);
+        r->cached_tokens = kvp_array(NULL, 4, 0, 0);
         return;
     }
     r->kv_indptr = kvp_array(t->kv_indptr, sizeof(int32_t), 0, t->cap_batch);
@@ -200,6 +283,7 @@ void kvp__client_table_arrays(kvp_reply_arrays_t *r, const kvp_page_table_t *t)
     r->append_indptr = kvp_array(t->append_indptr, sizeof(int32_t), 0, t->cap_batch);
     r->seq_lens = kvp_array(t->seq_lens, sizeof(int32_t), 0, t->cap_batch);
     r->copies = kvp_array(t->copies, 2 * sizeof(uint32_t), 0, t->cap_copies);
+    r->cached_tokens = kvp_array(t->cached_tokens, sizeof(uint32_t), 0, t->cap_batch);
 }
 
 /* The name of the first array of r that failed, and its code. */
@@ -213,7 +297,8 @@ static const char *bad_array(const kvp_reply_arrays_t *r, int *code)
                {&r->kv_last_page_len, "kv_last_page_len"},
                {&r->append_indptr, "append_indptr"},
                {&r->seq_lens, "seq_lens"},
-               {&r->copies, "copies"}};
+               {&r->copies, "copies"},
+               {&r->cached_tokens, "cached_tokens"}};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
         if (all[i].a->bad) {
             *code = all[i].a->bad;
@@ -274,6 +359,12 @@ static const kvpool_PageTable *response_table(const kvpool_Response *resp)
     }
 }
 
+static uint32_t response_batch_size(const kvpool_Response *resp)
+{
+    const kvpool_PageTable *pt = response_table(resp);
+    return pt ? pt->batch_size : 0;
+}
+
 /* count is 0 (the daemon left the array out) or exactly `want`. */
 static int count_ok(uint32_t count, uint64_t want)
 {
@@ -288,13 +379,19 @@ int kvp__client_table_fill(kvp_page_table_t *t, const kvpool_Response *resp,
     if (!count_ok(r->kv_indptr.count, (uint64_t)batch_size + 1) ||
         !count_ok(r->append_indptr.count, (uint64_t)batch_size + 1) ||
         !count_ok(r->kv_last_page_len.count, batch_size) ||
-        !count_ok(r->seq_lens.count, batch_size))
+        !count_ok(r->seq_lens.count, batch_size) || !count_ok(r->cached_tokens.count, batch_size))
         return KVP_EPROTO;
     /* kv_indptr[B] is the number of indices, when both arrays were read */
     if (r->kv_indptr.data && r->kv_indptr.count &&
         ((const int32_t *)r->kv_indptr.data)[batch_size] != (int32_t)r->kv_indices.count)
         return KVP_EPROTO;
     if (t) {
+        if (t->cached_tokens && r->cached_tokens.count == 0 && batch_size) {
+            /* the answer has none: 0 tokens cached for every row */
+            if (batch_size > t->cap_batch)
+                return KVP_ELIMIT;
+            memset(t->cached_tokens, 0, (size_t)batch_size * sizeof(uint32_t));
+        }
         t->batch_size = batch_size;
         t->nnz = pt ? pt->nnz : 0;
         t->num_indices = r->kv_indices.count;
@@ -505,9 +602,12 @@ size_t kvp_client_sizeof(const char *type_name)
     static const struct {
         const char *name;
         size_t size;
-    } types[] = {T(kvp_client_opts_t),     T(kvp_pool_info_t),    T(kvp_page_table_t),
-                 T(kvp_source_t),          T(kvp_rank_source_t),  T(kvp_stats_summary_t),
-                 T(kvp_transfer_ticket_t), T(kvp_transfer_info_t)};
+    } types[] = {T(kvp_client_opts_t),     T(kvp_pool_info_t),
+                 T(kvp_page_table_t),      T(kvp_source_t),
+                 T(kvp_rank_source_t),     T(kvp_stats_summary_t),
+                 T(kvp_transfer_ticket_t), T(kvp_transfer_info_t),
+                 T(kvp_cache_opts_t),      T(kvp_pin_t),
+                 T(kvp_cache_stats_t)};
 #undef T
     for (size_t i = 0; type_name && i < sizeof(types) / sizeof(types[0]); i++)
         if (strcmp(types[i].name, type_name) == 0)
@@ -587,6 +687,13 @@ int kvp_client_connect(const kvp_client_opts_t *opts, kvp_client_t **out, char *
                      sizeof(((kvpool_HelloRequest *)0)->namespace) - 1);
         return KVP_EINVAL;
     }
+    const char *scope = o->cache_scope ? o->cache_scope : "";
+    if (strlen(scope) >= sizeof(((kvpool_HelloRequest *)0)->cache_scope)) {
+        if (err)
+            snprintf(err, err_len, "cache scope longer than %zu bytes",
+                     sizeof(((kvpool_HelloRequest *)0)->cache_scope) - 1);
+        return KVP_EINVAL;
+    }
     char path_buf[sizeof(((struct sockaddr_un *)0)->sun_path)];
     const char *path = o->socket_path && *o->socket_path
                            ? o->socket_path
@@ -642,6 +749,7 @@ int kvp_client_connect(const kvp_client_opts_t *opts, kvp_client_t **out, char *
     h->has_lease_ms = o->lease_ms != KVP_LEASE_DEFAULT && !h->observer;
     h->lease_ms = h->has_lease_ms ? o->lease_ms : 0;
     h->want_pool_fds = o->map_pool != 0;
+    snprintf(h->cache_scope, sizeof(h->cache_scope), "%s", scope);
 
     kvp_reply_arrays_t r;
     kvp__client_table_arrays(&r, NULL);
@@ -867,6 +975,9 @@ static int table_call(kvp_client_t *c, pb_size_t expect, kvp_page_table_t *table
     if (rc)
         return rc;
     rc = kvp__client_table_fill(table, &c->resp, &r);
+    if (rc == KVP_ELIMIT)
+        return fail(c, rc, "the reply's batch of %u rows is larger than cap_batch %u",
+                    response_batch_size(&c->resp), table ? table->cap_batch : 0);
     if (rc)
         return fail(c, rc, "the daemon sent a page table whose arrays disagree with its size");
     return 0;
@@ -886,11 +997,40 @@ int kvp_client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *
     return kvp__client_append(c, seq_ids, num_tokens, n, src, kvpool_SyncMode_SYNC_NONE, table);
 }
 
+int kvp_client_append_cached(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                             uint32_t n, const kvp_source_t *src, const kvp_cache_opts_t *cache,
+                             kvp_page_table_t *table)
+{
+    return kvp__client_append_ranks(c, seq_ids, num_tokens, n, src, NULL, 0,
+                                    kvpool_SyncMode_SYNC_NONE, cache, table);
+}
+
 int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                        uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
                        kvp_page_table_t *table)
 {
-    return kvp__client_append_ranks(c, seq_ids, num_tokens, n, src, NULL, 0, sync, table);
+    return kvp__client_append_ranks(c, seq_ids, num_tokens, n, src, NULL, 0, sync, NULL, table);
+}
+
+/* The prefix-cache arrays of cache into b (of kvp__client_batch_arrays, before
+ * kvp__client_request_batch binds them), with the reason of a refusal. */
+static int cache_arrays(kvp_client_t *c, const char *who, kvp_batch_arrays_t *b,
+                        const uint32_t *num_tokens, uint32_t n, const kvp_cache_opts_t *cache)
+{
+    const char *why = NULL;
+    if (kvp__client_batch_cache(b, num_tokens, n, cache, &why))
+        return fail(c, KVP_EINVAL, "%s: %s", who, why);
+    return 0;
+}
+
+/* The body's CacheOptions (opts, has_opts) of cache. */
+static int cache_options(kvp_client_t *c, const char *who, const kvp_cache_opts_t *cache,
+                         kvpool_CacheOptions *opts, bool *has_opts)
+{
+    if (kvp__client_cache_options(opts, has_opts, cache))
+        return fail(c, KVP_EINVAL, "%s: priority %d (0..100, or -1 for the default)", who,
+                    cache->priority);
+    return 0;
 }
 
 int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
@@ -903,12 +1043,13 @@ int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint
         return fail(c, KVP_EINVAL, "append_ranks: no ranks given");
     return kvp__client_append_ranks(
         c, seq_ids, num_tokens, n, src, ranks, num_ranks,
-        sync_events ? kvpool_SyncMode_SYNC_EVENT : kvpool_SyncMode_SYNC_NONE, table);
+        sync_events ? kvpool_SyncMode_SYNC_EVENT : kvpool_SyncMode_SYNC_NONE, NULL, table);
 }
 
 int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                              uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
-                             uint32_t num_ranks, kvpool_SyncMode sync, kvp_page_table_t *table)
+                             uint32_t num_ranks, kvpool_SyncMode sync,
+                             const kvp_cache_opts_t *cache, kvp_page_table_t *table)
 {
     if (!c)
         return KVP_EINVAL;
@@ -924,8 +1065,14 @@ int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uin
         return fail(c, KVP_EINVAL, "append: NULL source");
     kvp_batch_arrays_t b;
     kvp__client_batch_arrays(&b, seq_ids, num_tokens, n);
+    if (cache && (rc = cache_arrays(c, "append", &b, num_tokens, n, cache)))
+        return rc;
     kvp__client_request_batch(&c->req, kvpool_Request_append_tag, &b);
     kvpool_AppendRequest *a = &c->req.body.append;
+    if (cache && (rc = cache_options(c, "append", cache, &a->cache, &a->has_cache)))
+        return rc;
+    if (cache)
+        a->skip_tokens = cache->skip_tokens;
     a->has_source = true;
     kvp_wire_source_put(&a->source, src->buffer_id, &src->layout, src->layer_begin, src->layer_end);
     if (num_ranks) {
@@ -948,6 +1095,12 @@ int kvp__client_append_completed(const kvp_client_t *c)
 int kvp_client_reserve(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                        uint32_t n, kvp_page_table_t *table)
 {
+    return kvp_client_reserve_cached(c, seq_ids, num_tokens, n, NULL, table);
+}
+
+int kvp_client_reserve_cached(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                              uint32_t n, const kvp_cache_opts_t *cache, kvp_page_table_t *table)
+{
     if (!c)
         return KVP_EINVAL;
     int rc = check_batch(c, seq_ids, num_tokens, n, 1);
@@ -955,8 +1108,139 @@ int kvp_client_reserve(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
         return rc;
     kvp_batch_arrays_t b;
     kvp__client_batch_arrays(&b, seq_ids, num_tokens, n);
+    if (cache && (rc = cache_arrays(c, "reserve", &b, num_tokens, n, cache)))
+        return rc;
     kvp__client_request_batch(&c->req, kvpool_Request_reserve_tag, &b);
+    kvpool_ReserveRequest *q = &c->req.body.reserve;
+    if (cache && (rc = cache_options(c, "reserve", cache, &q->cache, &q->has_cache)))
+        return rc;
     return table_call(c, kvpool_Response_reserve_tag, table);
+}
+
+int kvp_client_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
+                      const void *event_handle, uint32_t *pages, uint32_t *published)
+{
+    if (!c)
+        return KVP_EINVAL;
+    int rc = check_batch(c, seq_ids, NULL, n, 0);
+    if (rc)
+        return rc;
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, seq_ids, NULL, n);
+    kvp__client_request_batch(&c->req, kvpool_Request_commit_tag, &b);
+    kvpool_CommitRequest *q = &c->req.body.commit;
+    if (event_handle) {
+        memcpy(q->event_handle.bytes, event_handle, sizeof(q->event_handle.bytes));
+        q->event_handle.size = sizeof(q->event_handle.bytes);
+    }
+    rc = simple_call(c, kvpool_Response_commit_tag);
+    if (rc)
+        return rc;
+    if (pages)
+        *pages = c->resp.body.commit.pages;
+    if (published)
+        *published = c->resp.body.commit.published;
+    return 0;
+}
+
+int kvp_client_lookup(kvp_client_t *c, const int32_t *token_ids, const uint32_t *lengths,
+                      uint32_t n, const uint8_t *salts, const uint32_t *salt_lens,
+                      uint32_t *cached_tokens)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (n && (!lengths || !cached_tokens))
+        return fail(c, KVP_EINVAL, "lookup: NULL lengths or cached_tokens with n = %u", n);
+    uint32_t total = 0;
+    if (n && sum_u32(lengths, n, &total))
+        return fail(c, KVP_EINVAL, "lookup: the lengths add up to more than UINT32_MAX");
+    if (total && !token_ids)
+        return fail(c, KVP_EINVAL, "lookup: NULL token_ids for %u tokens", total);
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, NULL, lengths, n);
+    b.token_ids = kvp_array((void *)token_ids, sizeof(int32_t), total, total);
+    const char *why = NULL;
+    if (salt_arrays(&b, salts, salt_lens, n, &why))
+        return fail(c, KVP_EINVAL, "lookup: %s", why);
+    kvpool_Request *req = new_request(c, kvpool_Request_lookup_tag);
+    kvp_wire_lookup_request_bind_encode(&req->body.lookup, &b);
+    kvp_reply_arrays_t r;
+    kvp__client_table_arrays(&r, NULL);
+    r.cached_tokens = kvp_array(cached_tokens, sizeof(uint32_t), 0, n);
+    int rc = call(c, &c->req, &c->resp, &r, kvpool_Response_lookup_tag, NULL, 0, NULL, 0, NULL);
+    if (rc)
+        return rc;
+    if (r.cached_tokens.count != n)
+        return fail(c, KVP_EPROTO, "lookup: %u answers for %u prompts", r.cached_tokens.count, n);
+    return 0;
+}
+
+int kvp_client_pin(kvp_client_t *c, const int32_t *token_ids, uint32_t num_tokens, const void *salt,
+                   uint32_t salt_len, uint32_t ttl_ms, kvp_pin_t *out)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (num_tokens && !token_ids)
+        return fail(c, KVP_EINVAL, "pin: NULL token_ids for %u tokens", num_tokens);
+    if (salt_len && !salt)
+        return fail(c, KVP_EINVAL, "pin: NULL salt of %u bytes", salt_len);
+    kvpool_Request *req = new_request(c, kvpool_Request_pin_tag);
+    kvpool_PinRequest *q = &req->body.pin;
+    if (salt_len > sizeof(q->salt.bytes))
+        return fail(c, KVP_EINVAL, "pin: a salt of %u bytes, at most %zu", salt_len,
+                    sizeof(q->salt.bytes));
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, NULL, NULL, 0);
+    b.token_ids = kvp_array((void *)token_ids, sizeof(int32_t), num_tokens, num_tokens);
+    kvp_wire_pin_request_bind_encode(q, &b);
+    if (salt_len)
+        memcpy(q->salt.bytes, salt, salt_len);
+    q->salt.size = (pb_size_t)salt_len;
+    q->ttl_ms = ttl_ms;
+    int rc = simple_call(c, kvpool_Response_pin_tag);
+    if (rc)
+        return rc;
+    if (out) {
+        const kvpool_PinResponse *p = &c->resp.body.pin;
+        out->pin_id = p->pin_id;
+        out->pinned_tokens = p->pinned_tokens;
+        out->pinned_pages = p->pinned_pages;
+        out->expires_in_ms = p->expires_in_ms;
+    }
+    return 0;
+}
+
+int kvp_client_unpin(kvp_client_t *c, uint64_t pin_id, uint32_t *pages)
+{
+    if (!c)
+        return KVP_EINVAL;
+    kvpool_Request *req = new_request(c, kvpool_Request_unpin_tag);
+    req->body.unpin.pin_id = pin_id;
+    int rc = simple_call(c, kvpool_Response_unpin_tag);
+    if (rc)
+        return rc;
+    if (pages)
+        *pages = c->resp.body.unpin.pages;
+    return 0;
+}
+
+int kvp_client_cache_flush(kvp_client_t *c, const char *scope, int all, uint32_t *pages)
+{
+    if (!c)
+        return KVP_EINVAL;
+    kvpool_Request *req = new_request(c, kvpool_Request_cache_flush_tag);
+    kvpool_CacheFlushRequest *q = &req->body.cache_flush;
+    if (scope && strlen(scope) >= sizeof(q->scope))
+        return fail(c, KVP_EINVAL, "cache_flush: scope longer than %zu bytes",
+                    sizeof(q->scope) - 1);
+    snprintf(q->scope, sizeof(q->scope), "%s", scope ? scope : "");
+    q->all = all != 0;
+    int rc = simple_call(c, kvpool_Response_cache_flush_tag);
+    if (rc)
+        return rc;
+    if (pages)
+        *pages = c->resp.body.cache_flush.pages;
+    return 0;
 }
 
 int kvp_client_page_table(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
@@ -1011,20 +1295,30 @@ int kvp_client_truncate(kvp_client_t *c, uint64_t seq_id, uint32_t num_tokens)
     return simple_call(c, kvpool_Response_truncate_tag);
 }
 
-int kvp_client_stats(kvp_client_t *c, kvp_stats_summary_t *out)
+/* A Stats call for `who` into out (zeroed first): 0 and *s (NULL when the answer holds no
+ * stats), or the call's error. */
+static int stats_call(kvp_client_t *c, const char *who, void *out, size_t out_len,
+                      const kvpool_Stats **s)
 {
     if (!c)
         return KVP_EINVAL;
     if (!out)
-        return fail(c, KVP_EINVAL, "stats: NULL output");
+        return fail(c, KVP_EINVAL, "%s: NULL output", who);
     new_request(c, kvpool_Request_stats_tag);
     int rc = simple_call(c, kvpool_Response_stats_tag);
     if (rc)
         return rc;
-    const kvpool_Stats *s = &c->resp.body.stats.stats;
-    memset(out, 0, sizeof(*out));
-    if (!c->resp.body.stats.has_stats)
-        return 0;
+    memset(out, 0, out_len);
+    *s = c->resp.body.stats.has_stats ? &c->resp.body.stats.stats : NULL;
+    return 0;
+}
+
+int kvp_client_stats(kvp_client_t *c, kvp_stats_summary_t *out)
+{
+    const kvpool_Stats *s = NULL;
+    int rc = stats_call(c, "stats", out, sizeof(*out), &s);
+    if (rc || !s)
+        return rc;
     out->num_pages = s->num_pages;
     out->free_pages = s->free_pages;
     out->used_pages = s->used_pages;
@@ -1037,6 +1331,26 @@ int kvp_client_stats(kvp_client_t *c, kvp_stats_summary_t *out)
     out->uptime_ms = s->uptime_ms;
     out->requests_total = s->requests_total;
     out->append_bytes_total = s->append_bytes_total;
+    return 0;
+}
+
+int kvp_client_cache_stats(kvp_client_t *c, kvp_cache_stats_t *out)
+{
+    const kvpool_Stats *st = NULL;
+    int rc = stats_call(c, "cache_stats", out, sizeof(*out), &st);
+    if (rc || !st || !st->has_cache)
+        return rc;
+    const kvpool_CacheStats *s = &st->cache;
+    out->cached_pages = s->cached_pages;
+    out->pinned_pages = s->pinned_pages;
+    out->indexed_pages = s->indexed_pages;
+    out->pins = s->pins;
+    out->query_tokens_total = s->query_tokens_total;
+    out->hit_tokens_total = s->hit_tokens_total;
+    out->evictions_pressure_total = s->evictions_pressure_total;
+    out->evictions_flush_total = s->evictions_flush_total;
+    out->evictions_rewrite_total = s->evictions_rewrite_total;
+    out->bytes = s->bytes;
     return 0;
 }
 

@@ -2,7 +2,8 @@
  * kvp_client_cuda.c - the CUDA section of libkvpool (kvpool.h): mapping the cuda backend's
  * pool into the worker with the VMM API, staging buffers shared with the daemon (a VMM fd, or
  * a legacy cudaIpcMemHandle_t for memory such as a PyTorch tensor's), the daemon-run append
- * ordered by interprocess events, and a Reserve's copy-on-write copies on the worker's stream.
+ * ordered by interprocess events, a Reserve's copy-on-write copies on the worker's stream, and
+ * the Commit of the prefix cache ordered by an interprocess event on the worker's stream.
  *
  * The state hangs off the handle (kvp__client_cuda_state) and is freed by kvp_client_close.
  * Every CUDA call goes through a check macro of cuda/kvp_cuda_err.h, which records the call,
@@ -62,9 +63,25 @@ typedef struct {
     int valid;            /* the events have been recorded */
 } scratch_t;
 
+/* The interprocess event kvp_client_cuda_commit records on a device, and its IPC handle:
+ * made once per device and re-recorded for every Commit. A re-record before the daemon saw
+ * the last one complete only moves the publication later, never earlier (the event completes
+ * once the newest work recorded into it has run). */
+typedef struct {
+    int device;
+    cudaEvent_t ev;
+    cudaIpcEventHandle_t handle;
+} commit_event_t;
+
+_Static_assert(sizeof(cudaIpcEventHandle_t) ==
+                   sizeof(((kvpool_CommitRequest *)0)->event_handle.bytes),
+               "kvpool.proto CommitRequest.event_handle is a cudaIpcEventHandle_t");
+
 typedef struct {
     kvp_cuda_vmm_t pool[KVP_CLIENT_MAX_DEVICES];
     int pool_mapped;
+    commit_event_t commit[KVP_CLIENT_MAX_DEVICES];
+    uint32_t num_commit;
     scratch_t scratch[KVP_CLIENT_MAX_DEVICES];
     cbuf_t bufs[CUDA_MAX_BUFFERS];
     uint32_t num_bufs;
@@ -416,6 +433,14 @@ int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
                                  const uint32_t *num_tokens, uint32_t n, const kvp_source_t *src,
                                  kvp_page_table_t *table, void *stream)
 {
+    return kvp_client_cuda_append_async_cached(c, seq_ids, num_tokens, n, src, NULL, table, stream);
+}
+
+int kvp_client_cuda_append_async_cached(kvp_client_t *c, const uint64_t *seq_ids,
+                                        const uint32_t *num_tokens, uint32_t n,
+                                        const kvp_source_t *src, const kvp_cache_opts_t *cache,
+                                        kvp_page_table_t *table, void *stream)
+{
     if (!c)
         return KVP_EINVAL;
     if (!src)
@@ -438,10 +463,12 @@ int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
     if (!b->ready || !b->done) {
         /* no events: the data must be in the buffer before the daemon reads it */
         KVP_CUDA_TRY(cudaStreamSynchronize(cs), rc, fail);
-        return kvp__client_append(c, seq_ids, num_tokens, n, &s, kvpool_SyncMode_SYNC_NONE, table);
+        return kvp__client_append_ranks(c, seq_ids, num_tokens, n, &s, NULL, 0,
+                                        kvpool_SyncMode_SYNC_NONE, cache, table);
     }
     KVP_CUDA_TRY(cudaEventRecord(b->ready, cs), rc, fail);
-    if ((rc = kvp__client_append(c, seq_ids, num_tokens, n, &s, kvpool_SyncMode_SYNC_EVENT, table)))
+    if ((rc = kvp__client_append_ranks(c, seq_ids, num_tokens, n, &s, NULL, 0,
+                                       kvpool_SyncMode_SYNC_EVENT, cache, table)))
         return rc;
     /* an answer sent once the copy completed needs no device-side wait (a cross-process
      * handoff); otherwise the daemon recorded done before it answered and this wait covers
@@ -496,6 +523,63 @@ int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream)
         return rc;
     KVP_CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, b->done, 0), rc, fail);
     return 0;
+fail:
+    return cuda_fail(c, rc);
+}
+
+/* ---- the prefix cache's Commit ------------------------------------------------------------ */
+
+/* The commit event of the current device, made on first use. */
+static int commit_event(kvp_client_t *c, cstate_t *st, commit_event_t **out)
+{
+    int rc = 0, device = -1;
+    *out = NULL;
+    KVP_CUDA_TRY(cudaGetDevice(&device), rc, fail);
+    for (uint32_t i = 0; i < st->num_commit; i++) {
+        if (st->commit[i].device == device) {
+            *out = &st->commit[i];
+            return 0;
+        }
+    }
+    if (st->num_commit == KVP_CLIENT_MAX_DEVICES)
+        return kvp__client_fail(c, KVP_ELIMIT, "cuda_commit: events on %u devices already",
+                                (unsigned)KVP_CLIENT_MAX_DEVICES);
+    commit_event_t e;
+    memset(&e, 0, sizeof(e));
+    e.device = device;
+    KVP_CUDA_TRY(cudaEventCreateWithFlags(&e.ev, cudaEventDisableTiming | cudaEventInterprocess),
+                 rc, fail);
+    KVP_CUDA_TRY(cudaIpcGetEventHandle(&e.handle, e.ev), rc, fail_destroy);
+    st->commit[st->num_commit] = e;
+    *out = &st->commit[st->num_commit++];
+    return 0;
+fail_destroy:
+    (void)cudaEventDestroy(e.ev); /* the failure that matters is recorded already */
+fail:
+    return cuda_fail(c, rc);
+}
+
+int kvp_client_cuda_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, void *stream)
+{
+    return kvp_client_cuda_commit_ex(c, seq_ids, n, stream, NULL, NULL);
+}
+
+int kvp_client_cuda_commit_ex(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, void *stream,
+                              uint32_t *pages, uint32_t *published)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (n && !seq_ids)
+        return kvp__client_fail(c, KVP_EINVAL, "cuda_commit: NULL seq_ids with n = %u", n);
+    cstate_t *st;
+    int rc = get_state(c, &st);
+    if (rc)
+        return rc;
+    commit_event_t *e;
+    if ((rc = commit_event(c, st, &e)))
+        return rc;
+    KVP_CUDA_TRY(cudaEventRecord(e->ev, (cudaStream_t)stream), rc, fail);
+    return kvp_client_commit(c, seq_ids, n, &e->handle, pages, published);
 fail:
     return cuda_fail(c, rc);
 }
@@ -626,6 +710,16 @@ void kvp__client_cuda_close(kvp_client_t *c)
         return;
     for (uint32_t i = 0; i < st->num_bufs; i++)
         buf_free(&st->bufs[i]);
+    for (uint32_t i = 0; i < st->num_commit; i++) {
+        /* teardown: failures have no one left to report to; the daemon keeps its own
+         * reference to an event it opened */
+        devguard_t g = {0, 0};
+        if (cudaGetDevice(&g.prev) == cudaSuccess &&
+            cudaSetDevice(st->commit[i].device) == cudaSuccess)
+            g.set = 1;
+        (void)cudaEventDestroy(st->commit[i].ev);
+        dev_leave(&g);
+    }
     for (uint32_t g = 0; g < KVP_CLIENT_MAX_DEVICES; g++) {
         scratch_t *sc = &st->scratch[g];
         /* teardown: failures have no one left to report to */
@@ -702,6 +796,28 @@ int kvp_client_cuda_copy_pages(kvp_client_t *c, const kvp_page_table_t *t, void 
 int kvp_client_cuda_free_buffer(kvp_client_t *c, uint32_t buffer_id)
 {
     (void)buffer_id;
+    return unavailable(c);
+}
+
+int kvp_client_cuda_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, void *stream)
+{
+    (void)seq_ids, (void)n, (void)stream;
+    return unavailable(c);
+}
+
+int kvp_client_cuda_commit_ex(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, void *stream,
+                              uint32_t *pages, uint32_t *published)
+{
+    (void)seq_ids, (void)n, (void)stream, (void)pages, (void)published;
+    return unavailable(c);
+}
+
+int kvp_client_cuda_append_async_cached(kvp_client_t *c, const uint64_t *seq_ids,
+                                        const uint32_t *num_tokens, uint32_t n,
+                                        const kvp_source_t *src, const kvp_cache_opts_t *cache,
+                                        kvp_page_table_t *table, void *stream)
+{
+    (void)seq_ids, (void)num_tokens, (void)n, (void)src, (void)cache, (void)table, (void)stream;
     return unavailable(c);
 }
 

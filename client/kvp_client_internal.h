@@ -14,17 +14,31 @@
 #include "kvpool.h"
 
 /* Points b at the caller's n sequence ids and token counts (num_tokens may be NULL: the field
- * is then left out). The arrays are borrowed until the request is encoded. */
+ * is then left out); token_ids, salts and salt_lens empty (left out). The arrays are borrowed
+ * until the request is encoded. */
 void kvp__client_batch_arrays(kvp_batch_arrays_t *b, const uint64_t *seq_ids,
                               const uint32_t *num_tokens, uint32_t n);
+
+/* Adds the prefix-cache arrays of cache (may be NULL: nothing) to a b made by
+ * kvp__client_batch_arrays for n sequences: token_ids (sum(num_tokens) entries), salt_lens (n)
+ * and salts (sum(salt_lens) bytes). Returns 0 or KVP_EINVAL with *why set (salts without
+ * salt_lens, salt bytes without salts, sums above UINT32_MAX). */
+int kvp__client_batch_cache(kvp_batch_arrays_t *b, const uint32_t *num_tokens, uint32_t n,
+                            const kvp_cache_opts_t *cache, const char **why);
+
+/* The CacheOptions of cache: *has is set when any option differs from the defaults (reuse,
+ * leave_last, a priority, a retention), and o filled. Returns 0, or KVP_EINVAL for a priority
+ * below -1. */
+int kvp__client_cache_options(kvpool_CacheOptions *o, bool *has, const kvp_cache_opts_t *cache);
 
 /* Zeroes req and makes it a request of body `which_body` (kvpool_Request_append_tag,
  * _reserve_tag, _release_tag or _get_page_table_tag) whose Batch encodes b; the caller then
  * sets the other fields of the body. Returns 0, or KVP_EINVAL for a body without a batch. */
 int kvp__client_request_batch(kvpool_Request *req, pb_size_t which_body, kvp_batch_arrays_t *b);
 
-/* Points r at the arrays of t with their capacities (t may be NULL). An array whose pointer is
- * NULL is a sink: its bytes are skipped and counted. copies are counted in (src, dst) pairs. */
+/* Points r at the arrays of t with their capacities (t may be NULL), cached_tokens with cap
+ * cap_batch. An array whose pointer is NULL is a sink: its bytes are skipped and counted.
+ * copies are counted in (src, dst) pairs. */
 void kvp__client_table_arrays(kvp_reply_arrays_t *r, const kvp_page_table_t *t);
 
 /* Decodes one response payload into resp, the bulk arrays into r (NULL-data arrays skipped).
@@ -34,8 +48,9 @@ int kvp__client_decode_response(kvpool_Response *resp, kvp_reply_arrays_t *r, co
                                 size_t len, char *err, size_t err_len);
 
 /* After a decode: fills t's batch_size, nnz, num_indices, num_copies from the page table in
- * resp (all 0 when it carries none) and checks the arrays agree with batch_size. Returns 0 or
- * KVP_EPROTO. t may be NULL (then only the check runs). */
+ * resp (all 0 when it carries none), zeroes t->cached_tokens[batch_size] when the answer has
+ * none, and checks the arrays agree with batch_size. Returns 0, KVP_EPROTO, or KVP_ELIMIT
+ * (cached_tokens to zero beyond cap_batch). t may be NULL (then only the check runs). */
 int kvp__client_table_fill(kvp_page_table_t *t, const kvpool_Response *resp,
                            const kvp_reply_arrays_t *r);
 
@@ -46,10 +61,12 @@ int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t 
                        uint32_t n, const kvp_source_t *src, kvpool_SyncMode sync,
                        kvp_page_table_t *table);
 
-/* The same with tensor-parallel rank sources (num_ranks 0: the single-source form). */
+/* The same with tensor-parallel rank sources (num_ranks 0: the single-source form) and the
+ * prefix cache (cache NULL: none). */
 int kvp__client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                              uint32_t n, const kvp_source_t *src, const kvp_rank_source_t *ranks,
-                             uint32_t num_ranks, kvpool_SyncMode sync, kvp_page_table_t *table);
+                             uint32_t num_ranks, kvpool_SyncMode sync,
+                             const kvp_cache_opts_t *cache, kvp_page_table_t *table);
 
 /* 1 when the last answer was an AppendResponse whose copy had completed on the device. */
 int kvp__client_append_completed(const kvp_client_t *c);

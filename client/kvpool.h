@@ -53,14 +53,18 @@ typedef struct {
     int observer;            /* attach to no namespace (kvpool.proto HelloRequest.observer):
                                 read-only calls only; ns, lease_ms and map_pool must be left
                                 unset (NULL, KVP_LEASE_DEFAULT or 0, 0). kvpoolctl's mode. */
+    const char *cache_scope; /* HelloRequest.cache_scope; NULL or "": the namespace's private
+                                scope. At most 64 bytes (else KVP_EINVAL); every session of a
+                                namespace names the same one (the daemon checks). */
 } kvp_client_opts_t;
 
 /* The pool as the daemon describes it (PoolInfo): kvp_pool_info_t of common/kvp_pool_info.h. */
 
-/* A page table in caller-owned arrays. Before the call set the caps (elements); after it the
- * counts are filled. An array left NULL is not wanted: its entries are read and dropped. A
- * reply larger than a non-NULL array's cap fails the call with KVP_ELIMIT (the server-side
- * change has happened; GetPageTable with bigger arrays reads the table again). */
+/* A page table in caller-owned arrays. Zero the struct, then set the arrays and caps
+ * (elements); after the call the counts are filled. An array left NULL is not wanted: its
+ * entries are read and dropped. A reply larger than a non-NULL array's cap fails the call with
+ * KVP_ELIMIT (the server-side change has happened; GetPageTable with bigger arrays reads the
+ * table again). */
 typedef struct {
     int32_t *kv_indptr;        /* [batch_size + 1] */
     int32_t *kv_indices;       /* [kv_indptr[batch_size]] */
@@ -72,6 +76,8 @@ typedef struct {
     uint32_t cap_indices;      /* capacity of kv_indices */
     uint32_t cap_copies;       /* capacity of copies in pairs */
     uint32_t batch_size, nnz, num_indices, num_copies; /* filled by the call */
+    uint32_t *cached_tokens; /* [batch_size] when not NULL, cap cap_batch: PageTable.cached_tokens
+                                (0s when the answer has none) */
 } kvp_page_table_t;
 
 /* Where an Append reads K and V in a registered buffer (see kvpool.proto, message Source, and
@@ -96,9 +102,50 @@ typedef struct {
     uint64_t num_tokens, page_refs, page_bytes, uptime_ms, requests_total, append_bytes_total;
 } kvp_stats_summary_t;
 
+/* How a Reserve or Append uses the prefix cache (kvpool.proto: Batch.token_ids / salts /
+ * salt_lens, CacheOptions). Borrowed for the call. token_ids: the token ids of the tokens
+ * appended, sum(num_tokens) entries in batch order, or NULL (the call keys nothing, and the
+ * sequences' chains end). salt_lens: n entries (0: no salt, at most 256 bytes each) or NULL
+ * (no salts); salts: their concatenation (may be NULL when every length is 0). A salt applies
+ * to a sequence this call starts (empty). reuse: start each such sequence with its longest
+ * cached full-page prefix (PageTable.cached_tokens says how many tokens each row found; the
+ * caller then computes and appends only the tokens after them); leave_last: with reuse, leave
+ * at least one token to compute. priority: the pages' retention priority once released,
+ * 0..100 (lower goes first), -1: the daemon's default (35); retention_ms: how long it holds
+ * (0: while cached). skip_tokens (daemon-run Append with reuse, one sequence; Reserve: 0):
+ * the source holds the rows of tokens [skip_tokens, num_tokens) only, because a Lookup said the
+ * first skip_tokens are cached (a multiple of the page size); if fewer are cached by the time
+ * the Append runs it fails with KVP_EPRECOND and changes nothing (kvpool.proto AppendRequest).
+ * A zeroed struct with priority -1 is "token ids only, defaults". */
+typedef struct {
+    const int32_t *token_ids;
+    const uint8_t *salts;
+    const uint32_t *salt_lens;
+    int reuse;
+    int leave_last;
+    int priority; /* -1: the daemon's default (35) */
+    uint32_t retention_ms;
+    uint32_t skip_tokens;
+} kvp_cache_opts_t;
+
+/* A pin (kvpool.proto PinResponse). */
+typedef struct {
+    uint64_t pin_id;
+    uint32_t pinned_tokens, pinned_pages;
+    uint64_t expires_in_ms;
+} kvp_pin_t;
+
+/* The prefix cache's counters (kvpool.proto CacheStats, the daemon-wide part). */
+typedef struct {
+    uint32_t cached_pages, pinned_pages, indexed_pages, pins;
+    uint64_t query_tokens_total, hit_tokens_total, evictions_pressure_total, evictions_flush_total,
+        evictions_rewrite_total, bytes;
+} kvp_cache_stats_t;
+
 /* sizeof the public struct called type_name (each struct typedef of this header:
  * "kvp_client_opts_t", "kvp_pool_info_t", "kvp_page_table_t", "kvp_source_t",
- * "kvp_rank_source_t", "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t"),
+ * "kvp_rank_source_t", "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t",
+ * "kvp_cache_opts_t", "kvp_pin_t", "kvp_cache_stats_t"),
  * 0 for any other name: bindings that mirror the structs (the Python package's ctypes) check
  * their copies against it. */
 size_t kvp_client_sizeof(const char *type_name);
@@ -175,6 +222,71 @@ int kvp_client_append_ranks(kvp_client_t *c, const uint64_t *seq_ids, const uint
  * copies (copy-on-write) and then its own appends on the mapped pool. */
 int kvp_client_reserve(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
                        uint32_t n, kvp_page_table_t *table);
+
+/* ---- the prefix cache (kvpool.proto "the prefix cache", DESIGN.md §9) ---------------------
+ * Pages keyed by their content (token ids + salt, in the namespace's cache scope, see
+ * kvp_client_opts_t.cache_scope) are found again by later sequences of the scope. A keyed
+ * page becomes findable only once its K/V is written in every layer: at once for a daemon-run
+ * Append over every layer; after kvp_client_commit (or kvp_client_cuda_commit) for Reserve. */
+
+/* kvp_client_reserve with the prefix cache: cache (NULL: exactly kvp_client_reserve) gives
+ * the token ids, salts and options. With reuse, table->cached_tokens (when not NULL) receives
+ * the tokens each row linked from the cache; the page table's append_indptr counts only the
+ * tokens after them, which the caller appends (then commits). KVP_EINVAL: salts without
+ * salt_lens, a salt length without salts, a priority below -1, or more token ids or salt
+ * bytes than one call carries (UINT32_MAX); the daemon refuses the rest (token_ids of another
+ * count than sum(num_tokens), a salt above 256 bytes, a priority above 100). */
+int kvp_client_reserve_cached(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                              uint32_t n, const kvp_cache_opts_t *cache, kvp_page_table_t *table);
+
+/* kvp_client_append with the prefix cache (cache NULL: exactly kvp_client_append). The pages
+ * it fills are findable once it answered OK when src covers every layer (else after a
+ * Commit). With reuse only the tokens after each row's cached prefix are appended
+ * (append_indptr and nnz count only them; kvpool.proto CacheOptions). Errors as
+ * kvp_client_reserve_cached. */
+int kvp_client_append_cached(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
+                             uint32_t n, const kvp_source_t *src, const kvp_cache_opts_t *cache,
+                             kvp_page_table_t *table);
+
+/* Commit: makes the keyed pages of the n sequences findable (the Reserve path, after the
+ * caller's own appends of every layer). event_handle: NULL (the writes are complete: the
+ * caller synchronized its stream) or the 64 bytes of a cudaIpcEventHandle_t of an
+ * interprocess event recorded after the appends, which the daemon polls before it publishes
+ * (kvp_client_cuda_commit does this for a stream). *pages (may be NULL): pages covered;
+ * *published (may be NULL): of them findable when the daemon answered. */
+int kvp_client_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
+                      const void *event_handle, uint32_t *pages, uint32_t *published);
+
+/* Lookup, no side effect: how many leading tokens of each of n prompts are cached in the
+ * caller's scope. token_ids: the prompts one after the other (sum(lengths) entries); salts /
+ * salt_lens as in kvp_cache_opts_t (salt_lens NULL: no salts). cached_tokens[n] receives the
+ * answer (whole pages: multiples of the page size). KVP_ENOSPC (RESOURCE_EXHAUSTED, as every
+ * limit the daemon enforces): more prompts than limits.max_batch or tokens than
+ * limits.max_lookup_tokens; last_error says which. */
+int kvp_client_lookup(kvp_client_t *c, const int32_t *token_ids, const uint32_t *lengths,
+                      uint32_t n, const uint8_t *salts, const uint32_t *salt_lens,
+                      uint32_t *cached_tokens);
+
+/* Pin: keeps the cached prefix of the prompt token_ids[num_tokens] (with salt[salt_len], at
+ * most 256 bytes; salt may be NULL when salt_len is 0) resident for ttl_ms (0: the daemon's
+ * limits.pin_max_ttl_ms), whoever holds it; the pin belongs to the namespace and outlives its
+ * sessions. *out (may be NULL) receives the pin. KVP_ENOENT: nothing of the prompt is cached;
+ * KVP_ENOSPC: over the namespace's pinned-page quota (nothing pinned). */
+int kvp_client_pin(kvp_client_t *c, const int32_t *token_ids, uint32_t num_tokens, const void *salt,
+                   uint32_t salt_len, uint32_t ttl_ms, kvp_pin_t *out);
+
+/* Drops pin pin_id of this namespace; *pages (may be NULL): the pages it held. KVP_ENOENT: no
+ * such pin. */
+int kvp_client_unpin(kvp_client_t *c, uint64_t pin_id, uint32_t *pages);
+
+/* CacheFlush: drops every cached page nobody holds (pinned and held pages stay) in the
+ * caller's scope; scope (NULL or "": own; at most 64 bytes) and all (every scope) are for an
+ * operator (root or the daemon's uid; others KVP_EPERM). *pages (may be NULL): pages
+ * dropped. */
+int kvp_client_cache_flush(kvp_client_t *c, const char *scope, int all, uint32_t *pages);
+
+/* The prefix cache's counters from Stats.cache (all 0 from a daemon that sends none). */
+int kvp_client_cache_stats(kvp_client_t *c, kvp_cache_stats_t *out);
 
 int kvp_client_fork(kvp_client_t *c, uint64_t parent, uint64_t child);
 int kvp_client_truncate(kvp_client_t *c, uint64_t seq_id, uint32_t num_tokens);
@@ -319,6 +431,13 @@ int kvp_client_cuda_append_async(kvp_client_t *c, const uint64_t *seq_ids,
                                  const uint32_t *num_tokens, uint32_t n, const kvp_source_t *src,
                                  kvp_page_table_t *table, void *stream);
 
+/* kvp_client_cuda_append_async with the prefix cache (kvp_client_append_cached; cache NULL:
+ * exactly kvp_client_cuda_append_async). */
+int kvp_client_cuda_append_async_cached(kvp_client_t *c, const uint64_t *seq_ids,
+                                        const uint32_t *num_tokens, uint32_t n,
+                                        const kvp_source_t *src, const kvp_cache_opts_t *cache,
+                                        kvp_page_table_t *table, void *stream);
+
 /* For a rank of a tensor-parallel group: records the ready event of buffer_id (a buffer with
  * events of this handle) on `stream`, after the rank's K/V were queued there; the rank then
  * tells its leader, whose kvp_client_append_ranks (sync_events = 1) makes the daemon wait for
@@ -336,6 +455,20 @@ int kvp_client_cuda_wait_done(kvp_client_t *c, uint32_t buffer_id, void *stream)
  * devices; kvp_client_cuda_map_pool first). Queue it before the step's own appends on the
  * same stream. The page ids are uploaded through a small pinned scratch of the handle. */
 int kvp_client_cuda_copy_pages(kvp_client_t *c, const kvp_page_table_t *t, void *stream);
+
+/* Commit for the Reserve path on the GPU: records an interprocess event of the handle on
+ * `stream` (a stream of the calling thread's current CUDA device) after the caller's appends
+ * of every layer queued there, and sends Commit with the event's 64-byte handle: the daemon
+ * answers at once and publishes the sequences' keyed pages when it sees the event complete
+ * (it polls it on its CPU). Returns without waiting for the GPU. The handle keeps one event
+ * per device, created (and its IPC handle taken) the first time, then re-recorded: a later
+ * Commit only moves an earlier one's publication later, never earlier. */
+int kvp_client_cuda_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, void *stream);
+
+/* kvp_client_cuda_commit that also returns the answer's counts (as kvp_client_commit; each
+ * may be NULL). */
+int kvp_client_cuda_commit_ex(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, void *stream,
+                              uint32_t *pages, uint32_t *published);
 
 /* Unregisters a buffer of kvp_client_cuda_alloc_buffer / register_ipc and frees what the
  * handle holds for it (mapping, events). Work queued on it must be finished. */

@@ -60,7 +60,8 @@ def test_ctypes_mirrors_have_the_c_sizes():
     from kvpool import _lib
     lib = _lib.load()
     names = ["kvp_client_opts_t", "kvp_pool_info_t", "kvp_page_table_t", "kvp_source_t",
-             "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t"]
+             "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t",
+             "kvp_cache_opts_t", "kvp_pin_t", "kvp_cache_stats_t"]
     for name in names:
         assert lib.kvp_client_sizeof(name.encode()) == ctypes.sizeof(getattr(_lib, name)), name
     assert lib.kvp_client_sizeof(b"no_such_t") == 0

@@ -7,7 +7,18 @@ first use ($KVPOOL_LIB, next to the package, the source tree's build/client/, or
 system's), so the NumPy helpers work without it.
 """
 from ._lib import KVP_LEASE_DEFAULT, library_path
-from .client import Client, PageTable, PoolInfo, Stats, Ticket, TransferInfo, default_socket
+from .client import (
+    CacheStats,
+    Client,
+    Commit,
+    PageTable,
+    Pin,
+    PoolInfo,
+    Stats,
+    Ticket,
+    TransferInfo,
+    default_socket,
+)
 from .errors import (
     AlreadyExists,
     AuditFailed,
@@ -37,6 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "PageTable", "PoolInfo", "Stats", "Ticket", "TransferInfo", "default_socket",
+    "CacheStats", "Commit", "Pin",
     "library_path",
     "KVP_LEASE_DEFAULT", "append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
     "KvpoolError", "InvalidArgument", "OutOfMemory", "ResourceExhausted", "NotFound",

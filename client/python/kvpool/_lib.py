@@ -31,6 +31,7 @@ class kvp_client_opts_t(ctypes.Structure):
         ("map_pool", ctypes.c_int),
         ("busy_poll_us", _u32),
         ("observer", ctypes.c_int),
+        ("cache_scope", ctypes.c_char_p),
     ]
 
 
@@ -74,6 +75,7 @@ class kvp_page_table_t(ctypes.Structure):
         ("nnz", _u32),
         ("num_indices", _u32),
         ("num_copies", _u32),
+        ("cached_tokens", _p_u32),
     ]
 
 
@@ -137,6 +139,43 @@ class kvp_stats_summary_t(ctypes.Structure):
         ("uptime_ms", _u64),
         ("requests_total", _u64),
         ("append_bytes_total", _u64),
+    ]
+
+
+class kvp_cache_opts_t(ctypes.Structure):
+    _fields_ = [
+        ("token_ids", _p_i32),
+        ("salts", ctypes.POINTER(ctypes.c_uint8)),
+        ("salt_lens", _p_u32),
+        ("reuse", ctypes.c_int),
+        ("leave_last", ctypes.c_int),
+        ("priority", ctypes.c_int),  # -1: the daemon's default (35)
+        ("retention_ms", _u32),
+        ("skip_tokens", _u32),
+    ]
+
+
+class kvp_pin_t(ctypes.Structure):
+    _fields_ = [
+        ("pin_id", _u64),
+        ("pinned_tokens", _u32),
+        ("pinned_pages", _u32),
+        ("expires_in_ms", _u64),
+    ]
+
+
+class kvp_cache_stats_t(ctypes.Structure):
+    _fields_ = [
+        ("cached_pages", _u32),
+        ("pinned_pages", _u32),
+        ("indexed_pages", _u32),
+        ("pins", _u32),
+        ("query_tokens_total", _u64),
+        ("hit_tokens_total", _u64),
+        ("evictions_pressure_total", _u64),
+        ("evictions_flush_total", _u64),
+        ("evictions_rewrite_total", _u64),
+        ("bytes", _u64),
     ]
 
 
@@ -204,6 +243,22 @@ _PROTOTYPES = {
     ),
     "kvp_client_reserve": (
         _int, [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_page_table_t)]),
+    "kvp_client_reserve_cached": (
+        _int, [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_cache_opts_t),
+               ctypes.POINTER(kvp_page_table_t)]),
+    "kvp_client_append_cached": (
+        _int,
+        [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_source_t),
+         ctypes.POINTER(kvp_cache_opts_t), ctypes.POINTER(kvp_page_table_t)],
+    ),
+    "kvp_client_commit": (_int, [_c, _p_u64, _u32, ctypes.c_void_p, _p_u32, _p_u32]),
+    "kvp_client_lookup": (
+        _int, [_c, _p_i32, _p_u32, _u32, ctypes.POINTER(ctypes.c_uint8), _p_u32, _p_u32]),
+    "kvp_client_pin": (
+        _int, [_c, _p_i32, _u32, ctypes.c_void_p, _u32, _u32, ctypes.POINTER(kvp_pin_t)]),
+    "kvp_client_unpin": (_int, [_c, _u64, _p_u32]),
+    "kvp_client_cache_flush": (_int, [_c, ctypes.c_char_p, _int, _p_u32]),
+    "kvp_client_cache_stats": (_int, [_c, ctypes.POINTER(kvp_cache_stats_t)]),
     "kvp_client_fork": (_int, [_c, _u64, _u64]),
     "kvp_client_truncate": (_int, [_c, _u64, _u32]),
     "kvp_client_release": (_int, [_c, _p_u64, _u32, _p_u32]),
@@ -232,6 +287,13 @@ _PROTOTYPES = {
         [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_source_t),
          ctypes.POINTER(kvp_page_table_t), ctypes.c_void_p],
     ),
+    "kvp_client_cuda_append_async_cached": (
+        _int,
+        [_c, _p_u64, _p_u32, _u32, ctypes.POINTER(kvp_source_t),
+         ctypes.POINTER(kvp_cache_opts_t), ctypes.POINTER(kvp_page_table_t), ctypes.c_void_p],
+    ),
+    "kvp_client_cuda_commit": (_int, [_c, _p_u64, _u32, ctypes.c_void_p]),
+    "kvp_client_cuda_commit_ex": (_int, [_c, _p_u64, _u32, ctypes.c_void_p, _p_u32, _p_u32]),
     "kvp_client_cuda_copy_pages": (
         _int, [_c, ctypes.POINTER(kvp_page_table_t), ctypes.c_void_p]),
     "kvp_client_cuda_free_buffer": (_int, [_c, _u32]),

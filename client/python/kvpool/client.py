@@ -73,11 +73,17 @@ class PoolInfo:
         return cls(device_ids=tuple(p.device_ids[i] for i in range(n)), **vals)
 
 
+_NO_CACHED = np.zeros(0, np.uint32)
+_NO_CACHED.flags.writeable = False
+
+
 class PageTable(NamedTuple):
     """A batch's page table, laid out as FlashInfer's plan() / append_paged_kv_cache take it:
     int32 kv_indptr [B+1], kv_indices [kv_indptr[B]], kv_last_page_len [B], append_indptr
     [B+1], seq_lens [B]; copies: uint32 [n, 2] (src, dst) page pairs to copy (K and V, every
-    layer) before appending (Reserve; the daemon already ran them for Append)."""
+    layer) before appending (Reserve; the daemon already ran them for Append); cached_tokens:
+    uint32 [B], the tokens each row linked from the prefix cache (reuse=True; zeros when the
+    answer has none), a multiple of the page size."""
 
     kv_indptr: np.ndarray
     kv_indices: np.ndarray
@@ -85,6 +91,7 @@ class PageTable(NamedTuple):
     append_indptr: np.ndarray
     seq_lens: np.ndarray
     copies: np.ndarray
+    cached_tokens: np.ndarray = _NO_CACHED
 
     @property
     def batch_size(self):
@@ -112,6 +119,40 @@ class Stats:
     uptime_ms: int
     requests_total: int
     append_bytes_total: int
+
+
+class Pin(NamedTuple):
+    """A pin of a cached prefix (kvp_pin_t): unpin(pin_id) drops it."""
+
+    pin_id: int
+    pinned_tokens: int
+    pinned_pages: int
+    expires_in_ms: int
+
+
+class Commit(NamedTuple):
+    """A Commit's answer: the keyed pages it covered, and how many of them were findable when
+    the daemon answered (all without an event; with one, usually 0: they follow when the
+    event completes)."""
+
+    pages: int
+    published: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """The prefix cache's counters (kvp_cache_stats_t, Stats.cache)."""
+
+    cached_pages: int
+    pinned_pages: int
+    indexed_pages: int
+    pins: int
+    query_tokens_total: int
+    hit_tokens_total: int
+    evictions_pressure_total: int
+    evictions_flush_total: int
+    evictions_rewrite_total: int
+    bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +274,39 @@ def _ptr(a, ctype):
     return a.ctypes.data_as(ctypes.POINTER(ctype))
 
 
+def _token_array(tokens, what):
+    """One sequence of token ids as a contiguous int32 array."""
+    a = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise TypeError("%s must be integers, not %s" % (what, a.dtype))
+    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+        raise ValueError("%s do not fit in int32" % what)
+    return a.astype(np.int32, copy=False)
+
+
+def _prompts(prompts):
+    """A list of token-id sequences -> (their int32 concatenation, uint32 lengths)."""
+    arrs = [_token_array(p, "token ids") for p in prompts]
+    lens = np.array([a.size for a in arrs], dtype=np.uint32)
+    flat = np.concatenate(arrs) if arrs else np.zeros(0, np.int32)
+    return np.ascontiguousarray(flat, dtype=np.int32), lens
+
+
+def _salts(salts, n):
+    """None -> (None, None); one bytes-like -> the same salt for all n; a list of n bytes-like
+    (None: no salt) -> (uint8 concatenation, uint32 lengths)."""
+    if salts is None:
+        return None, None
+    if isinstance(salts, (bytes, bytearray, memoryview)):
+        salts = [bytes(salts)] * n
+    salts = [b"" if x is None else bytes(x) for x in salts]
+    if len(salts) != n:
+        raise ValueError("%d salts for %d sequences" % (len(salts), n))
+    lens = np.array([len(x) for x in salts], dtype=np.uint32)
+    data = np.frombuffer(b"".join(salts) or b"\0", dtype=np.uint8).copy()
+    return data, lens
+
+
 # Cap on the kv_indices array prepared for a reply (entries, 4 bytes each; np.empty only
 # reserves address space): beyond it a page_table read that overflows is repeated exactly.
 _INDICES_CAP = 1 << 24
@@ -247,7 +321,9 @@ class Client:
     lease); 0 releases the namespace's sequences when its last session goes. timeout_ms: per
     call, 0 -> 10000. map_pool: ask for the pool fds and map the pool (needed for the views).
     observer: attach to no namespace (read-only calls: stats, list calls, ping); namespace and
-    lease_ms must be None, and the pool is not mapped.
+    lease_ms must be None, and the pool is not mapped. cache_scope: the prefix cache's scope of
+    the namespace (None or "": its own private scope; a shared name: namespaces naming it find
+    each other's pages, as the daemon's [access] section allows).
 
     A handle is not thread-safe in C; this class serialises its calls with a lock. Views and
     staging arrays point into mappings the handle owns: they keep the Client object alive, but
@@ -255,7 +331,7 @@ class Client:
     """
 
     def __init__(self, socket=None, namespace=None, lease_ms=None, *, client_name=None,
-                 timeout_ms=0, map_pool=True, observer=False):
+                 timeout_ms=0, map_pool=True, observer=False, cache_scope=None):
         self._lib = _lib.load()
         self._h = None
         self._lock = threading.Lock()
@@ -269,6 +345,7 @@ class Client:
         opts.timeout_ms = int(timeout_ms)
         opts.map_pool = 1 if map_pool and not observer else 0
         opts.observer = 1 if observer else 0
+        opts.cache_scope = enc(cache_scope)
         h = ctypes.c_void_p()
         err = ctypes.create_string_buffer(512)
         rc = self._lib.kvp_client_connect(ctypes.byref(opts), ctypes.byref(h), err, len(err))
@@ -514,10 +591,12 @@ class Client:
             append_indptr=np.empty(n + 1, np.int32),
             seq_lens=np.empty(max(n, 1), np.int32),
             copies=np.empty((max(n, 1), 2), np.uint32),
+            cached_tokens=np.empty(n + 1, np.uint32),
         )
         t = _lib.kvp_page_table_t()
         for k, a in arrs.items():
-            setattr(t, k, _ptr(a, ctypes.c_uint32 if k == "copies" else ctypes.c_int32))
+            u32 = k in ("copies", "cached_tokens")
+            setattr(t, k, _ptr(a, ctypes.c_uint32 if u32 else ctypes.c_int32))
         t.cap_batch = n + 1
         t.cap_indices = cap_idx
         t.cap_copies = max(n, 1)
@@ -530,12 +609,54 @@ class Client:
             append_indptr=arrs["append_indptr"][: B + 1].copy(),
             seq_lens=arrs["seq_lens"][:B].copy(),
             copies=arrs["copies"][: t.num_copies].copy(),
+            cached_tokens=arrs["cached_tokens"][:B].copy(),
         )
         if B == 0:  # the daemon may leave an empty batch's arrays out: kv_indptr = [0]
             out = out._replace(kv_indptr=np.zeros(1, np.int32), append_indptr=np.zeros(1, np.int32))
         return out
 
-    def append(self, seq_ids, num_tokens, source, stream=None) -> PageTable:
+    @staticmethod
+    def _cache_opts(tok, token_ids, salts, reuse, leave_last, priority, retention_ms,
+                    skip_tokens=0):
+        """A kvp_cache_opts_t and the arrays it points at (kept alive by the caller), or
+        (None, None) when no prefix-cache argument is given."""
+        if (token_ids is None and salts is None and not reuse and not leave_last
+                and priority is None and not retention_ms and not skip_tokens):
+            return None, None
+        n = tok.size
+        o = _lib.kvp_cache_opts_t()
+        keep = []
+        if token_ids is not None:
+            if (isinstance(token_ids, (list, tuple)) and len(token_ids) == n and n
+                    and all(np.ndim(x) == 1 for x in token_ids)):
+                ids, lens = _prompts(token_ids)  # one sequence of ids per row
+                if not np.array_equal(lens, tok):
+                    raise ValueError("token_ids rows have %s tokens, num_tokens %s"
+                                     % (lens.tolist(), tok.tolist()))
+            else:
+                ids = _token_array(token_ids, "token_ids")
+            if ids.size != int(tok.sum(dtype=np.uint64)):
+                raise ValueError("%d token ids for %d tokens appended"
+                                 % (ids.size, int(tok.sum(dtype=np.uint64))))
+            keep.append(ids)
+            o.token_ids = _ptr(ids, ctypes.c_int32)
+        sdata, slens = _salts(salts, n)
+        if slens is not None:
+            keep += [sdata, slens]
+            o.salts = _ptr(sdata, ctypes.c_uint8)
+            o.salt_lens = _ptr(slens, ctypes.c_uint32)
+        o.reuse = 1 if reuse else 0
+        o.leave_last = 1 if leave_last else 0
+        if priority is not None and not 0 <= int(priority) <= 100:
+            raise ValueError("priority must be 0..100 or None, not %r" % (priority,))
+        o.priority = -1 if priority is None else int(priority)
+        o.retention_ms = int(retention_ms)
+        o.skip_tokens = int(skip_tokens)
+        return o, keep
+
+    def append(self, seq_ids, num_tokens, source, stream=None, *, token_ids=None, salts=None,
+               reuse=False, leave_last=False, priority=None, retention_ms=0,
+               skip_tokens=0) -> PageTable:
         """Daemon-run append: grows each sequence by num_tokens[i] tokens (an int applies to
         all), the daemon copies K/V from a registered buffer and answers once the data is in
         the pool. source: dict with buffer_id, k_offset, v_offset (bytes) and optionally
@@ -545,32 +666,137 @@ class Client:
         layer_stride + t * k_stride_n + h * k_stride_h. Returns the batch's PageTable.
         A buffer of alloc_staging / register_tensor on the cuda backend goes through
         kvp_client_cuda_append_async: the daemon waits (on an interprocess event) for the work
-        queued on `stream` (default: the device's current torch stream) before it copies."""
+        queued on `stream` (default: the device's current torch stream) before it copies.
+        The prefix cache (keywords as in reserve()): pages filled over every layer are findable
+        once this returns. With reuse (one sequence), skip_tokens: the source holds the rows of
+        tokens [skip_tokens, num_tokens) only, since a lookup() said the first skip_tokens are
+        cached; fewer cached by then raises (FAILED_PRECONDITION) and changes nothing."""
         seq = _u64_array(seq_ids, "seq_ids")
         tok = _num_tokens(num_tokens, seq.size)
         src = self._source(source)
+        opts, _keep = self._cache_opts(tok, token_ids, salts, reuse, leave_last, priority,
+                                       retention_ms, skip_tokens)
         g = self._cuda_buffers.get(int(src.buffer_id))
         if g is not None:
             cuda = self._cuda()
             ordinal = self._info.device_ids[g]
             s = ctypes.c_void_p(cuda.stream_of(ordinal, stream))
+            o = ctypes.byref(opts) if opts is not None else None
 
             def fn(h, seq_p, tok_p, n, src_p, table_p):
                 with cuda.torch.cuda.device(ordinal):
-                    return self._lib.kvp_client_cuda_append_async(h, seq_p, tok_p, n, src_p,
-                                                                  table_p, s)
+                    return self._lib.kvp_client_cuda_append_async_cached(
+                        h, seq_p, tok_p, n, src_p, o, table_p, s)
             return self._table_call(fn, seq,
                                     (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src)))
+        if opts is not None:
+            return self._table_call(self._lib.kvp_client_append_cached, seq,
+                                    (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src),
+                                     ctypes.byref(opts)))
         return self._table_call(self._lib.kvp_client_append, seq,
                                 (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src)))
 
-    def reserve(self, seq_ids, num_tokens) -> PageTable:
+    def reserve(self, seq_ids, num_tokens, token_ids=None, salts=None, reuse=False,
+                leave_last=False, priority=None, retention_ms=0) -> PageTable:
         """Reserve: the allocation and page table of an append, without the copy. Run
-        apply_copies(table) and then append_paged_kv_cache on the views yourself."""
+        apply_copies(table) and then append_paged_kv_cache on the views yourself.
+
+        The prefix cache: token_ids, the ids of the tokens appended (sum(num_tokens) ints in
+        batch order, or one sequence per row), key the full pages; salts (one bytes for all
+        rows, or one per row, None/b"" for none) separate what must never share KV. reuse:
+        start each new (empty) row with its longest cached full-page prefix: the table's
+        cached_tokens says how many tokens each row found, append_indptr counts only the rest
+        (append those, then commit()). leave_last: with reuse, leave at least one token to
+        compute. priority: retention priority 0..100 of the pages once released (None: the
+        daemon's default, 35); retention_ms: how long it holds (0: while cached). Keyed pages
+        become findable only after commit()."""
         seq = _u64_array(seq_ids, "seq_ids")
         tok = _num_tokens(num_tokens, seq.size)
+        opts, _keep = self._cache_opts(tok, token_ids, salts, reuse, leave_last, priority,
+                                       retention_ms)
+        if opts is not None:
+            return self._table_call(self._lib.kvp_client_reserve_cached, seq,
+                                    (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(opts)))
         return self._table_call(self._lib.kvp_client_reserve, seq,
                                 (_ptr(tok, ctypes.c_uint32), seq.size))
+
+    # ---- the prefix cache ------------------------------------------------------------------
+
+    def commit(self, seq_ids, stream=None) -> Commit:
+        """Makes the keyed pages of the sequences findable (after a reserve() whose tokens you
+        appended yourself, every layer). Host backend (stream None): the writes are taken as
+        complete. cuda backend, or a stream given (a torch.cuda.Stream or a raw cudaStream_t;
+        None: the current torch stream of the pool's first device): an interprocess event is
+        recorded on the stream after your appends, and the daemon publishes the pages once it
+        completes; this returns at once, without waiting for the GPU."""
+        seq = _u64_array(seq_ids, "seq_ids")
+        pages, published = ctypes.c_uint32(), ctypes.c_uint32()
+        if stream is not None or self._info.backend == 1:
+            cuda = self._cuda()
+            dev = getattr(stream, "device", None)
+            ordinal = dev.index if dev is not None and dev.index is not None \
+                else self._info.device_ids[0]
+            s = ctypes.c_void_p(cuda.stream_of(ordinal, stream))
+
+            def fn(h, *args):
+                with cuda.torch.cuda.device(ordinal):
+                    return self._lib.kvp_client_cuda_commit_ex(h, *args)
+            self._call(fn, _ptr(seq, ctypes.c_uint64), seq.size, s, ctypes.byref(pages),
+                       ctypes.byref(published))
+        else:
+            self._call(self._lib.kvp_client_commit, _ptr(seq, ctypes.c_uint64), seq.size, None,
+                       ctypes.byref(pages), ctypes.byref(published))
+        return Commit(int(pages.value), int(published.value))
+
+    def lookup(self, prompts, salts=None):
+        """How many leading tokens of each prompt (a list of sequences of token ids) are
+        cached in this namespace's scope, with no side effect; salts as in reserve(). Returns
+        a list of ints (whole pages: multiples of the page size)."""
+        prompts = list(prompts)
+        ids, lens = _prompts(prompts)
+        sdata, slens = _salts(salts, len(prompts))
+        out = np.zeros(max(len(prompts), 1), np.uint32)
+        self._call(self._lib.kvp_client_lookup, _ptr(ids, ctypes.c_int32),
+                   _ptr(lens, ctypes.c_uint32), len(prompts),
+                   None if sdata is None else _ptr(sdata, ctypes.c_uint8),
+                   None if slens is None else _ptr(slens, ctypes.c_uint32),
+                   _ptr(out, ctypes.c_uint32))
+        return [int(x) for x in out[: len(prompts)]]
+
+    def pin(self, token_ids, salt=b"", ttl_ms=0) -> Pin:
+        """Keeps the cached prefix of the prompt token_ids (with salt) resident for ttl_ms (0:
+        the daemon's limits.pin_max_ttl_ms), counted against the namespace's pinned-page
+        quota (ResourceExhausted over it; NotFound when nothing of it is cached)."""
+        ids = _token_array(token_ids, "token_ids")
+        salt = bytes(salt or b"")
+        out = _lib.kvp_pin_t()
+        self._call(self._lib.kvp_client_pin, _ptr(ids, ctypes.c_int32), ids.size,
+                   salt if salt else None, len(salt), int(ttl_ms), ctypes.byref(out))
+        return Pin(int(out.pin_id), int(out.pinned_tokens), int(out.pinned_pages),
+                   int(out.expires_in_ms))
+
+    def unpin(self, pin_id) -> int:
+        """Drops a pin of this namespace; returns the pages it held."""
+        pages = ctypes.c_uint32()
+        self._call(self._lib.kvp_client_unpin, int(getattr(pin_id, "pin_id", pin_id)),
+                   ctypes.byref(pages))
+        return int(pages.value)
+
+    def cache_flush(self, scope=None, all=False) -> int:
+        """Drops every cached page nobody holds in this namespace's scope (an operator may name
+        another scope, or all=True for every scope); pinned and held pages stay. Returns the
+        pages dropped."""
+        pages = ctypes.c_uint32()
+        self._call(self._lib.kvp_client_cache_flush, None if scope is None else scope.encode(),
+                   1 if all else 0, ctypes.byref(pages))
+        return int(pages.value)
+
+    def cache_stats(self) -> CacheStats:
+        """The prefix cache's counters (Stats.cache)."""
+        st = _lib.kvp_cache_stats_t()
+        self._call(self._lib.kvp_client_cache_stats, ctypes.byref(st))
+        return CacheStats(**{f.name: int(getattr(st, f.name))
+                             for f in dataclasses.fields(CacheStats)})
 
     def page_table(self, seq_ids) -> PageTable:
         """The current page table of the sequences (append_indptr all zeros: nothing appended)."""
