@@ -1,14 +1,17 @@
 /*
  * kvpoolctl.c - the operator CLI of kvpoold: status, stats, pool, seqs, clients, audit,
- * metrics, health, top (kvpoolctl_top.c). It is a plain libkvpool client (an observer: attached
- * to no namespace unless --namespace names one, pool not mapped) that reads through
+ * metrics, health, top (kvpoolctl_top.c), cache. It is a plain libkvpool client (an observer:
+ * attached to no namespace unless --namespace names one, pool not mapped) that reads through
  * kvp_client_call_raw and prints aligned tables for people or one JSON object (--json) for scripts.
- * It changes nothing in the daemon. Exit codes: 0 ok, 1 the daemon answered with an error, 2 usage
- * error, 3 daemon unreachable or timed out; `health` answers only 0 or 1, as container and service
- * health checks expect.
+ * It changes nothing in the daemon but for `cache flush`, a mutating call observers may not make:
+ * that one joins a namespace (--namespace, default "kvpoolctl", which only operators may
+ * attach). Exit codes: 0 ok, 1 the daemon answered with an error, 2 usage error, 3 daemon
+ * unreachable or timed out; `health` answers only 0 or 1, as container and service health checks
+ * expect.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
+#include <time.h>
 
 #include "kvp_utf8.h"
 #include "kvp_wire.h"
@@ -35,6 +39,11 @@ enum {
 
 #define METRICS_TEXT_BYTES (4u << 20)
 #define SEQS_PAGE          256u
+/* The namespace `cache flush` joins when --namespace names none (a reserved name: root and the
+ * daemon's uid only). */
+#define FLUSH_NS "kvpoolctl"
+/* Scopes one Stats lists (CacheStats.scopes, kvpool.options). */
+#define MAX_SCOPES (sizeof(((kvpool_CacheStats *)0)->scopes) / sizeof(kvpool_CacheScopeStats))
 
 typedef struct {
     const char *socket_path;
@@ -42,10 +51,15 @@ typedef struct {
     const char *ns;
     uint32_t timeout_ms;
     int json;
-    const char *list_ns;  /* seqs: one namespace, NULL = every namespace */
-    uint32_t limit;       /* seqs: most rows, 0 = all */
-    uint32_t interval_ms; /* top: between refreshes */
-    uint32_t count;       /* top: refreshes, 0 = until quit */
+    const char *list_ns;     /* seqs: one namespace, NULL = every namespace */
+    uint32_t limit;          /* seqs: most rows, 0 = all */
+    uint32_t interval_ms;    /* top: between refreshes; cache: between its two reads */
+    int interval_set;        /* --interval / --watch given */
+    uint32_t count;          /* top: refreshes, 0 = until quit */
+    const char *cache_scope; /* Hello.cache_scope of the namespace joined (NULL: its own) */
+    int flush;               /* cache flush */
+    const char *flush_scope; /* cache flush --scope */
+    int flush_all;           /* cache flush --all */
 } opts_t;
 
 typedef struct {
@@ -80,12 +94,27 @@ static void usage(FILE *f)
           "                         live view: usage per device, rates, latency percentiles,\n"
           "                         top namespaces ('q' or Ctrl-C quits); one key=value line\n"
           "                         per refresh when stdout is not a terminal\n"
+          "  cache [--interval SEC | -w, --watch SEC]\n"
+          "                         prefix cache: cached, pinned and indexed pages, pins,\n"
+          "                         hit rate (over SEC seconds between two reads; without\n"
+          "                         it since start), evictions by reason, one row per scope\n"
+          "  cache flush [--scope S | --all]\n"
+          "                         drop every cached page nobody holds (pinned and held\n"
+          "                         pages stay) in scope S, in every scope (--all), or, with\n"
+          "                         neither, in the scope of the namespace joined with -n;\n"
+          "                         prints the pages dropped. A mutating call: it joins\n"
+          "                         namespace NS of -n (default \"kvpoolctl\", which only\n"
+          "                         root and the daemon's uid may join; others name their\n"
+          "                         own with -n, and --cache-scope when it shares a scope);\n"
+          "                         --scope and --all are for those operators\n"
           "\n"
           "options:\n"
           "  -s, --socket PATH      daemon socket (default: $KVPOOL_SOCKET, else the\n"
           "                         standard path)\n"
           "  -n, --namespace NS     join namespace NS (default: none, an observer session;\n"
           "                         seqs: the namespace to list)\n"
+          "      --cache-scope NAME the cache scope the joined namespace names in Hello\n"
+          "                         (with -n, or cache flush; default its private scope)\n"
           "  -t, --timeout MS       per-call timeout in milliseconds (default 10000)\n"
           "      --json             print one JSON object instead of tables\n"
           "  -h, --help             this help\n"
@@ -153,6 +182,22 @@ static const char *fmt_duration(uint64_t ms, char *buf, size_t len)
         snprintf(buf, len, "%llud%02lluh", (unsigned long long)(s / 86400),
                  (unsigned long long)(s / 3600 % 24));
     return buf;
+}
+
+/* A ratio as a percentage with one decimal; "-" for NaN (nothing to divide). */
+static const char *fmt_percent(double r, char *buf, size_t len)
+{
+    if (isnan(r))
+        snprintf(buf, len, "-");
+    else
+        snprintf(buf, len, "%.1f%%", 100.0 * r);
+    return buf;
+}
+
+/* hit / query, NaN when nothing was asked. */
+static double ratio(uint64_t hit, uint64_t query)
+{
+    return query ? (double)hit / (double)query : NAN;
 }
 
 static const char *dtype_name(uint32_t d)
@@ -276,6 +321,16 @@ static void j_double(json_t *j, const char *key, double v)
     fprintf(j->f, "%.3f", v);
 }
 
+/* A ratio in 0..1 with six decimals; null for NaN (JSON has no NaN). */
+static void j_ratio(json_t *j, const char *key, double v)
+{
+    j_member(j, key);
+    if (isnan(v))
+        fputs("null", j->f);
+    else
+        fprintf(j->f, "%.6f", v);
+}
+
 /* ---- tables: columns sized to their widest cell, separated by three spaces --------------- */
 
 typedef struct {
@@ -353,7 +408,7 @@ static void table_free(table_t *t)
  * a function for what is not one field). The table shows the columns that have a title, the
  * JSON the ones that have a key, each in array order; adding a field is one row. */
 
-typedef enum { COL_U32, COL_U64, COL_I32, COL_STR, COL_BOOL } col_type_t;
+typedef enum { COL_U32, COL_U64, COL_I32, COL_STR, COL_BOOL, COL_F64 } col_type_t;
 
 typedef enum {
     SHOW_PLAIN,    /* a number in decimal; text made safe for a terminal (kvp_ctl_safe) */
@@ -361,12 +416,14 @@ typedef enum {
     SHOW_OR_DASH,  /* text made safe, "-" when empty */
     SHOW_DURATION, /* milliseconds, as fmt_duration */
     SHOW_BYTES,    /* bytes, as fmt_bytes */
+    SHOW_PERCENT,  /* a ratio (COL_F64) as a percentage, "-" when NaN (JSON: null) */
     SHOW_CUSTOM,   /* the column's cell function writes it */
 } col_show_t;
 
 typedef struct {
     uint64_t u; /* COL_U32, COL_U64, COL_BOOL */
     int64_t i;  /* COL_I32 */
+    double d;   /* COL_F64 (computed only) */
     const char *s;
 } col_val_t;
 
@@ -425,6 +482,7 @@ static void col_value(const col_t *c, const void *rec, const void *ctx, col_val_
         v->s = p;
         break;
     case COL_BOOL: /* computed only */
+    case COL_F64:
         break;
     }
 }
@@ -444,6 +502,9 @@ static void col_cell(const col_t *c, const void *rec, const void *ctx, char *buf
     case SHOW_BYTES:
         fmt_bytes(v.u, buf, len);
         return;
+    case SHOW_PERCENT:
+        fmt_percent(v.d, buf, len);
+        return;
     default:
         break;
     }
@@ -457,6 +518,9 @@ static void col_cell(const col_t *c, const void *rec, const void *ctx, char *buf
         break;
     case COL_BOOL:
         snprintf(buf, len, "%s", v.u ? "true" : "false");
+        break;
+    case COL_F64:
+        snprintf(buf, len, "%.3f", v.d);
         break;
     case COL_STR:
         if (c->show == SHOW_OR_DASH && !v.s[0])
@@ -496,6 +560,9 @@ static void json_records(json_t *j, const char *key, const record_t *r, const vo
                 break;
             case COL_BOOL:
                 j_bool(j, c->key, v.u != 0);
+                break;
+            case COL_F64:
+                j_ratio(j, c->key, v.d);
                 break;
             }
         }
@@ -563,6 +630,7 @@ static int ctl_connect(ctl_t *x, char *err, size_t err_len)
         .socket_path = x->o->socket_path,
         .ns = x->o->ns,
         .observer = x->o->ns == NULL, /* reads without owning a namespace (kvpool.proto) */
+        .cache_scope = x->o->cache_scope,
         .client_name = "kvpoolctl",
         .lease_ms = KVP_LEASE_DEFAULT, /* never change the lease of the namespace it joins */
         .timeout_ms = x->o->timeout_ms,
@@ -737,6 +805,209 @@ static int cmd_status(ctl_t *x)
     return EXIT_OK;
 }
 
+/* ---- the prefix cache (kvpool.proto CacheStats) ----------------------------------------
+ * The figures come with Stats (Stats.cache). A hit rate is over a window: between two reads
+ * (cache --interval) or since the daemon started; a scope row's window figures are its
+ * counters minus those of the same scope (name and uid) in the first read. */
+
+typedef struct {
+    kvpool_CacheScopeStats s;
+    uint64_t query, hit; /* over the window */
+} scope_row_t;
+
+static void scope_hit_rate(const void *rec, const void *ctx, col_val_t *v)
+{
+    const scope_row_t *r = rec;
+    (void)ctx;
+    v->d = ratio(r->hit, r->query);
+}
+
+static const col_t scope_cols[] = {
+    {"SCOPE", "name", 'l', SHOW_PLAIN, FIELD(scope_row_t, s.name)},
+    {"UID", "uid", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.uid)},
+    {"NAMESPACES", "namespaces", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.namespaces)},
+    {"CACHED", "cached_pages", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.cached_pages)},
+    {"INDEXED", "indexed_pages", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.indexed_pages)},
+    {NULL, "query_tokens_total", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.query_tokens)},
+    {NULL, "hit_tokens_total", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.hit_tokens)},
+    {"QUERY", "query_tokens", 'r', SHOW_PLAIN, FIELD(scope_row_t, query)},
+    {"HIT", "hit_tokens", 'r', SHOW_PLAIN, FIELD(scope_row_t, hit)},
+    {"HIT%", "hit_rate", 'r', SHOW_PERCENT, .type = COL_F64, .get = scope_hit_rate},
+};
+static const record_t scope_record = RECORD(scope_cols, scope_row_t);
+
+/* cur - prev of a counter; cur alone when it went back (another daemon: not expected on one
+ * connection, but never an underflow). */
+static uint64_t delta(uint64_t cur, uint64_t prev)
+{
+    return cur >= prev ? cur - prev : cur;
+}
+
+/* The window of each scope of cur (prev NULL: since start) into rows[cur->scopes_count]. */
+static void scope_rows(const kvpool_CacheStats *cur, const kvpool_CacheStats *prev,
+                       scope_row_t *rows)
+{
+    for (pb_size_t i = 0; i < cur->scopes_count; i++) {
+        const kvpool_CacheScopeStats *c = &cur->scopes[i], *p = NULL;
+        for (pb_size_t k = 0; prev && k < prev->scopes_count && !p; k++)
+            if (prev->scopes[k].uid == c->uid && strcmp(prev->scopes[k].name, c->name) == 0)
+                p = &prev->scopes[k];
+        rows[i].s = *c;
+        rows[i].query = p ? delta(c->query_tokens, p->query_tokens) : c->query_tokens;
+        rows[i].hit = p ? delta(c->hit_tokens, p->hit_tokens) : c->hit_tokens;
+    }
+}
+
+/* The cache as one JSON object `key`: cur's figures, the window's tokens and hit rate (prev
+ * NULL: since start; interval_ms 0 then), evictions by reason, one object per scope. */
+static void json_cache(json_t *j, const char *key, const kvpool_CacheStats *cur,
+                       const kvpool_CacheStats *prev, uint32_t interval_ms)
+{
+    static scope_row_t rows[MAX_SCOPES];
+    const uint64_t q = delta(cur->query_tokens_total, prev ? prev->query_tokens_total : 0);
+    const uint64_t h = delta(cur->hit_tokens_total, prev ? prev->hit_tokens_total : 0);
+    j_open(j, key, '{');
+    j_u64(j, "cached_pages", cur->cached_pages);
+    j_u64(j, "pinned_pages", cur->pinned_pages);
+    j_u64(j, "indexed_pages", cur->indexed_pages);
+    j_u64(j, "pins", cur->pins);
+    j_u64(j, "bytes", cur->bytes);
+    j_u64(j, "query_tokens_total", cur->query_tokens_total);
+    j_u64(j, "hit_tokens_total", cur->hit_tokens_total);
+    j_u64(j, "interval_ms", prev ? interval_ms : 0);
+    j_u64(j, "query_tokens", q);
+    j_u64(j, "hit_tokens", h);
+    j_ratio(j, "hit_rate", ratio(h, q));
+    j_open(j, "evictions", '{');
+    j_u64(j, "pressure", cur->evictions_pressure_total);
+    j_u64(j, "flush", cur->evictions_flush_total);
+    j_u64(j, "rewrite", cur->evictions_rewrite_total);
+    j_close(j, '}');
+    scope_rows(cur, prev, rows);
+    json_records(j, "scopes", &scope_record, rows, cur->scopes_count, NULL);
+    j_close(j, '}');
+}
+
+/* "75.0% (750 of 1000 tokens)", or "- (no lookups)" */
+static const char *fmt_hit_rate(uint64_t hit, uint64_t query, char *buf, size_t len)
+{
+    char pct[32];
+    if (query == 0)
+        snprintf(buf, len, "- (no lookups)");
+    else
+        snprintf(buf, len, "%s (%llu of %llu tokens)",
+                 fmt_percent(ratio(hit, query), pct, sizeof(pct)), (unsigned long long)hit,
+                 (unsigned long long)query);
+    return buf;
+}
+
+static void sleep_ms(uint32_t ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static int cmd_cache_flush(ctl_t *x)
+{
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    new_req(x, kvpool_Request_cache_flush_tag);
+    kvpool_CacheFlushRequest *f = &x->req.body.cache_flush;
+    if (x->o->flush_scope)
+        snprintf(f->scope, sizeof(f->scope), "%s", x->o->flush_scope);
+    f->all = x->o->flush_all != 0;
+    rc = ctl_call(x, kvpool_Response_cache_flush_tag, NULL);
+    if (rc)
+        return report(x, rc, "cache flush");
+    const uint32_t pages = x->resp->body.cache_flush.pages;
+    char b1[160];
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        j_open(&j, NULL, '{');
+        j_u64(&j, "pages", pages);
+        j_str(&j, "scope", x->o->flush_scope ? x->o->flush_scope : "");
+        j_bool(&j, "all", x->o->flush_all);
+        j_str(&j, "namespace", x->o->ns);
+        j_close(&j, '}');
+    } else if (x->o->flush_all) {
+        printf("flushed %u page%s (every scope)\n", pages, pages == 1 ? "" : "s");
+    } else if (x->o->flush_scope) {
+        printf("flushed %u page%s (scope %s)\n", pages, pages == 1 ? "" : "s",
+               kvp_ctl_safe(x->o->flush_scope, b1, sizeof(b1)));
+    } else {
+        printf("flushed %u page%s (the scope of namespace %s)\n", pages, pages == 1 ? "" : "s",
+               kvp_ctl_safe(x->o->ns, b1, sizeof(b1)));
+    }
+    return EXIT_OK;
+}
+
+static int cmd_cache(ctl_t *x)
+{
+    if (x->o->flush)
+        return cmd_cache_flush(x);
+    int rc = ctl_connect(x, NULL, 0);
+    if (rc)
+        return rc;
+    kvpool_Stats *s = malloc(sizeof(*s)), *first = NULL;
+    if (!s)
+        return report(x, KVP_ENOMEM, "stats");
+    rc = get_stats(x, s);
+    if (rc == 0 && x->o->interval_set) {
+        first = s;
+        s = malloc(sizeof(*s));
+        if (!s) {
+            free(first);
+            return report(x, KVP_ENOMEM, "stats");
+        }
+        sleep_ms(x->o->interval_ms);
+        rc = get_stats(x, s);
+    }
+    if (rc) {
+        free(s);
+        free(first);
+        return report(x, rc, "stats");
+    }
+    const kvpool_CacheStats *c = &s->cache, *p = first ? &first->cache : NULL;
+    if (x->o->json) {
+        json_t j = {.f = stdout};
+        json_cache(&j, NULL, c, p, x->o->interval_ms);
+        free(s);
+        free(first);
+        return EXIT_OK;
+    }
+    char b1[64], b2[160];
+    printf("pages        %u cached, %u pinned, %u indexed\n", c->cached_pages, c->pinned_pages,
+           c->indexed_pages);
+    printf("pins         %u\n", c->pins);
+    fmt_hit_rate(delta(c->hit_tokens_total, p ? p->hit_tokens_total : 0),
+                 delta(c->query_tokens_total, p ? p->query_tokens_total : 0), b2, sizeof(b2));
+    if (p)
+        printf("hit rate     %s over %s\n", b2, fmt_duration(x->o->interval_ms, b1, sizeof(b1)));
+    else
+        printf("hit rate     %s since start\n", b2);
+    printf("evictions    %llu pressure, %llu flush, %llu rewrite\n",
+           (unsigned long long)c->evictions_pressure_total,
+           (unsigned long long)c->evictions_flush_total,
+           (unsigned long long)c->evictions_rewrite_total);
+    printf("memory       %s (the cache's tables)\n", fmt_bytes(c->bytes, b1, sizeof(b1)));
+    if (c->scopes_count) {
+        static scope_row_t rows[MAX_SCOPES];
+        scope_rows(c, p, rows);
+        putchar('\n');
+        table_records(stdout, &scope_record, rows, c->scopes_count, NULL);
+    }
+    fflush(stdout); /* the notes come after the table */
+    if (c->scopes_count == MAX_SCOPES)
+        fprintf(stderr, "(the daemon lists at most %u scopes)\n", (unsigned)c->scopes_count);
+    if (!s->has_cache)
+        fprintf(stderr, "(the daemon sent no prefix cache figures)\n");
+    free(s);
+    free(first);
+    return EXIT_OK;
+}
+
 /* stats: one namespace */
 static void ns_expires_cell(const void *rec, const void *ctx, char *buf, size_t len)
 {
@@ -792,6 +1063,7 @@ static int cmd_stats(ctl_t *x)
         json_records(&j, "namespaces", &ns_record, s->namespaces, s->namespaces_count, NULL);
         j_u64(&j, "namespaces_total", ns_total(s));
         j_bool(&j, "namespaces_truncated", s->namespaces_truncated);
+        json_cache(&j, "cache", &s->cache, NULL, 0);
         j_close(&j, '}');
         free(s);
         return EXIT_OK;
@@ -806,6 +1078,13 @@ static int cmd_stats(ctl_t *x)
     printf("requests     %llu\n", (unsigned long long)s->requests_total);
     printf("appended     %s\n", fmt_bytes(s->append_bytes_total, b1, sizeof(b1)));
     printf("uptime       %s\n", fmt_duration(s->uptime_ms, b1, sizeof(b1)));
+    if (s->has_cache) {
+        char b2[160];
+        const kvpool_CacheStats *c = &s->cache;
+        printf("cache        %u cached, %u pinned, %u indexed pages; hit rate %s\n",
+               c->cached_pages, c->pinned_pages, c->indexed_pages,
+               fmt_hit_rate(c->hit_tokens_total, c->query_tokens_total, b2, sizeof(b2)));
+    }
     if (s->namespaces_count) {
         putchar('\n');
         table_records(stdout, &ns_record, s->namespaces, s->namespaces_count, NULL);
@@ -1215,10 +1494,19 @@ static const struct {
     {"status", cmd_status},       {"stats", cmd_stats},     {"pool", cmd_pool},
     {"seqs", cmd_seqs},           {"clients", cmd_clients}, {"audit", cmd_audit},
     {"metrics", cmd_metrics},     {"health", cmd_health},   {"top", cmd_top},
-    {"transfers", cmd_transfers},
+    {"transfers", cmd_transfers}, {"cache", cmd_cache},
 };
 
-enum { OPT_JSON = 256, OPT_VERSION, OPT_LIMIT, OPT_INTERVAL, OPT_COUNT };
+enum {
+    OPT_JSON = 256,
+    OPT_VERSION,
+    OPT_LIMIT,
+    OPT_INTERVAL,
+    OPT_COUNT,
+    OPT_SCOPE,
+    OPT_ALL,
+    OPT_CACHE_SCOPE
+};
 
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, 's'},
@@ -1230,27 +1518,34 @@ static const struct option long_opts[] = {
     {"limit", required_argument, NULL, OPT_LIMIT},
     {"interval", required_argument, NULL, OPT_INTERVAL},
     {"count", required_argument, NULL, OPT_COUNT},
+    {"watch", required_argument, NULL, 'w'},
+    {"scope", required_argument, NULL, OPT_SCOPE},
+    {"all", no_argument, NULL, OPT_ALL},
+    {"cache-scope", required_argument, NULL, OPT_CACHE_SCOPE},
     {NULL, 0, NULL, 0},
 };
 
-/* Parses options from argv[optind]; stops at the first operand when stop_at_operand. In a
- * command's own options (is_seqs), -n/--namespace names the namespace to list. */
 /* --interval SEC: seconds with an optional fraction, 0.1 .. 86400; returns milliseconds. */
-static uint32_t parse_interval(const char *s)
+static uint32_t parse_interval(const char *what, const char *s)
 {
     char *end;
     errno = 0;
     double v = s && *s && *s != '-' && *s != '+' && *s != ' ' ? strtod(s, &end) : -1;
     if (v == -1 || errno || *end || !(v >= 0.1 && v <= 86400))
-        die_usage("--interval: '%s' is not a number of seconds in 0.1..86400", s ? s : "");
+        die_usage("%s: '%s' is not a number of seconds in 0.1..86400", what, s ? s : "");
     return (uint32_t)(v * 1000 + 0.5);
 }
 
-static void parse_opts(int argc, char **argv, opts_t *o, int stop_at_operand, int is_seqs,
-                       int allow_limit, int is_top)
+/* Parses options from argv[optind]. cmd NULL: the options before the command (stops at the
+ * first operand, takes no command's own option); else those of command cmd. In seqs' own
+ * options -n/--namespace names the namespace to list. */
+static void parse_opts(int argc, char **argv, opts_t *o, const char *cmd)
 {
+    const int is_seqs = cmd && strcmp(cmd, "seqs") == 0;
+    const int is_top = cmd && strcmp(cmd, "top") == 0;
+    const int is_cache = cmd && strcmp(cmd, "cache") == 0;
     int c;
-    const char *shortopts = stop_at_operand ? "+:s:n:t:h" : ":s:n:t:h";
+    const char *shortopts = cmd ? ":s:n:t:hw:" : "+:s:n:t:hw:";
     while ((c = getopt_long(argc, argv, shortopts, long_opts, NULL)) != -1) {
         switch (c) {
         case 's':
@@ -1269,19 +1564,39 @@ static void parse_opts(int argc, char **argv, opts_t *o, int stop_at_operand, in
             o->json = 1;
             break;
         case OPT_LIMIT:
-            if (!allow_limit)
+            if (!is_seqs)
                 die_usage("--limit applies to the seqs command only");
             o->limit = parse_u32("--limit", optarg, 1, UINT32_MAX);
             break;
         case OPT_INTERVAL:
-            if (!is_top)
-                die_usage("--interval applies to the top command only");
-            o->interval_ms = parse_interval(optarg);
+            if (!is_top && !is_cache)
+                die_usage("--interval applies to the top and cache commands only");
+            o->interval_ms = parse_interval("--interval", optarg);
+            o->interval_set = 1;
+            break;
+        case 'w': /* cache: another name of --interval */
+            if (!is_cache)
+                die_usage("--watch applies to the cache command only");
+            o->interval_ms = parse_interval("--watch", optarg);
+            o->interval_set = 1;
             break;
         case OPT_COUNT:
             if (!is_top)
                 die_usage("--count applies to the top command only");
             o->count = parse_u32("--count", optarg, 0, UINT32_MAX);
+            break;
+        case OPT_SCOPE:
+            if (!is_cache)
+                die_usage("--scope applies to cache flush only");
+            o->flush_scope = optarg;
+            break;
+        case OPT_ALL:
+            if (!is_cache)
+                die_usage("--all applies to cache flush only");
+            o->flush_all = 1;
+            break;
+        case OPT_CACHE_SCOPE:
+            o->cache_scope = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -1305,7 +1620,7 @@ int main(int argc, char **argv)
     memset(&o, 0, sizeof(o));
     opterr = 0;
     o.interval_ms = 2000;
-    parse_opts(argc, argv, &o, 1, 0, 0, 0);
+    parse_opts(argc, argv, &o, NULL);
     if (optind >= argc)
         die_usage("no command given");
     const char *cmd = argv[optind];
@@ -1320,10 +1635,28 @@ int main(int argc, char **argv)
     int sub_argc = argc - optind;
     char **sub_argv = argv + optind;
     optind = 0; /* glibc: restart scanning */
-    int is_seqs = strcmp(cmd, "seqs") == 0;
-    parse_opts(sub_argc, sub_argv, &o, 0, is_seqs, is_seqs, strcmp(cmd, "top") == 0);
+    parse_opts(sub_argc, sub_argv, &o, cmd);
+    if (strcmp(cmd, "cache") == 0 && optind < sub_argc && strcmp(sub_argv[optind], "flush") == 0) {
+        o.flush = 1;
+        optind++;
+    }
     if (optind < sub_argc)
         die_usage("unexpected argument '%s'", sub_argv[optind]);
+    if (o.flush) {
+        if (o.interval_set)
+            die_usage("--interval and --watch apply to cache, not to cache flush");
+        if (o.flush_scope && o.flush_all)
+            die_usage("cache flush: --scope and --all exclude each other");
+        if (!o.ns && !o.flush_scope && !o.flush_all)
+            die_usage("cache flush: name --scope S or --all (root and the daemon's uid), or "
+                      "join your namespace with -n NS to flush its scope");
+        if (!o.ns)
+            o.ns = FLUSH_NS; /* a mutating call: not as an observer */
+    } else if (o.flush_scope || o.flush_all) {
+        die_usage("--scope and --all apply to cache flush only");
+    }
+    if (o.cache_scope && !o.ns)
+        die_usage("--cache-scope needs a namespace to join (-n NS)");
 
     if (!o.socket_path) {
         o.socket_path = kvp_client_default_socket(o.socket_buf, sizeof(o.socket_buf));
@@ -1338,6 +1671,12 @@ int main(int argc, char **argv)
     if (o.list_ns && strlen(o.list_ns) >= sizeof(((kvpool_ListSequencesRequest *)0)->namespace))
         die_usage("namespace longer than %zu bytes",
                   sizeof(((kvpool_ListSequencesRequest *)0)->namespace) - 1);
+    if (o.flush_scope && strlen(o.flush_scope) >= sizeof(((kvpool_CacheFlushRequest *)0)->scope))
+        die_usage("scope longer than %zu bytes",
+                  sizeof(((kvpool_CacheFlushRequest *)0)->scope) - 1);
+    if (o.cache_scope && strlen(o.cache_scope) >= sizeof(((kvpool_HelloRequest *)0)->cache_scope))
+        die_usage("cache scope longer than %zu bytes",
+                  sizeof(((kvpool_HelloRequest *)0)->cache_scope) - 1);
 
     ctl_t x;
     memset(&x, 0, sizeof(x));

@@ -50,6 +50,8 @@ typedef struct {
     } ns[MAX_NS];
     int ncalls;
     hist_t call[MAX_CALLS];
+    int has_cache; /* the daemon writes the kvpool_prefix_cache_* families */
+    double cache_cached, cache_pinned, cache_query, cache_hit;
 } snap_t;
 
 /* ---- the terminal ------------------------------------------------------------------------- */
@@ -208,6 +210,18 @@ static void parse_snapshot(const char *text, size_t len, snap_t *sn)
                 else
                     sn->ns[i].tokens = s.value;
             }
+        } else if (kvp_prom_is(&s, "kvpool_prefix_cache_pages")) {
+            sn->has_cache = 1;
+            if (kvp_prom_label(&s, "state", a, sizeof(a)) == 0) {
+                if (!strcmp(a, "cached"))
+                    sn->cache_cached = s.value;
+                else if (!strcmp(a, "pinned"))
+                    sn->cache_pinned = s.value;
+            }
+        } else if (kvp_prom_is(&s, "kvpool_prefix_cache_query_tokens_total")) {
+            sn->cache_query = s.value;
+        } else if (kvp_prom_is(&s, "kvpool_prefix_cache_hit_tokens_total")) {
+            sn->cache_hit = s.value;
         } else if (kvp_prom_is(&s, "kvpool_rpc_requests_total")) {
             sn->requests += s.value;
             if (kvp_prom_label(&s, "code", b, sizeof(b)) == 0 && strcmp(b, "OK") != 0)
@@ -278,6 +292,19 @@ static double rate(double cur, double prev, double dt, int have_prev)
     return have_prev && dt > 0 && cur >= prev ? (cur - prev) / dt : NAN;
 }
 
+/* The prefix cache's hit rate: hit / query tokens of the interval (since start without prev);
+ * NaN when nothing was looked up. *interval says which. */
+static double cache_hit_rate(const snap_t *cur, const snap_t *prev, int *interval)
+{
+    double q = cur->cache_query, h = cur->cache_hit;
+    *interval = prev && prev->has_cache && q >= prev->cache_query && h >= prev->cache_hit;
+    if (*interval) {
+        q -= prev->cache_query;
+        h -= prev->cache_hit;
+    }
+    return q > 0 ? h / q : NAN;
+}
+
 static int by_tokens(const void *a, const void *b)
 {
     const double x = ((const double *)a)[0], y = ((const double *)b)[0];
@@ -305,9 +332,20 @@ static void draw_screen(const kvp_top_opts_t *o, const snap_t *cur, const snap_t
     double dt = have ? cur->t - prev->t : 0;
     char b1[64], b2[64], b3[64], b4[160];
     printf("\033[H\033[2J");
-    printf("\033[1mkvpool top\033[0m  %s  v%s %s  up %.0fs  clients %.0f  %s   (q to quit)\n\n",
+    printf("\033[1mkvpool top\033[0m  %s  v%s %s  up %.0fs  clients %.0f  %s   (q to quit)\n",
            o->socket_path, cur->version, cur->backend, cur->uptime, cur->clients,
            cur->up > 0 ? "healthy" : "\033[31mUNHEALTHY\033[0m");
+    if (cur->has_cache) {
+        int iv;
+        double hr = cache_hit_rate(cur, prev, &iv);
+        if (isnan(hr))
+            snprintf(b1, sizeof(b1), "-");
+        else
+            snprintf(b1, sizeof(b1), "%.1f%%", 100 * hr);
+        printf("prefix cache  cached %.0f pages   pinned %.0f   hit rate %s (%s)\n",
+               cur->cache_cached, cur->cache_pinned, b1, iv ? "this interval" : "since start");
+    }
+    putchar('\n');
     int bar = cols - 60;
     if (bar < 10)
         bar = 10;
@@ -418,7 +456,21 @@ static void draw_line(const snap_t *cur, const snap_t *prev)
         else
             printf(" %s=%.1f", qn[i], v * 1e6);
     }
-    printf(" allocation_failures=%.0f evicted_sequences=%.0f\n", cur->alloc_fail, cur->evicted);
+    printf(" allocation_failures=%.0f evicted_sequences=%.0f", cur->alloc_fail, cur->evicted);
+    /* the prefix cache: "-" from a daemon without one; the hit rate over the interval (since
+     * start on the first line), "-" when nothing was looked up */
+    if (cur->has_cache) {
+        int iv;
+        double hr = cache_hit_rate(cur, prev, &iv);
+        printf(" cache_cached_pages=%.0f cache_pinned_pages=%.0f", cur->cache_cached,
+               cur->cache_pinned);
+        if (isnan(hr))
+            printf(" cache_hit_rate=-\n");
+        else
+            printf(" cache_hit_rate=%.4f\n", hr);
+    } else {
+        printf(" cache_cached_pages=- cache_pinned_pages=- cache_hit_rate=-\n");
+    }
     fflush(stdout);
 }
 

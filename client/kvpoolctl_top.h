@@ -1,10 +1,10 @@
 /*
  * kvpoolctl_top.h - `kvpoolctl top`: a live view of one daemon built from its Metrics text
- * (usage bars per device, rates between refreshes, latency percentiles from the histograms,
- * the busiest namespaces). On a terminal it redraws in the alternate screen with the cursor
- * hidden and the terminal in non-canonical, no-echo mode, and restores all of it on exit
- * ('q', Ctrl-C, SIGTERM, the daemon going away); otherwise it prints one key=value line per
- * refresh.
+ * (usage bars per device, the prefix cache's cached and pinned pages and hit rate, rates
+ * between refreshes, latency percentiles from the histograms, the busiest namespaces). On a
+ * terminal it redraws in the alternate screen with the cursor hidden and the terminal in
+ * non-canonical, no-echo mode, and restores all of it on exit ('q', Ctrl-C, SIGTERM, the daemon
+ * going away); otherwise it prints one key=value line per refresh.
  */
 #ifndef KVPOOLCTL_TOP_H
 #define KVPOOLCTL_TOP_H

@@ -103,7 +103,7 @@ class KvpoolctlTest(unittest.TestCase):
         self.assertEqual(self.d.stop(), 0, self.d.logtext())
 
     def test_every_data_command_has_tables_and_json(self):
-        for cmd in ("status", "stats", "pool", "seqs", "clients", "audit"):
+        for cmd in ("status", "stats", "pool", "seqs", "clients", "audit", "cache"):
             rc, out, err = ctl(self.d.sock, cmd)
             self.assertEqual(rc, 0, (cmd, err))
             self.assertTrue(out.strip() or (cmd == "seqs" and "no sequences" in err), cmd)
@@ -118,6 +118,21 @@ class KvpoolctlTest(unittest.TestCase):
         st = json.loads(out)
         self.assertEqual(st["num_pages"], 64)
         self.assertEqual(st["free_pages"], 64)
+        # the prefix cache of an idle daemon, in stats and in cache (lifetime: no interval)
+        idle = {"cached_pages": 0, "pinned_pages": 0, "indexed_pages": 0, "pins": 0,
+                "query_tokens_total": 0, "hit_tokens_total": 0, "interval_ms": 0,
+                "query_tokens": 0, "hit_tokens": 0, "hit_rate": None,
+                "evictions": {"pressure": 0, "flush": 0, "rewrite": 0}}
+        rc, out, _ = ctl(self.d.sock, "cache", "--json")
+        cache = json.loads(out)
+        self.assertEqual({k: cache[k] for k in idle}, idle)
+        self.assertEqual({k: st["cache"][k] for k in idle}, idle)
+        rc, out, err = ctl(self.d.sock, "cache", "--watch", "0.2", "--json")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(out)["interval_ms"], 200)
+        rc, out, err = ctl(self.d.sock, "cache", "--interval", "0.2")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("\nhit rate     - (no lookups) over 200ms\n", out)
         rc, out, _ = ctl(self.d.sock, "audit", "--json")
         self.assertTrue(json.loads(out)["ok"])
 
@@ -143,6 +158,34 @@ class KvpoolctlTest(unittest.TestCase):
         p = subprocess.run([CTL, "stats"], capture_output=True, text=True,
                            env=dict(os.environ, KVPOOL_SOCKET=self.d.sock))
         self.assertEqual(p.returncode, 0, p.stderr)
+
+
+class KvpoolctlUsageTest(unittest.TestCase):
+    """What kvpoolctl refuses before it connects (no daemon: a refused line exits 2, one that
+    got through would try the absent socket and exit 3)."""
+
+    def test_cache_options(self):
+        absent = "/nonexistent/kvpool.sock"
+        rc, out, _ = ctl(absent, "cache", "--help")
+        self.assertEqual(rc, 0)
+        self.assertIn("  cache [--interval SEC | -w, --watch SEC]\n", out)
+        self.assertIn("  cache flush [--scope S | --all]\n", out)
+        for args in (["cache", "--scope", "s"], ["cache", "--all"], ["stats", "--all"],
+                     ["cache", "flush"],  # no scope, no namespace
+                     ["cache", "flush", "--scope", "s", "--all"],
+                     ["cache", "flush", "--interval", "1", "--all"],
+                     ["cache", "flush", "--all", "again"], ["cache", "bogus"],
+                     ["cache", "--watch", "0"], ["cache", "--interval", "x"],
+                     ["top", "--watch", "1"], ["cache", "--cache-scope", "s"],
+                     ["cache", "flush", "--scope", "x" * 65]):
+            rc, _, err = ctl(absent, *args)
+            self.assertEqual(rc, 2, (args, err))
+        self.assertIn("cache flush: name --scope S or --all", ctl(absent, "cache", "flush")[2])
+        for args in (["cache"], ["cache", "-w", "0.1"], ["cache", "flush", "--all"],
+                     ["cache", "flush", "--scope", "x" * 64], ["-n", "me", "cache", "flush"],
+                     ["-n", "me", "--cache-scope", "s", "cache", "flush", "--json"]):
+            rc, _, err = ctl(absent, *args)
+            self.assertEqual(rc, 3, (args, err))
 
 
 class CheckConfigTest(unittest.TestCase):

@@ -453,6 +453,12 @@ class TopTest(unittest.TestCase):
         self.assertRegex(rows[1]["requests_per_s"], r"^\d+\.\d$")
         self.assertGreater(float(rows[2]["requests_per_s"]), 0)  # its own Metrics calls
         self.assertRegex(rows[2]["p99_us"], r"^\d+\.\d$")
+        # the prefix cache: nothing looked up here (no token ids), so no hit rate; "-" pages
+        # from a daemon without the kvpool_prefix_cache_* families
+        for r in rows:
+            self.assertEqual(r["cache_hit_rate"], "-")
+            self.assertIn(r["cache_cached_pages"], ("-", "0"))
+            self.assertIn(r["cache_pinned_pages"], ("-", "0"))
 
     def test_daemon_going_away_exits_3(self):
         p = subprocess.Popen([lc.CTL, "-s", self.d.sock, "top", "--interval", "0.2"],
@@ -465,6 +471,108 @@ class TopTest(unittest.TestCase):
         p.stderr.close()
         self.d = MetricsDaemon()  # for tearDown
         self.c = kvpool.Client(self.d.sock, namespace="x")
+
+
+class CacheCtlTest(unittest.TestCase):
+    """kvpoolctl cache, cache flush, stats and top, and the kvpool_prefix_cache_* families,
+    over a prompt of 18 tokens (4 full pages of 4) cached by namespace engine-a."""
+
+    PROMPT = list(range(100, 118))
+
+    def setUp(self):
+        self.d = MetricsDaemon()
+        self.c = kvpool.Client(self.d.sock, namespace="engine-a", lease_ms=60000)
+        self.c.reserve([1], [18], token_ids=self.PROMPT)
+        self.assertEqual(self.c.commit([1]).published, 4)
+        self.assertEqual(self.c.lookup([self.PROMPT]), [16])  # 18 tokens asked, 16 found
+        self.c.release([1])  # its 4 full pages stay cached, the partial one is freed
+
+    def tearDown(self):
+        self.c.close()
+        self.assertEqual(self.d.stop(), 0, self.d.logtext())
+
+    def cache_json(self, *args):
+        rc, out, err = lc.ctl(self.d.sock, "cache", "--json", *args)
+        self.assertEqual(rc, 0, err)
+        return json.loads(out)
+
+    def test_cache_stats_flush_top_and_metrics_agree(self):
+        scope = {"name": "ns:engine-a", "uid": os.getuid(), "namespaces": 1,
+                 "cached_pages": 4, "indexed_pages": 4, "query_tokens_total": 18,
+                 "hit_tokens_total": 16, "query_tokens": 18, "hit_tokens": 16,
+                 "hit_rate": 16 / 18}
+        want = {"cached_pages": 4, "pinned_pages": 0, "indexed_pages": 4, "pins": 0,
+                "query_tokens_total": 18, "hit_tokens_total": 16, "interval_ms": 0,
+                "query_tokens": 18, "hit_tokens": 16, "hit_rate": 16 / 18,
+                "evictions": {"pressure": 0, "flush": 0, "rewrite": 0}}
+        got = self.cache_json()
+        self.assertGreater(got.pop("bytes"), 0)
+        self.assertEqual(len(got["scopes"]), 1)
+        self.assertAlmostEqual(got["scopes"][0].pop("hit_rate"), scope.pop("hit_rate"), 6)
+        self.assertEqual(got.pop("scopes"), [scope])
+        self.assertAlmostEqual(got.pop("hit_rate"), want.pop("hit_rate"), 6)
+        self.assertEqual(got, want)
+
+        # a pin holds 2 pages: no longer cached, still indexed
+        self.assertEqual(self.c.pin(self.PROMPT[:8]).pinned_pages, 2)
+        st = stats_json(self.d.sock)["cache"]
+        self.assertEqual((st["cached_pages"], st["pinned_pages"], st["indexed_pages"],
+                          st["pins"], st["interval_ms"]), (2, 2, 4, 1, 0))
+        rc, out, err = lc.ctl(self.d.sock, "stats")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("\ncache        2 cached, 2 pinned, 4 indexed pages; hit rate 88.9% "
+                      "(16 of 18 tokens)\n", out)
+        rc, out, err = lc.ctl(self.d.sock, "cache")
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.startswith(
+            "pages        2 cached, 2 pinned, 4 indexed\n"
+            "pins         1\n"
+            "hit rate     88.9% (16 of 18 tokens) since start\n"
+            "evictions    0 pressure, 0 flush, 0 rewrite\n"), out)
+        self.assertRegex(out, r"\nSCOPE +UID +NAMESPACES +CACHED +INDEXED +QUERY +HIT +HIT%%\n"
+                              r"ns:engine-a +%d +1 +2 +4 +18 +16 +88\.9%%\n$" % os.getuid())
+        # over an interval with no lookup: nothing to divide
+        rc, out, err = lc.ctl(self.d.sock, "cache", "-w", "0.3")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("\nhit rate     - (no lookups) over 300ms\n", out)
+        self.assertRegex(out, r"\nns:engine-a +%d +1 +2 +4 +0 +0 +-\n$" % os.getuid())
+        got = self.cache_json("--interval", "0.3")
+        self.assertEqual((got["interval_ms"], got["query_tokens"], got["hit_tokens"],
+                          got["hit_rate"], got["query_tokens_total"]), (300, 0, 0, None, 18))
+
+        _, s = self.d.scrape()
+        self.assertEqual(value(s, "kvpool_prefix_cache_query_tokens_total"), 18)
+        self.assertEqual(value(s, "kvpool_prefix_cache_hit_tokens_total"), 16)
+        self.assertEqual([value(s, "kvpool_prefix_cache_pages", state=k)
+                          for k in ("cached", "pinned", "indexed")], [2, 2, 4])
+        self.assertEqual(value(s, "kvpool_prefix_cache_pins"), 1)
+        rc, out, err = lc.ctl(self.d.sock, "top", "--count", "1")
+        self.assertEqual(rc, 0, err)
+        row = dict(kv.split("=", 1) for kv in out.split())
+        self.assertEqual((row["cache_cached_pages"], row["cache_pinned_pages"],
+                          row["cache_hit_rate"]), ("2", "2", "0.8889"))
+
+        # flush: the namespace's own scope (joined with -n), then every scope (the daemon's
+        # uid may: this test runs the daemon as itself); pinned pages stay
+        rc, out, err = lc.ctl(self.d.sock, "cache", "flush")
+        self.assertEqual(rc, 2, err)  # neither --scope, --all nor -n
+        rc, out, err = lc.ctl(self.d.sock, "-n", "engine-b", "cache", "flush", "--json")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(out), {"pages": 0, "scope": "", "all": False,
+                                           "namespace": "engine-b"})
+        rc, out, err = lc.ctl(self.d.sock, "cache", "flush", "--all")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, "flushed 2 pages (every scope)\n")
+        rc, out, err = lc.ctl(self.d.sock, "cache", "flush", "--scope", "ns:engine-a", "--json")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(out)["pages"], 0)  # nothing cached is left
+        got = self.cache_json()
+        self.assertEqual((got["cached_pages"], got["pinned_pages"], got["indexed_pages"],
+                          got["evictions"]), (0, 2, 2, {"pressure": 0, "flush": 2, "rewrite": 0}))
+        self.assertEqual(self.c.lookup([self.PROMPT]), [8])  # the pinned prefix
+        _, s = self.d.scrape()
+        self.assertEqual(value(s, "kvpool_prefix_cache_evictions_total", reason="flush"), 2)
+        self.assertEqual(value(s, "kvpool_prefix_cache_evictions_total", reason="pressure"), 0)
 
 
 class StartupTest(unittest.TestCase):
