@@ -1,7 +1,7 @@
 #!/bin/sh
 # run_device.sh - what one call on the GPU machine runs (build here with KVP_STATIC_DEPS=ON into
 # .devbuild/, carry it): the gpu-labelled tests and the CUDA benchmarks, logs under $OUT.
-#   tests/gpu/run_device.sh [kernels|e2e|backend|python|all]
+#   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|python|all]
 set -u
 B=${KVP_DEVBUILD:-.devbuild}
 export KVPOOLD="$PWD/$B/server/kvpoold"
@@ -31,8 +31,14 @@ if [ "$what" = e2e ] || [ "$what" = all ]; then
     echo "== bench_cuda_e2e"
     "$B/tests/bench/bench_cuda_e2e" 2>&1 | tee "$OUT/bench_cuda_e2e.txt"
 fi
+if [ "$what" = prefix ]; then
+    echo "== test_prefix_gpu"
+    "$B/tests/test_prefix_gpu" > "$OUT/test_prefix_gpu.log" 2>&1; r=$?
+    tail -8 "$OUT/test_prefix_gpu.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+fi
 if [ "$what" = backend ] || [ "$what" = all ]; then
-    for t in "$B"/tests/test_cuda_backend "$B"/tests/test_hot_path "$B"/tests/test_daemon; do
+    for t in "$B"/tests/test_cuda_backend "$B"/tests/test_hot_path "$B"/tests/test_daemon \
+        "$B"/tests/test_prefix_gpu; do
         [ -x "$t" ] || continue
         echo "== $(basename "$t")"
         "$t" > "$OUT/$(basename "$t").log" 2>&1; r=$?

@@ -25,31 +25,12 @@
 #include <unistd.h>
 
 #include "kvp_bench_kernels.h"
+#include "kvp_gpu_check.h"
 #include "kvp_gpu_test.h"
 #include "kvp_harness.h"
 #include "kvp_kernels_cuda.h"
 #include "kvp_test_util.h"
 #include "kvpool.h"
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                       \
-        fprintf(stderr, __VA_ARGS__);                                                              \
-        fprintf(stderr, "\n");                                                                     \
-        exit(1);                                                                                   \
-    } while (0)
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            FAIL("%s: %s", #call, cudaGetErrorString(e_));                                         \
-    } while (0)
-#define KV(c, call)                                                                                \
-    do {                                                                                           \
-        int r_ = (call);                                                                           \
-        if (r_)                                                                                    \
-            FAIL("%s: %s (%s)", #call, kvp_errname(r_), kvp_client_last_error(c));                 \
-    } while (0)
 
 enum { B = 8, L = 4, H = 4, D = 64, PS = 16, STEPS = 40 };
 #define ROW (D * 2)
