@@ -2,12 +2,19 @@
  * fuzz_rpc.c - libFuzzer target: the input is a sequence of frames (4-byte little-endian
  * length, then the payload; stops at the first incomplete frame, at most 64 frames), each
  * decoded as a kvpool_Request exactly as the server does (bulk arrays bound to bounded
- * arrays) and answered by kvp_rpc_handle (retry window included) on one real core (host backend, small geometry)
- * that lives for the whole process. One session per input: opened first, closed last, and
- * its namespace's sequences expired (far-future time) so state stays bounded. Mutating calls
- * go through the idempotency window as in the server; an Append runs inline. Every answer is
+ * arrays) and answered by kvp_rpc_handle (retry window included) on one real core (host backend,
+ * small geometry) that lives for the whole process. One session per input: opened first, closed
+ * last, and its namespace's sequences expired (far-future time) so state stays bounded. Mutating
+ * calls go through the idempotency window as in the server; an Append runs inline. Every answer is
  * encoded (pb_encode through the wire callbacks). After each input the sequence table's audit
  * must pass: any input that breaks an invariant aborts.
+ *
+ * The prefix cache (issue #16): the Batch's token_ids / salts / salt_lens (and Lookup's and
+ * Pin's arrays) land in bounded arrays as in the server; the cache has small limits (4 scopes,
+ * 4 pins, 8 pinned pages a namespace, 512 lookup tokens) and one shared scope, "fuzzshared",
+ * open to this uid. After each input (pins expired with the leases) kvp_pcache_audit must pass,
+ * no pin and no pending Commit may be left, and every cached page is flushed, so that each
+ * input starts from an empty pool and a crash reproduces from its input alone.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -21,11 +28,14 @@
 #include "kvp_error.h"
 #include "kvp_geom.h"
 #include "kvp_log.h"
+#include "kvp_pcache.h"
 #include "kvp_rpc.h"
 #include "kvp_wire.h"
 
 #define MAX_FRAMES     64
 #define MAX_BATCH_ELEM 256
+#define MAX_TOKEN_IDS  4096
+#define MAX_SALT_BYTES 4096
 #define OUT_CAP        (1u << 20)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -33,6 +43,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static kvp_rpc_t *R;
 static uint64_t seq_ids[MAX_BATCH_ELEM];
 static uint32_t num_tokens[MAX_BATCH_ELEM];
+static int32_t token_ids[MAX_TOKEN_IDS];
+static uint8_t salts[MAX_SALT_BYTES];
+static uint32_t salt_lens[MAX_BATCH_ELEM];
 static uint8_t out_buf[OUT_CAP];
 
 static const kvp_geom_t G = {.num_layers = 2,
@@ -69,7 +82,16 @@ static void init_once(void)
                             .max_buffer_bytes = 1 << 16,
                             .dedup_window = 8,
                             .default_lease_ms = 0,
-                            .max_lease_ms = 100000};
+                            .max_lease_ms = 100000,
+                            .max_cache_scopes = 4,
+                            .max_pins = 4,
+                            .ns_max_pinned_pages = 8,
+                            .pin_max_ttl_ms = 100000,
+                            .max_lookup_tokens = 512};
+    char scopes[64], why[128];
+    snprintf(scopes, sizeof(scopes), "fuzzshared=%u", (unsigned)getuid());
+    if (kvp_access_scopes_parse(scopes, &lim.scope_access, why, sizeof(why)))
+        abort();
     if (kvp_rpc_create(b, &lim, 1000, &R))
         abort();
 }
@@ -121,6 +143,9 @@ static void one_frame(kvp_session_t *s, const uint8_t *payload, uint32_t len, ui
     memset(&req, 0, sizeof(req));
     batch.seq_ids = kvp_array(seq_ids, 8, 0, MAX_BATCH_ELEM);
     batch.num_tokens = kvp_array(num_tokens, 4, 0, MAX_BATCH_ELEM);
+    batch.token_ids = kvp_array(token_ids, 4, 0, MAX_TOKEN_IDS);
+    batch.salts = kvp_array(salts, 1, 0, MAX_SALT_BYTES);
+    batch.salt_lens = kvp_array(salt_lens, 4, 0, MAX_BATCH_ELEM);
     kvp_wire_request_bind_decode(&req, &batch);
     if (kvp_wire_decode(kvpool_Request_fields, &req, payload, len, NULL))
         return;
@@ -177,14 +202,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     kvp_rpc_session_close(R, s, now);
     kvp_rpc_expire_leases(R, now + 1000000000ull);
+    now += 1000000000ull; /* the clock never goes back (the cache's follows the latest time) */
     char msg[256];
     if (kvp_seqtab_audit(kvp_rpc_seqtab(R), msg, sizeof(msg)) != 0) {
         fprintf(stderr, "fuzz_rpc: audit failed: %s\n", msg);
         abort();
     }
+    kvp_pcache_t *pc = kvp_seqtab_pcache(kvp_rpc_seqtab(R));
+    if (!pc || kvp_pcache_audit(pc, msg, sizeof(msg)) != 0) {
+        fprintf(stderr, "fuzz_rpc: cache audit failed: %s\n", pc ? msg : "no cache");
+        abort();
+    }
+    kvp_pcache_stats_t cs;
+    kvp_pcache_stats(pc, &cs);
+    if (cs.pins != 0 || cs.pinned_pages != 0 || kvp_rpc_commits_pending(R) != 0) {
+        fprintf(stderr, "fuzz_rpc: %u pins / %u pinned pages / %u commits left after expiry\n",
+                (unsigned)cs.pins, (unsigned)cs.pinned_pages, (unsigned)kvp_rpc_commits_pending(R));
+        abort();
+    }
+    kvp_pcache_flush(pc, KVP_PCACHE_NO_SCOPE);
+    kvp_pcache_stats(pc, &cs);
+    if (cs.cached_pages != 0 || cs.indexed_pages != 0 ||
+        kvp_pcache_audit(pc, msg, sizeof(msg)) != 0) {
+        fprintf(stderr, "fuzz_rpc: after a flush: %u cached / %u indexed pages: %s\n",
+                (unsigned)cs.cached_pages, (unsigned)cs.indexed_pages, msg);
+        abort();
+    }
     kvp_stats_t st;
     kvp_seqtab_stats(kvp_rpc_seqtab(R), &st);
-    if (st.num_seqs != 0 || st.used_pages != 0) {
+    if (st.num_seqs != 0 || st.used_pages != 0 || st.free_pages != st.num_pages) {
         fprintf(stderr, "fuzz_rpc: %u sequences / %u pages left after close + expiry\n",
                 (unsigned)st.num_seqs, (unsigned)st.used_pages);
         abort();

@@ -94,6 +94,117 @@ static void batch_call(pb_size_t which, uint32_t n, const uint64_t *ids, const u
     put_msg(kvpool_Request_fields, &q);
 }
 
+/* ---- the prefix cache (issue #16) -------------------------------------------------------- */
+
+/* Content of a cached call: token ids, salts (salt_lens entries, or none), cache options. */
+typedef struct {
+    const int32_t *tok;
+    uint32_t ntok;
+    const uint8_t *salts;
+    const uint32_t *salt_lens;
+    uint32_t nsalt, salt_bytes;
+    const kvpool_CacheOptions *cache; /* NULL: none */
+    uint32_t skip_tokens;
+} content_t;
+
+/* A Reserve, Append or Commit carrying token ids / salts / CacheOptions (Commit: seq_ids and
+ * the event handle of ev_len bytes only). */
+static void cached_call(pb_size_t which, uint32_t n, const uint64_t *ids, const uint32_t *toks,
+                        const content_t *ct, const kvpool_Source *src, uint32_t ev_len)
+{
+    kvpool_Request q = req(which);
+    kvp_batch_arrays_t b = {
+        .seq_ids = kvp_array((void *)ids, 8, n, n),
+        .num_tokens = kvp_array((void *)toks, 4, toks ? n : 0, n),
+        .token_ids = kvp_array((void *)(ct ? ct->tok : NULL), 4, ct ? ct->ntok : 0, 0),
+        .salts = kvp_array((void *)(ct ? ct->salts : NULL), 1, ct ? ct->salt_bytes : 0, 0),
+        .salt_lens = kvp_array((void *)(ct ? ct->salt_lens : NULL), 4, ct ? ct->nsalt : 0, 0)};
+    kvpool_Batch *batch;
+    if (which == kvpool_Request_reserve_tag) {
+        q.body.reserve.has_batch = true;
+        batch = &q.body.reserve.batch;
+        if (ct && ct->cache) {
+            q.body.reserve.has_cache = true;
+            q.body.reserve.cache = *ct->cache;
+        }
+    } else if (which == kvpool_Request_append_tag) {
+        q.body.append.has_batch = true;
+        batch = &q.body.append.batch;
+        if (src) {
+            q.body.append.has_source = true;
+            q.body.append.source = *src;
+        }
+        if (ct && ct->cache) {
+            q.body.append.has_cache = true;
+            q.body.append.cache = *ct->cache;
+        }
+        q.body.append.skip_tokens = ct ? ct->skip_tokens : 0;
+    } else {
+        q.body.commit.has_batch = true;
+        batch = &q.body.commit.batch;
+        q.body.commit.event_handle.size = (pb_size_t)ev_len;
+        memset(q.body.commit.event_handle.bytes, 0x5a, ev_len);
+    }
+    kvp_wire_batch_bind_encode(batch, &b);
+    put_msg(kvpool_Request_fields, &q);
+}
+
+static void commit(uint32_t n, const uint64_t *ids, uint32_t ev_len)
+{
+    cached_call(kvpool_Request_commit_tag, n, ids, NULL, NULL, NULL, ev_len);
+}
+
+/* Lookup of n prompts (lengths[n], token ids one after the other; salts as in content_t). */
+static void lookup(uint32_t n, const uint32_t *lengths, const content_t *ct)
+{
+    kvpool_Request q = req(kvpool_Request_lookup_tag);
+    kvp_batch_arrays_t b = {.num_tokens = kvp_array((void *)lengths, 4, n, n),
+                            .token_ids = kvp_array((void *)ct->tok, 4, ct->ntok, ct->ntok),
+                            .salts =
+                                kvp_array((void *)ct->salts, 1, ct->salt_bytes, ct->salt_bytes),
+                            .salt_lens = kvp_array((void *)ct->salt_lens, 4, ct->nsalt, ct->nsalt)};
+    kvp_wire_lookup_request_bind_encode(&q.body.lookup, &b);
+    put_msg(kvpool_Request_fields, &q);
+}
+
+static void pin(const int32_t *tok, uint32_t ntok, const char *salt, uint32_t ttl_ms)
+{
+    kvpool_Request q = req(kvpool_Request_pin_tag);
+    kvp_batch_arrays_t b = {.token_ids = kvp_array((void *)tok, 4, ntok, ntok)};
+    kvp_wire_pin_request_bind_encode(&q.body.pin, &b);
+    if (salt) {
+        q.body.pin.salt.size = (pb_size_t)strlen(salt);
+        memcpy(q.body.pin.salt.bytes, salt, strlen(salt));
+    }
+    q.body.pin.ttl_ms = ttl_ms;
+    put_msg(kvpool_Request_fields, &q);
+}
+
+static void unpin(uint64_t pin_id)
+{
+    kvpool_Request q = req(kvpool_Request_unpin_tag);
+    q.body.unpin.pin_id = pin_id;
+    put_msg(kvpool_Request_fields, &q);
+}
+
+static void cache_flush(const char *scope, bool all)
+{
+    kvpool_Request q = req(kvpool_Request_cache_flush_tag);
+    snprintf(q.body.cache_flush.scope, sizeof(q.body.cache_flush.scope), "%s", scope);
+    q.body.cache_flush.all = all;
+    put_msg(kvpool_Request_fields, &q);
+}
+
+static void hello_scope(const char *ns, const char *scope)
+{
+    kvpool_Request q = req(kvpool_Request_hello_tag);
+    q.body.hello.protocol_version = KVP_PROTOCOL_VERSION;
+    snprintf(q.body.hello.namespace, sizeof(q.body.hello.namespace), "%s", ns);
+    snprintf(q.body.hello.client_name, sizeof(q.body.hello.client_name), "seed");
+    snprintf(q.body.hello.cache_scope, sizeof(q.body.hello.cache_scope), "%s", scope);
+    put_msg(kvpool_Request_fields, &q);
+}
+
 static void simple(pb_size_t which)
 {
     kvpool_Request q = req(which);
@@ -179,6 +290,245 @@ static void rpc_seeds(const char *dir)
     put_file(dir, "replay");
 }
 
+/* fuzz_rpc inputs of issue #16 (fuzz_rpc's core: pages of 4 tokens, 64 pages, sequences of at
+ * most 128 tokens, 4 scopes, 4 pins, 8 pinned pages a namespace, 512 lookup tokens, the shared
+ * scope "fuzzshared"). */
+static void cache_rpc_seeds(const char *dir)
+{
+    const uint64_t saved_id = next_id; /* the later targets' seeds stay as they were */
+    static int32_t tok[1024];
+    for (int i = 0; i < 1024; i++)
+        tok[i] = 1000 + (i % 13) * 7 + i / 13;
+    const uint8_t salt[] = "lora-a";
+    const uint32_t salt_len = 6;
+    uint64_t ids[3] = {7, 9, 11};
+    uint32_t ten[3] = {10, 10, 10};
+    kvpool_CacheOptions keep = {.has_priority = true, .priority = 50, .retention_ms = 1000};
+    kvpool_CacheOptions reuse = {.reuse = true};
+    kvpool_CacheOptions reuse_last = {.reuse = true, .leave_last = true};
+
+    /* the Reserve path: a prompt reserved with its token ids and a salt, committed, found by a
+     * Lookup, reused by a second sequence (leave_last) and by a third without the salt (no
+     * hit), released (cached), found again, flushed, not found */
+    hello("ns", 0);
+    content_t c = {.tok = tok,
+                   .ntok = 10,
+                   .salts = salt,
+                   .salt_lens = &salt_len,
+                   .nsalt = 1,
+                   .salt_bytes = salt_len,
+                   .cache = &keep};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &c, NULL, 0);
+    commit(1, &ids[0], 0);
+    lookup(1, ten, &c);
+    c.cache = &reuse_last;
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[1], ten, &c, NULL, 0);
+    content_t nosalt = {.tok = tok, .ntok = 10, .cache = &reuse};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[2], ten, &nosalt, NULL, 0);
+    batch_call(kvpool_Request_get_page_table_tag, 3, ids, NULL, NULL);
+    commit(3, ids, 0);
+    batch_call(kvpool_Request_release_tag, 3, ids, NULL, NULL);
+    lookup(1, ten, &c);
+    lookup(1, ten, &nosalt);
+    cache_flush("", false);
+    lookup(1, ten, &c);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "cache_reserve_commit_reuse");
+
+    /* the daemon-run Append path: a keyed Append over every layer (findable when it answers),
+     * then a reuse Append that skips the 8 cached tokens (its source holds the last 2), a
+     * batch of two reusing at once, and Stats */
+    hello("ns", 0);
+    kvpool_Request q = req(kvpool_Request_register_buffer_tag);
+    q.body.register_buffer.kind = kvpool_BufferKind_BUFFER_MEMFD;
+    q.body.register_buffer.size_bytes = 4096;
+    put_msg(kvpool_Request_fields, &q);
+    /* 10 tokens, 2 heads of 16 fp16 (64 bytes a token), 2 layers: K at 0, V at 640 */
+    kvpool_Source src = {.buffer_id = 1,
+                         .k_offset = 0,
+                         .v_offset = 640,
+                         .k_stride_n = 64,
+                         .k_stride_h = 32,
+                         .v_stride_n = 64,
+                         .v_stride_h = 32,
+                         .layer_stride = 1280};
+    content_t a = {.tok = tok, .ntok = 10};
+    cached_call(kvpool_Request_append_tag, 1, &ids[0], ten, &a, &src, 0);
+    lookup(1, ten, &a);
+    a.cache = &reuse;
+    a.skip_tokens = 8;
+    cached_call(kvpool_Request_append_tag, 1, &ids[1], ten, &a, &src, 0);
+    a.skip_tokens = 0;
+    uint32_t two_tens[2] = {10, 10};
+    static int32_t tok20[20];
+    memcpy(tok20, tok, 10 * sizeof(int32_t));
+    memcpy(tok20 + 10, tok, 10 * sizeof(int32_t));
+    content_t a2 = {.tok = tok20, .ntok = 20, .cache = &reuse};
+    uint64_t ids2[2] = {21, 23};
+    cached_call(kvpool_Request_reserve_tag, 2, ids2, two_tens, &a2, NULL, 0);
+    src.layer_end = 1; /* one layer: keyed, left to a Commit */
+    content_t a3 = {.tok = tok + 100, .ntok = 10};
+    cached_call(kvpool_Request_append_tag, 1, &ids[2], ten, &a3, &src, 0);
+    commit(1, &ids[2], 0);
+    q = req(kvpool_Request_unregister_buffer_tag);
+    q.body.unregister_buffer.buffer_id = 1;
+    put_msg(kvpool_Request_fields, &q);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "cache_append_skip");
+
+    /* pins in the shared scope: a cached prompt of 12 tokens (3 pages) pinned twice (6 of the
+     * 8 pages of the quota), a third pin over the quota, a pin of what is not cached, an unpin
+     * of the first pin's id (1 << 16 in a fresh process) and of an unknown id, Stats with the
+     * cache's counters */
+    hello_scope("ns", "fuzzshared");
+    uint32_t twelve = 12;
+    content_t p = {.tok = tok, .ntok = 12};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], &twelve, &p, NULL, 0);
+    commit(1, &ids[0], 0);
+    batch_call(kvpool_Request_release_tag, 1, &ids[0], NULL, NULL);
+    pin(tok, 12, NULL, 5000);
+    pin(tok, 12, NULL, 0);
+    pin(tok, 12, NULL, 5000);
+    pin(tok + 500, 12, NULL, 5000);
+    pin(tok, 12, "other salt", 5000);
+    lookup(1, &twelve, &p);
+    simple(kvpool_Request_stats_tag);
+    unpin(UINT64_C(1) << 16);
+    unpin(12345);
+    cache_flush("fuzzshared", false);
+    cache_flush("", true);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "cache_pin_unpin");
+
+    /* a forked and truncated chain: 10 keyed tokens committed, forked, the parent truncated
+     * into its second page (the page is rewritten), the child grown by 6 more token ids (its
+     * chain continues), committed, both released */
+    hello("ns", 0);
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &a3, NULL, 0);
+    commit(1, &ids[0], 0);
+    q = req(kvpool_Request_fork_tag);
+    q.body.fork.parent = 7;
+    q.body.fork.child = 8;
+    put_msg(kvpool_Request_fields, &q);
+    q = req(kvpool_Request_truncate_tag);
+    q.body.truncate.seq_id = 7;
+    q.body.truncate.num_tokens = 5;
+    put_msg(kvpool_Request_fields, &q);
+    uint64_t c8 = 8;
+    uint32_t six = 6;
+    content_t grow = {.tok = tok + 110, .ntok = 6};
+    cached_call(kvpool_Request_reserve_tag, 1, &c8, &six, &grow, NULL, 0);
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], &six, &grow, NULL, 0);
+    uint64_t both[2] = {7, 8};
+    commit(2, both, 0);
+    lookup(1, ten, &a3);
+    batch_call(kvpool_Request_release_tag, 2, both, NULL, NULL);
+    simple(kvpool_Request_audit_tag);
+    put_file(dir, "cache_fork_truncate");
+
+    /* bad input, each refused with nothing changed: token ids of another count, a salt above
+     * 256 bytes, salt_lens of another count, salts that do not add up, salts without token ids,
+     * reuse without token ids, priority 101, a Lookup above 512 tokens, of no prompt and of 17
+     * prompts (max_batch 16), a Commit with an event on the host backend, with a 3-byte event,
+     * of an unknown sequence, a scope the namespace is not in, a second Hello naming another
+     * scope; then a valid call */
+    hello("ns", 0);
+    content_t bad = {.tok = tok, .ntok = 9};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &bad, NULL, 0);
+    static uint8_t big_salt[300];
+    memset(big_salt, 's', sizeof(big_salt));
+    uint32_t big_len = 300;
+    content_t bs = {.tok = tok,
+                    .ntok = 10,
+                    .salts = big_salt,
+                    .salt_lens = &big_len,
+                    .nsalt = 1,
+                    .salt_bytes = 300};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &bs, NULL, 0);
+    uint32_t two_lens[2] = {3, 3};
+    content_t bl = {.tok = tok,
+                    .ntok = 10,
+                    .salts = big_salt,
+                    .salt_lens = two_lens,
+                    .nsalt = 2,
+                    .salt_bytes = 6};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &bl, NULL, 0);
+    content_t sum = {.tok = tok,
+                     .ntok = 10,
+                     .salts = big_salt,
+                     .salt_lens = &salt_len,
+                     .nsalt = 1,
+                     .salt_bytes = 5};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &sum, NULL, 0);
+    content_t notok = {.salts = big_salt, .salt_lens = &salt_len, .nsalt = 1, .salt_bytes = 6};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &notok, NULL, 0);
+    content_t reuse_only = {.cache = &reuse};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &reuse_only, NULL, 0);
+    kvpool_CacheOptions p101 = {.has_priority = true, .priority = 101};
+    content_t hi = {.tok = tok, .ntok = 10, .cache = &p101};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &hi, NULL, 0);
+    uint32_t many = 600;
+    content_t lk = {.tok = tok, .ntok = 600};
+    lookup(1, &many, &lk);
+    content_t none = {.tok = tok, .ntok = 0};
+    lookup(0, ten, &none);
+    uint32_t seventeen[17];
+    for (int i = 0; i < 17; i++)
+        seventeen[i] = 2;
+    content_t lk17 = {.tok = tok, .ntok = 34};
+    lookup(17, seventeen, &lk17);
+    content_t ok = {.tok = tok, .ntok = 10};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], ten, &ok, NULL, 0);
+    commit(1, &ids[0], 64);
+    commit(1, &ids[0], 3);
+    commit(1, &ids[2], 0);
+    cache_flush("not-mine", false);
+    hello_scope("ns", "elsewhere");
+    commit(1, &ids[0], 0);
+    batch_call(kvpool_Request_release_tag, 1, &ids[0], NULL, NULL);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "cache_bad_input");
+
+    /* pressure: a keyed prompt of 128 tokens (32 pages) committed and released, then plain
+     * Reserves of 128 tokens that must evict cached pages, then a Lookup (what is left) */
+    hello("ns", 0);
+    uint32_t full = 128;
+    content_t big = {.tok = tok + 200, .ntok = 128};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], &full, &big, NULL, 0);
+    commit(1, &ids[0], 0);
+    batch_call(kvpool_Request_release_tag, 1, &ids[0], NULL, NULL);
+    uint32_t fulls[2] = {128, 128};
+    batch_call(kvpool_Request_reserve_tag, 2, &ids[1], fulls, NULL);
+    lookup(1, &full, &big);
+    batch_call(kvpool_Request_release_tag, 2, &ids[1], NULL, NULL);
+    simple(kvpool_Request_stats_tag);
+    put_file(dir, "cache_pressure");
+
+    /* a keyed chain forked and the child truncated into its last keyed page while both hold
+     * it (the page keeps its key), then the child appends token ids into it: copy-on-write;
+     * the parent released last */
+    hello("ns", 0);
+    uint32_t eight = 8, two = 2;
+    content_t k8 = {.tok = tok + 300, .ntok = 8};
+    cached_call(kvpool_Request_reserve_tag, 1, &ids[0], &eight, &k8, NULL, 0);
+    commit(1, &ids[0], 0);
+    q = req(kvpool_Request_fork_tag);
+    q.body.fork.parent = 7;
+    q.body.fork.child = 8;
+    put_msg(kvpool_Request_fields, &q);
+    q = req(kvpool_Request_truncate_tag);
+    q.body.truncate.seq_id = 8;
+    q.body.truncate.num_tokens = 6;
+    put_msg(kvpool_Request_fields, &q);
+    content_t k2 = {.tok = tok + 320, .ntok = 2};
+    cached_call(kvpool_Request_reserve_tag, 1, &c8, &two, &k2, NULL, 0);
+    commit(1, &c8, 0);
+    lookup(1, &eight, &k8);
+    batch_call(kvpool_Request_release_tag, 2, both, NULL, NULL);
+    put_file(dir, "cache_fork_truncate_shared");
+    next_id = saved_id;
+}
+
 static void response_seeds(const char *dir)
 {
     kvpool_Response r;
@@ -225,6 +575,104 @@ static void response_seeds(const char *dir)
     memmove(file_buf, file_buf + 4, file_len - 4);
     file_len -= 4;
     put_file(dir, "stats_error");
+
+    /* issue #16: a reuse page table with cached_tokens, a Lookup answer, Pin, Unpin, Commit,
+     * CacheFlush, and Stats with the cache's counters and two scopes */
+    memset(&r, 0, sizeof(r));
+    r.id = 6;
+    r.which_body = kvpool_Response_reserve_tag;
+    r.body.reserve.has_table = true;
+    uint32_t cached[2] = {4, 0};
+    a.cached_tokens = kvp_array(cached, 4, 2, 2);
+    r.body.reserve.table.batch_size = 2;
+    r.body.reserve.table.nnz = 4;
+    kvp_wire_table_bind_encode(&r.body.reserve.table, &a);
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "reserve_cached");
+
+    memset(&r, 0, sizeof(r));
+    r.id = 7;
+    r.which_body = kvpool_Response_lookup_tag;
+    uint32_t found[3] = {16, 0, 4096};
+    kvp_reply_arrays_t l = {.cached_tokens = kvp_array(found, 4, 3, 3)};
+    kvp_wire_lookup_bind_encode(&r.body.lookup, &l);
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "lookup");
+
+    memset(&r, 0, sizeof(r));
+    r.id = 8;
+    r.which_body = kvpool_Response_pin_tag;
+    r.body.pin.pin_id = UINT64_C(1) << 16;
+    r.body.pin.pinned_tokens = 48;
+    r.body.pin.pinned_pages = 3;
+    r.body.pin.expires_in_ms = 86400000;
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "pin");
+    memset(&r, 0, sizeof(r));
+    r.id = 9;
+    r.which_body = kvpool_Response_unpin_tag;
+    r.body.unpin.pages = 3;
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "unpin");
+
+    memset(&r, 0, sizeof(r));
+    r.id = 10;
+    r.which_body = kvpool_Response_commit_tag;
+    r.body.commit.pages = 5;
+    r.body.commit.published = 4;
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "commit");
+
+    memset(&r, 0, sizeof(r));
+    r.id = 11;
+    r.which_body = kvpool_Response_cache_flush_tag;
+    r.body.cache_flush.pages = 17;
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "cache_flush");
+
+    memset(&r, 0, sizeof(r));
+    r.id = 12;
+    r.which_body = kvpool_Response_stats_tag;
+    r.body.stats.has_stats = true;
+    kvpool_Stats *st = &r.body.stats.stats;
+    st->num_pages = 64;
+    st->has_cache = true;
+    st->cache.cached_pages = 10;
+    st->cache.pinned_pages = 3;
+    st->cache.indexed_pages = 12;
+    st->cache.pins = 1;
+    st->cache.query_tokens_total = 1000;
+    st->cache.hit_tokens_total = 640;
+    st->cache.evictions_pressure_total = 7;
+    st->cache.evictions_flush_total = 2;
+    st->cache.evictions_rewrite_total = 1;
+    st->cache.bytes = 4096;
+    st->cache.scopes_count = 2;
+    snprintf(st->cache.scopes[0].name, sizeof(st->cache.scopes[0].name), "ns:ns");
+    st->cache.scopes[0].uid = 1000;
+    st->cache.scopes[0].namespaces = 1;
+    st->cache.scopes[0].cached_pages = 4;
+    snprintf(st->cache.scopes[1].name, sizeof(st->cache.scopes[1].name), "fuzzshared");
+    st->cache.scopes[1].namespaces = 2;
+    st->cache.scopes[1].indexed_pages = 8;
+    st->cache.scopes[1].query_tokens = 100;
+    st->cache.scopes[1].hit_tokens = 64;
+    put_msg(kvpool_Response_fields, &r);
+    memmove(file_buf, file_buf + 4, file_len - 4);
+    file_len -= 4;
+    put_file(dir, "stats_cache");
 }
 
 /* fuzz_rpc inputs of issue #15 defect 1: Appends whose source offsets and strides overflow
@@ -511,6 +959,7 @@ int main(int argc, char **argv)
     rpc_seeds(d);
     hostile_rpc_seeds(d);
     hostile_names_seed(d);
+    cache_rpc_seeds(d);
     snprintf(d, sizeof(d), "%s/fuzz_response", argv[1]);
     response_seeds(d);
     snprintf(d, sizeof(d), "%s/fuzz_kernel", argv[1]);
