@@ -11,7 +11,10 @@ from tests/gpu/run_device.sh (python), like the other GPU tests:
     them), a registered torch tensor (legacy IPC) as the source of a daemon Append, the CUDA
     append's refusal of an out-of-range entry (OutOfRange, nothing written), the page-table
     helpers on the GPU equal to NumPy's;
-  - the same worker loop on the host backend in float32 with CPU tensors (1e-5).
+  - the same worker loop on the host backend in float32 with CPU tensors (1e-5);
+  - its shared system prompt (issue #16) on both backends: two worker processes in one cache
+    scope, the second reusing the first's system-prompt pages (commit with an interprocess
+    event on cuda) and computing only the rest, equal to a full contiguous run.
 """
 import importlib.util
 import os
@@ -72,6 +75,43 @@ def test_worker_loop_torch_host_fp32(start):
         st = wlt.run(c, steps=12, seed=3)
         assert st["backend"] == "host" and st["max_err"] <= 1e-5
         check_run(c, st, 12)
+
+
+def check_shared_prompt(d, dtype, backend, page_size):
+    """worker_loop_torch's shared system prompt: two worker processes (one scope, two
+    namespaces); the second links exactly the system prompt's full pages, the first's very
+    pages and bytes, and computes only the rest, matching a full contiguous run."""
+    r1, r2 = wlt.shared_prompt(d.sock, seed=0, namespaces=("wlt-s1", "wlt-s2"))
+    S = wlt.worker_loop.SYSTEM_LEN
+    cached = S // page_size * page_size
+    k = cached // page_size
+    assert (r1["prompt_len"], r1["cached"], r1["computed"]) == (44, 0, 44)
+    assert (r2["prompt_len"], r2["cached"], r2["computed"]) == (44, cached, 44 - cached)
+    assert r2["page_ids"][:k] == r1["page_ids"][:k]
+    assert r2["cached_digests"] == r1["prompt_digests"][:k]
+    for r in (r1, r2):
+        assert (r["backend"], r["dtype"]) == (backend, dtype)
+        assert r["max_err"] <= wlt.TOLERANCES[wlt.DTYPES[dtype]] and len(r["decoded"]) == 4
+    print("\nworker_loop_torch shared prompt %s %s: worker 1 computed %d tokens, worker 2 "
+          "%d (%d cached); max err %.3g, %.3g" % (backend, dtype, r1["computed"],
+                                                  r2["computed"], r2["cached"], r1["max_err"],
+                                                  r2["max_err"]))
+    with d.client("wlt-probe", cache_scope=wlt.worker_loop.SHARED_SCOPE) as c:
+        c.audit()
+        cs = c.cache_stats()
+        assert cs.cached_pages == cs.indexed_pages == 2 * (48 // page_size) - k
+
+
+def test_worker_loop_torch_shared_prompt_host_fp32(start):
+    d = start(*geometry("fp32", backend="host"))
+    check_shared_prompt(d, "fp32", "host", 4)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype,layout", [("fp16", "nhd"), ("bf16", "hnd")])
+def test_worker_loop_torch_shared_prompt_cuda(start, dtype, layout):
+    d = start(*geometry(dtype, layout))
+    check_shared_prompt(d, dtype, "cuda", 4)
 
 
 @needs_gpu

@@ -31,13 +31,32 @@ methods, on device tensors) and a PagedKV whose views are torch tensors over the
 pool (kvp_client_cuda_map_pool) with FlashInfer's append_paged_kv_cache / attention taking the
 same page tables; the step logic (reserve, copies, per-layer append, daemon Append) is unchanged.
 
+A shared system prompt from the prefix cache (--shared-prompt, shared_prompt(); issue #16):
+two worker PROCESSES (this script with --serve), one after the other, each its own Client in
+its own namespace but the same cache_scope, serve "a 38-token system prompt + a different
+6-token question". Each does what a worker with a prefix cache does: one Reserve with the
+prompt's token ids, reuse=True and leave_last=True; the model runs only over the tokens after
+PageTable.cached_tokens (positions from there on, attention over the cached K/V read through
+the page table), appends their K/V in-process, every layer, and commit() makes the full pages
+findable; a few decode steps the same way (Reserve with the token's id, append, commit); then
+a release, after which the keyed pages stay in the pool as cached. Worker 1 finds nothing and
+computes all 44 tokens; worker 2 finds exactly floor(38 / page_size) * page_size tokens (36 at
+page 4), worker 1's very pages and bytes, and computes only the rest. Each worker checks every
+layer's output of every token it computed, and its decoded tokens, against the same model run
+on the contiguous cache over the whole request; that only holds because both workers compute
+the same K/V for the same tokens at the same positions (same seeded weights).
+
 The daemon must have the model's geometry:
     kvpoold --backend host --num-layers 2 --num-kv-heads 2 --head-dim 16 --dtype fp32 \
             --page-size 4 --num-pages 256
 Run:  python3 worker_loop.py [--socket PATH] [--namespace NS] [--steps 24] [--seed 0]
+      python3 worker_loop.py [--socket PATH] --shared-prompt [--cache-scope S] [--seed 0]
 """
 import argparse
+import hashlib
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -233,7 +252,9 @@ class PagedKV:
         self.buf, self.bid = client.alloc_staging(self.L * 2 * staging_tokens * row)
         self.cow_copies = 0
 
-    def begin_step(self, seqs, ntoks, old_lens, mode):
+    def begin_step(self, seqs, ntoks, old_lens, mode, table=None):
+        """table: (mode "reserve") the step's Reserve answer when the caller made the call
+        itself (the prefix cache's reuse: ntoks are then the tokens after the cached ones)."""
         self.seqs = np.asarray(seqs, np.uint64)
         self.ntoks = np.asarray(ntoks, np.uint32)
         self.old_lens = list(old_lens)
@@ -241,7 +262,8 @@ class PagedKV:
         self.ind = np.concatenate([[0], np.cumsum(ntoks)]).astype(np.int64)
         nnz = int(self.ind[-1])
         if mode == "reserve":
-            t = self.c.reserve(self.seqs, self.ntoks)  # the hot path's one RPC of the step
+            # the hot path's one RPC of the step
+            t = self.c.reserve(self.seqs, self.ntoks) if table is None else table
             self.c.apply_copies(t)
             self.cow_copies += int(t.copies.shape[0])
             self.bi, self.pos = kvpool.get_batch_indices_positions(t.append_indptr,
@@ -279,6 +301,15 @@ class PagedKV:
         V = _gather(self.vview[layer], self.hnd, self.table, b, old)
         return (np.concatenate([K, self.stage[layer, 0, lo:hi]]),
                 np.concatenate([V, self.stage[layer, 1, lo:hi]]))
+
+    def page_digest(self, table, b, p):
+        """SHA-256 of the bytes of page p of request b (its K and V, every layer) in the pool."""
+        h = hashlib.sha256()
+        page = int(table.kv_indices[table.kv_indptr[b] + p])
+        for layer in range(self.L):
+            for view in (self.kview[layer], self.vview[layer]):
+                h.update(np.ascontiguousarray(view[page]).tobytes())
+        return h.hexdigest()
 
     def end_step(self):
         if self.mode == "reserve":
@@ -409,6 +440,229 @@ def drive(client, model, ref, paged, max_abs_diff, tol, steps, seed, seq_base, p
     return stats
 
 
+# ---- a shared system prompt served from the prefix cache by two worker processes ------------
+
+SHARED_SCOPE = "worker-loop-shared"
+SYSTEM_LEN = 38  # not a multiple of the page size (4 or 16): the page holding its end is private
+QUESTION_LEN = 6  # 38 + 6 = 44: a whole number of pages of 4, so leave_last shows on a repeat
+SHARED_DECODE_STEPS = 4
+SHARED_SEQ = 2000
+
+
+def serve_request(client, model, ref, paged, max_abs_diff, tol, system, question,
+                  decode_steps=SHARED_DECODE_STEPS, seq_id=SHARED_SEQ, reuse=True, log=None):
+    """Serves one request "system + question" the way a worker with a prefix cache does: one
+    Reserve with the prompt's token ids and reuse (leave_last), so the daemon links the longest
+    cached full-page prefix; the model runs only over the tokens after the cached ones
+    (positions from cached_tokens on, attention over the cached K/V read from the pool through
+    the page table), appends their K/V in-process, every layer, then commit() makes the new
+    full pages findable; then decode_steps decode steps (Reserve with the token's id, append,
+    commit) and a release, after which the keyed pages stay cached for the next worker.
+
+    Checked against `ref` (the contiguous cache) running the whole request from position 0:
+    every layer's output of every computed token within tol, and the same decoded tokens.
+    Raises AssertionError otherwise. Returns a JSON-able dict: prompt_len, cached, computed,
+    page_size, page_ids (the prompt's pages), prompt_digests (SHA-256 of each full prompt
+    page's bytes after the prefill), cached_digests (of the cached pages, read before anything
+    was written), decoded, max_err, commit_pages, commit_published."""
+    ps = client.pool_info.page_size
+    prompt = np.concatenate([np.asarray(system, np.int64), np.asarray(question, np.int64)])
+    P = int(prompt.size)
+    client.release([seq_id])  # a leftover of an earlier run
+    ref.begin_step([seq_id], [P])
+    ref_outs, ref_next = model.forward(ref, [prompt], [0])
+
+    t = client.reserve([seq_id], [P], token_ids=prompt, reuse=reuse, leave_last=True)
+    cached = int(t.cached_tokens[0]) if t.cached_tokens.size else 0
+    n = P - cached
+    if t.seq_lens.tolist() != [P] or t.nnz != n or cached % ps or not 0 <= cached < P:
+        raise AssertionError("Reserve with reuse: seq_lens %s, append_indptr %s, cached %d "
+                             "(prompt %d, page %d)" % (t.seq_lens.tolist(),
+                                                       t.append_indptr.tolist(), cached, P, ps))
+    cached_digests = [paged.page_digest(t, 0, p) for p in range(cached // ps)]
+    paged.begin_step([seq_id], [n], [cached], "reserve", table=t)
+    outs, nxt = model.forward(paged, [prompt[cached:]], [cached])
+    paged.end_step()
+    cm = client.commit([seq_id])
+    err = max(max_abs_diff(a, r[cached:]) for a, r in zip(outs, ref_outs))
+    if not err <= tol or nxt != ref_next:
+        raise AssertionError("prefill after %d cached tokens: max abs error %g (tol %g), next "
+                             "token %s, reference %s" % (cached, err, tol, nxt, ref_next))
+    prompt_digests = [paged.page_digest(t, 0, p) for p in range(P // ps)]
+    if prompt_digests[:len(cached_digests)] != cached_digests:
+        raise AssertionError("the cached pages changed while the request was computed")
+    page_ids = [int(x) for x in t.kv_indices[t.kv_indptr[0]:t.kv_indptr[1]]]
+    if log:
+        log("prefill: prompt %d tokens, %d cached, computed %d; max err %.3g"
+            % (P, cached, n, err))
+
+    decoded, length, tok, max_err = [], P, nxt[0], err
+    for i in range(decode_steps):
+        decoded.append(int(tok))
+        ref.begin_step([seq_id], [1])
+        ref_outs, ref_next = model.forward(ref, [[tok]], [length])
+        t = client.reserve([seq_id], [1], token_ids=[tok])
+        paged.begin_step([seq_id], [1], [length], "reserve", table=t)
+        outs, nxt = model.forward(paged, [[tok]], [length])
+        paged.end_step()
+        client.commit([seq_id])
+        err = max(max_abs_diff(a, r) for a, r in zip(outs, ref_outs))
+        max_err = max(max_err, err)
+        if not err <= tol or nxt != ref_next:
+            raise AssertionError("decode step %d: max abs error %g (tol %g), next token %s, "
+                                 "reference %s" % (i, err, tol, nxt, ref_next))
+        length, tok = length + 1, nxt[0]
+    if log:
+        log("decoded %s; max err %.3g" % (decoded, max_err))
+    if client.release([seq_id]) != 1:
+        raise AssertionError("release of sequence %d" % seq_id)
+    return dict(prompt_len=P, cached=cached, computed=n, page_size=ps, page_ids=page_ids,
+                prompt_digests=prompt_digests, cached_digests=cached_digests, decoded=decoded,
+                max_err=float(max_err), commit_pages=cm.pages, commit_published=cm.published)
+
+
+def serve(client, system, question, seed=0, decode_steps=SHARED_DECODE_STEPS, log=None):
+    """serve_request with this file's NumPy model (seeded weights: every worker computes the
+    same K/V for the same tokens at the same positions, which is what makes reuse right)."""
+    info = client.pool_info
+    check_geometry(info, info.num_layers)
+    paged = PagedKV(client)
+    try:
+        return serve_request(client, Model(info.num_layers, seed=seed),
+                             ContiguousKV(info.num_layers), paged,
+                             lambda a, r: float(np.max(np.abs(a - r))), TOL, system, question,
+                             decode_steps=decode_steps, log=log)
+    finally:
+        client.unregister_buffer(paged.bid)
+
+
+def expected_cached(prompt, earlier, ps, leave_last=True):
+    """The tokens a Reserve with reuse finds for `prompt` after the token lists `earlier` were
+    appended (with their ids) and committed in the same scope: the longest common prefix with
+    any of them, in whole pages, and with leave_last one page less when that is the whole
+    prompt."""
+    best = 0
+    for e in earlier:
+        m = min(len(prompt), len(e))
+        neq = np.nonzero(np.asarray(prompt[:m]) != np.asarray(e[:m]))[0]
+        best = max(best, int(neq[0]) if neq.size else m)
+    best -= best % ps
+    if leave_last and best == len(prompt):
+        best -= ps
+    return max(best, 0)
+
+
+def shared_prompt_tokens(seed=0, system_len=SYSTEM_LEN, question_len=QUESTION_LEN, n=2):
+    """The system prompt and n questions (each starting with a different token)."""
+    rng = np.random.default_rng(seed + 7)
+    system = rng.integers(0, VOCAB, system_len)
+    qs = []
+    for _ in range(n):
+        q = rng.integers(0, VOCAB, question_len)
+        while any(q[0] == p[0] for p in qs):
+            q[0] = (q[0] + 1) % VOCAB
+        qs.append(q)
+    return system, qs
+
+
+def spawn_worker(socket, namespace, system, question, scope=SHARED_SCOPE, seed=0,
+                 decode_steps=SHARED_DECODE_STEPS, flush=False, script=None, timeout=300):
+    """Runs one worker PROCESS (this script, --serve): its own Client in `namespace` and cache
+    scope `scope`, serving "system + question". Returns (its result dict, its log lines)."""
+    cmd = [sys.executable, script or os.path.abspath(__file__), "--serve",
+           "--namespace", namespace, "--cache-scope", scope, "--seed", str(seed),
+           "--decode-steps", str(decode_steps),
+           "--system", ",".join(str(int(x)) for x in system),
+           "--question", ",".join(str(int(x)) for x in question)]
+    if socket:
+        cmd += ["--socket", socket]
+    if flush:
+        cmd.append("--flush")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout)
+    lines = p.stdout.splitlines()
+    res = [ln[len("RESULT "):] for ln in lines if ln.startswith("RESULT ")]
+    if p.returncode == 2 and not res:
+        raise GeometryMismatch(p.stderr.strip())
+    if p.returncode != 0 or len(res) != 1:
+        raise AssertionError("worker %s exited with %d:\n%s%s"
+                             % (namespace, p.returncode, p.stdout, p.stderr))
+    return json.loads(res[0]), [ln for ln in lines if not ln.startswith("RESULT ")]
+
+
+def shared_prompt(socket=None, seed=0, system_len=SYSTEM_LEN, question_len=QUESTION_LEN,
+                  decode_steps=SHARED_DECODE_STEPS, scope=SHARED_SCOPE,
+                  namespaces=("wl-shared-1", "wl-shared-2"), script=None, log=None):
+    """Two worker processes, one after the other, in different namespaces of one cache scope,
+    serve "system prompt + a different question" each. Worker 1 (after flushing the scope's
+    cached pages) finds nothing and computes its whole prompt; worker 2 then finds the system
+    prompt's full pages in the cache: exactly floor(system_len / page_size) * page_size tokens,
+    the very pages worker 1 wrote (same ids, same bytes), and computes only the rest, its
+    outputs equal to a full contiguous run. Raises AssertionError otherwise; returns both
+    workers' result dicts."""
+    system, (q1, q2) = shared_prompt_tokens(seed, system_len, question_len)
+    out = []
+    for i, (ns, q) in enumerate(zip(namespaces, (q1, q2))):
+        r, lines = spawn_worker(socket, ns, system, q, scope=scope, seed=seed,
+                                decode_steps=decode_steps, flush=(i == 0), script=script)
+        for ln in lines if log else ():
+            log("[worker %d] %s" % (i + 1, ln))
+        out.append(r)
+    r1, r2 = out
+    ps = r1["page_size"]
+    p1 = np.concatenate([system, q1])
+    want = [0, expected_cached(np.concatenate([system, q2]), [p1], ps)]
+    assert want[1] == system_len - system_len % ps, want  # the questions differ at once
+    for i, r in enumerate(out):
+        if r["cached"] != want[i] or r["computed"] != r["prompt_len"] - want[i]:
+            raise AssertionError("worker %d: %d cached tokens, %d computed, expected %d cached"
+                                 % (i + 1, r["cached"], r["computed"], want[i]))
+    k = want[1] // ps
+    if r2["page_ids"][:k] != r1["page_ids"][:k]:
+        raise AssertionError("worker 2's cached pages %s are not worker 1's %s"
+                             % (r2["page_ids"][:k], r1["page_ids"][:k]))
+    if r2["cached_digests"] != r1["prompt_digests"][:k]:
+        raise AssertionError("worker 2 read other bytes in the cached pages than worker 1 wrote")
+    if log:
+        for i, r in enumerate(out):
+            log("worker %d (%s): prompt %d tokens, %d from the cache, computed %d; decoded %s; "
+                "max err %.3g" % (i + 1, namespaces[i], r["prompt_len"], r["cached"],
+                                  r["computed"], r["decoded"], r["max_err"]))
+    return out
+
+
+def _tokens_arg(s):
+    return np.array([int(x) for x in s.split(",") if x], np.int64)
+
+
+def serve_main(a, serve_fn, name, mismatch=GeometryMismatch):
+    """The --serve worker process: prints its log, then one line "RESULT <json>"; exits with
+    2 when serve_fn raises `mismatch` (the pool does not fit the model)."""
+    try:
+        with kvpool.Client(a.socket, a.namespace, 0, cache_scope=a.cache_scope) as c:
+            if a.flush:
+                c.cache_flush()
+            r = serve_fn(c, _tokens_arg(a.system), _tokens_arg(a.question), seed=a.seed,
+                         decode_steps=a.decode_steps, log=print)
+            c.audit()
+    except mismatch as e:
+        print("%s: %s" % (name, e), file=sys.stderr)
+        return 2
+    print("RESULT " + json.dumps(r))
+    return 0
+
+
+def add_shared_args(ap):
+    ap.add_argument("--shared-prompt", action="store_true",
+                    help="two worker processes serve a shared system prompt from the cache")
+    ap.add_argument("--cache-scope", default=SHARED_SCOPE)
+    ap.add_argument("--decode-steps", type=int, default=SHARED_DECODE_STEPS)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a worker process
+    ap.add_argument("--system", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--question", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--flush", action="store_true", help=argparse.SUPPRESS)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--socket", help="kvpoold socket (default: $KVPOOL_SOCKET or the default)")
@@ -416,7 +670,19 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", action="store_true", help="leave the sequences in the pool")
+    add_shared_args(ap)
     a = ap.parse_args(argv)
+    if a.serve:
+        return serve_main(a, serve, "worker_loop")
+    if a.shared_prompt:
+        try:
+            shared_prompt(a.socket, seed=a.seed, decode_steps=a.decode_steps,
+                          scope=a.cache_scope, log=print)
+        except GeometryMismatch as e:
+            print("worker_loop: %s" % e, file=sys.stderr)
+            return 2
+        print("ok")
+        return 0
     try:
         with kvpool.Client(a.socket, a.namespace) as c:
             st = run(c, steps=a.steps, seed=a.seed, log=print)

@@ -15,14 +15,22 @@ PyTorch in the pool's dtype (attention scores and softmax in float32), and:
     recorded on our stream after the staging copy);
   * on the host backend the views are CPU tensors over the mapped memfd pool (float32 only).
 
+--shared-prompt (shared_prompt()) is worker_loop.py's shared system prompt on these pieces:
+two worker processes running this file, the second reusing the first's system-prompt pages
+from the prefix cache (on the cuda backend commit() records an interprocess event after the
+in-process appends; the daemon publishes the pages once it completes) and computing only the
+rest, checked against a contiguous run of the whole request.
+
 Attention reads K/V only through the daemon's page table. Half-precision runs are compared
 with a tolerance (TOLERANCES); the daemon Append's pages must hold the staged rows bit for bit.
 
     kvpoold --backend cuda --num-layers 2 --num-kv-heads 2 --head-dim 16 --dtype fp16 \\
             --page-size 4 --num-pages 256
     python3 worker_loop_torch.py [--socket PATH] [--steps 24] [--seed 0]
+    python3 worker_loop_torch.py [--socket PATH] --shared-prompt
 """
 import argparse
+import hashlib
 import os
 import sys
 
@@ -157,7 +165,8 @@ class PagedKV:
                 for k in ("kv_indptr", "kv_indices", "kv_last_page_len", "append_indptr",
                           "seq_lens")}
 
-    def begin_step(self, seqs, ntoks, old_lens, mode):
+    def begin_step(self, seqs, ntoks, old_lens, mode, table=None):
+        """table: as in worker_loop.PagedKV.begin_step (a Reserve the caller made)."""
         self.seqs = np.asarray(seqs, np.uint64)
         self.ntoks = np.asarray(ntoks, np.uint32)
         self.old_lens = list(old_lens)
@@ -165,7 +174,8 @@ class PagedKV:
         self.ind = np.concatenate([[0], np.cumsum(ntoks)]).astype(np.int64)
         nnz = int(self.ind[-1])
         if mode == "reserve":
-            t = self.c.reserve(self.seqs, self.ntoks)  # the step's one RPC
+            # the step's one RPC
+            t = self.c.reserve(self.seqs, self.ntoks) if table is None else table
             self.c.apply_copies(t)  # copy-on-write, queued on the current stream
             self.cow_copies += int(t.copies.shape[0])
             self.table, self.td = t, self._dev_table(t)
@@ -208,6 +218,15 @@ class PagedKV:
                            self.stage[layer, 0, lo:hi]]),
                 torch.cat([self._gather(self.vview[layer], self.table, b, old),
                            self.stage[layer, 1, lo:hi]]))
+
+    def page_digest(self, table, b, p):
+        """SHA-256 of the bytes of page p of request b (K and V, every layer) in the pool."""
+        h = hashlib.sha256()
+        page = int(table.kv_indices[table.kv_indptr[b] + p])
+        for layer in range(self.L):
+            for view in (self.kview[layer], self.vview[layer]):
+                h.update(view[page].contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        return h.hexdigest()
 
     def end_step(self):
         if self.mode == "reserve":
@@ -271,13 +290,65 @@ def run(client, steps=24, seed=0, seq_base=1000, prompt_lens=PROMPT_LENS, daemon
                                                        backend=info.backend_name))
 
 
+def _setup(client):
+    info = client.pool_info
+    dtype_name = info.dtype_name
+    check_geometry(info, dtype_name)
+    device = torch.device("cuda", info.device_ids[0]) if info.backend_name == "cuda" else \
+        torch.device("cpu")
+    return info, DTYPES[dtype_name], device
+
+
+def serve(client, system, question, seed=0, decode_steps=worker_loop.SHARED_DECODE_STEPS,
+          log=None):
+    """worker_loop.serve_request (one request "system + question" on the prefix cache: reuse
+    the cached prefix, compute the rest, commit) on PyTorch in the pool's dtype. On the cuda
+    backend commit() records an interprocess event after the in-process appends, and the
+    daemon publishes the pages once it completes."""
+    info, dtype, device = _setup(client)
+    L = info.num_layers
+    paged = PagedKV(client, dtype, device)
+    try:
+        r = worker_loop.serve_request(
+            client, Model(L, dtype, device, seed=seed), ContiguousKV(L, dtype, device), paged,
+            lambda a, r: float((a.float() - r.float()).abs().max()), TOLERANCES[dtype], system,
+            question, decode_steps=decode_steps, log=log)
+    finally:
+        client.unregister_buffer(paged.bid)
+    return dict(r, dtype=info.dtype_name, backend=info.backend_name)
+
+
+def shared_prompt(socket=None, seed=0, decode_steps=worker_loop.SHARED_DECODE_STEPS,
+                  scope=worker_loop.SHARED_SCOPE, namespaces=("wlt-shared-1", "wlt-shared-2"),
+                  log=None):
+    """worker_loop.shared_prompt with worker processes running this file (PyTorch)."""
+    try:
+        return worker_loop.shared_prompt(socket, seed=seed, decode_steps=decode_steps,
+                                         scope=scope, namespaces=namespaces,
+                                         script=os.path.abspath(__file__), log=log)
+    except worker_loop.GeometryMismatch as e:
+        raise GeometryMismatch(str(e)) from None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--socket", help="kvpoold socket (default: $KVPOOL_SOCKET or the default)")
     ap.add_argument("--namespace", default="worker-loop-torch")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
+    worker_loop.add_shared_args(ap)
     a = ap.parse_args(argv)
+    if a.serve:
+        return worker_loop.serve_main(a, serve, "worker_loop_torch", GeometryMismatch)
+    if a.shared_prompt:
+        try:
+            shared_prompt(a.socket, seed=a.seed, decode_steps=a.decode_steps,
+                          scope=a.cache_scope, log=print)
+        except GeometryMismatch as e:
+            print("worker_loop_torch: %s" % e, file=sys.stderr)
+            return 2
+        print("ok")
+        return 0
     try:
         with kvpool.Client(a.socket, a.namespace) as c:
             st = run(c, steps=a.steps, seed=a.seed, log=print)
