@@ -51,6 +51,7 @@
 
 #include "kvp_alloc.h"
 #include "kvp_harness.h"
+#include "kvp_redis.h"
 #include "kvp_pagekey.h"
 #include "kvp_pcache.h"
 #include "kvp_plan.h"
@@ -408,64 +409,6 @@ static double bench_bytes(void)
 
 /* ---- part 3: over the socket -------------------------------------------------------------- */
 
-static int redis_connect(const char *path)
-{
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof(a.sun_path))
-        return -1;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memcpy(a.sun_path, path, strlen(path) + 1);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int redis_ping(int fd)
-{
-    static const char cmd[] = "*1\r\n$4\r\nPING\r\n";
-    if (write(fd, cmd, sizeof(cmd) - 1) != (ssize_t)sizeof(cmd) - 1)
-        return -1;
-    char buf[16];
-    size_t got = 0;
-    while (got < 7) {
-        ssize_t n = read(fd, buf + got, sizeof(buf) - got);
-        if (n <= 0)
-            return -1;
-        got += (size_t)n;
-    }
-    return memcmp(buf, "+PONG\r\n", 7) == 0 ? 0 : -1;
-}
-
-static pid_t start_redis(const char *dir, char *sock, size_t len)
-{
-    if (access("/usr/bin/redis-server", X_OK) != 0)
-        return -1;
-    snprintf(sock, len, "%s/redis.sock", dir);
-    pid_t p = fork();
-    if (p == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execl("/usr/bin/redis-server", "redis-server", "--port", "0", "--unixsocket", sock,
-              "--save", "", "--appendonly", "no", "--dir", dir, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        int fd = redis_connect(sock);
-        if (fd >= 0) {
-            close(fd);
-            return p;
-        }
-        usleep(10000);
-    }
-    kill(p, SIGKILL);
-    waitpid(p, NULL, 0);
-    return -1;
-}
-
 typedef struct {
     double hit_p50, hit_p99, cold_p50, cold_p99, lookup_p50, ping_p50, redis_p50;
     int ok, have_redis;
@@ -497,8 +440,8 @@ static socket_result_t bench_socket(uint32_t requests)
         return res;
     }
     char rsock[400];
-    pid_t redis = start_redis(d.dir, rsock, sizeof(rsock));
-    int rfd = redis > 0 ? redis_connect(rsock) : -1;
+    pid_t redis = kvp_redis_start(d.dir, rsock, sizeof(rsock));
+    int rfd = redis > 0 ? kvp_redis_connect(rsock) : -1;
     res.have_redis = rfd >= 0;
 
     kvp_client_opts_t o = {.socket_path = d.sock,
@@ -593,7 +536,7 @@ static socket_result_t bench_socket(uint32_t requests)
             goto out;
         uint64_t t5 = now_ns(), t6 = t5;
         if (rfd >= 0) {
-            if (redis_ping(rfd)) {
+            if (kvp_redis_ping(rfd)) {
                 fprintf(stderr, "bench_prefix: Redis PING failed\n");
                 goto out;
             }

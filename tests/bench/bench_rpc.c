@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "kvp_harness.h"
+#include "kvp_redis.h"
 #include "kvpool.h"
 
 #define BATCH 256
@@ -58,53 +59,22 @@ typedef struct {
     pthread_barrier_t *start;
 } job_t;
 
-static int redis_connect(const char *path)
-{
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof(a.sun_path))
-        return -1;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memcpy(a.sun_path, path, strlen(path) + 1);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int redis_ping(int fd)
-{
-    static const char cmd[] = "*1\r\n$4\r\nPING\r\n";
-    if (write(fd, cmd, sizeof(cmd) - 1) != (ssize_t)sizeof(cmd) - 1)
-        return -1;
-    char buf[16];
-    size_t got = 0;
-    while (got < 7) {
-        ssize_t n = read(fd, buf + got, sizeof(buf) - got);
-        if (n <= 0)
-            return -1;
-        got += (size_t)n;
-    }
-    return memcmp(buf, "+PONG\r\n", 7) == 0 ? 0 : -1;
-}
-
 static void *client_main(void *arg)
 {
     job_t *j = arg;
     if (j->op == OP_REDIS) {
-        int fd = redis_connect(j->sock);
+        int fd = kvp_redis_connect(j->sock);
         if (fd < 0) {
             j->failed = 1;
             pthread_barrier_wait(j->start);
             return NULL;
         }
         for (int i = 0; i < 1000; i++)
-            redis_ping(fd);
+            kvp_redis_ping(fd);
         pthread_barrier_wait(j->start);
         for (uint32_t i = 0; i < j->n; i++) {
             uint64_t t0 = now_ns();
-            if (redis_ping(fd)) {
+            if (kvp_redis_ping(fd)) {
                 j->failed = 1;
                 break;
             }
@@ -249,33 +219,6 @@ static long rss_kib(pid_t pid)
     return v;
 }
 
-static pid_t start_redis(const char *dir, char *sock, size_t len)
-{
-    if (access("/usr/bin/redis-server", X_OK) != 0)
-        return -1;
-    snprintf(sock, len, "%s/redis.sock", dir);
-    pid_t p = fork();
-    if (p == 0) {
-        int null = open("/dev/null", 1);
-        dup2(null, 1);
-        dup2(null, 2);
-        execl("/usr/bin/redis-server", "redis-server", "--port", "0", "--unixsocket", sock,
-              "--save", "", "--appendonly", "no", "--dir", dir, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        int fd = redis_connect(sock);
-        if (fd >= 0) {
-            close(fd);
-            return p;
-        }
-        usleep(10000);
-    }
-    kill(p, SIGKILL);
-    waitpid(p, NULL, 0);
-    return -1;
-}
-
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -299,7 +242,7 @@ int main(int argc, char **argv)
         return 1;
     }
     char rsock[400];
-    pid_t redis = start_redis(d.dir, rsock, sizeof(rsock));
+    pid_t redis = kvp_redis_start(d.dir, rsock, sizeof(rsock));
 
     printf("kvpoold RPC benchmark: host backend, default pool (2 layers, 8 KV heads, head_dim "
            "128, fp16, page 16), %u requests per client\n",
