@@ -6,7 +6,7 @@
  * allocated per page afterwards): the key, scope and generation of each page, a chained hash
  * index (bucket heads, one next link per page), the eviction lists (doubly linked, one per
  * retention priority, a bitmap of the non-empty ones), the release time, and a binary heap of
- * cached pages with a retention duration, ordered by (expiry, page id). About 62 bytes a page
+ * cached pages with a retention duration, ordered by (expiry, release stamp). About 62 bytes a page
  * (kvp_pcache_stats_t.bytes says exactly).
  */
 #include "kvp_pcache.h"
@@ -851,6 +851,15 @@ int kvp_pcache_scope_reset(kvp_pcache_t *c, uint32_t scope)
         return KVP_EINVAL;
     if (c->sc[scope].indexed_pages)
         return KVP_EBUSY;
+    /* nor may a keyed page or a chain of it live on, to be published under the next owner
+     * (rare: a scope id is given to another scope; O(pages + sequences)) */
+    for (uint32_t p = 0; p < c->np; p++)
+        if ((c->flags[p] & F_KEYED) && c->scope[p] == scope)
+            return KVP_EBUSY;
+    uint32_t cur = 0;
+    for (const kvp_seq_t *q; (q = kvp_seqtab_next(c->t, &cur));)
+        if (q->chain && q->chain->scope == scope && q->chain->tracked)
+            return KVP_EBUSY;
     memset(&c->sc[scope], 0, sizeof(c->sc[scope]));
     return 0;
 }

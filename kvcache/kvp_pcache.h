@@ -187,7 +187,8 @@ int kvp_pcache_next_pin(const kvp_pcache_t *c, uint32_t *cursor, kvp_pcache_pin_
 
 void kvp_pcache_stats(const kvp_pcache_t *c, kvp_pcache_stats_t *out);
 /* Zeroes a scope's counters before its id is given to another scope: 0, KVP_EBUSY (pages of it
- * are still indexed: flush it first and drop what holds them), KVP_EINVAL (bad scope). */
+ * are still indexed or keyed, or a sequence's chain still keys pages into it: flush it first and
+ * drop what holds them), KVP_EINVAL (bad scope). O(pages + sequences). */
 int kvp_pcache_scope_reset(kvp_pcache_t *c, uint32_t scope);
 /* KVP_EINVAL for a bad scope. */
 int kvp_pcache_scope_stats(const kvp_pcache_t *c, uint32_t scope, kvp_pcache_scope_stats_t *out);

@@ -256,11 +256,15 @@ static int find_prefix(kvp_pcache_t *pc, kvp_plan_t *p, uint32_t i, const kvp_pl
     return 0;
 }
 
-static int plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items,
-                       const kvp_plan_content_t *content, uint32_t n,
-                       const kvp_plan_limits_t *limits, const kvp_plan_cache_t *cache,
-                       uint64_t now_ms, kvp_plan_t *p)
+/* with_content is a constant at each call: kvp_plan_append's copy (a decode step: no token
+ * ids) keeps none of the content branches. */
+static inline __attribute__((always_inline)) int
+plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_content_t *content,
+            uint32_t n, const kvp_plan_limits_t *limits, const kvp_plan_cache_t *cache,
+            uint64_t now_ms, kvp_plan_t *p, const int with_content)
 {
+    if (!with_content)
+        content = NULL;
     p->fail_index = n;
     if (!t || !p || (n && !items) || n == 0)
         return KVP_EINVAL;
@@ -516,7 +520,7 @@ static int plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items,
 int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
                     const kvp_plan_limits_t *limits, uint64_t now_ms, kvp_plan_t *p)
 {
-    return plan_append(t, items, NULL, n, limits, NULL, now_ms, p);
+    return plan_append(t, items, NULL, n, limits, NULL, now_ms, p, 0);
 }
 
 int kvp_plan_append_cached(kvp_seqtab_t *t, const kvp_plan_item_t *items,
@@ -524,7 +528,7 @@ int kvp_plan_append_cached(kvp_seqtab_t *t, const kvp_plan_item_t *items,
                            const kvp_plan_limits_t *limits, const kvp_plan_cache_t *cache,
                            uint64_t now_ms, kvp_plan_t *p)
 {
-    return plan_append(t, items, content, n, limits, cache, now_ms, p);
+    return plan_append(t, items, content, n, limits, cache, now_ms, p, 1);
 }
 
 int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,

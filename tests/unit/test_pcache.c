@@ -972,6 +972,29 @@ START_TEST(the_chain_remembers_the_tokens_of_one_full_page)
 }
 END_TEST
 
+/* A scope id is reset (before another scope gets it) only when nothing of the scope can be
+ * published later: no indexed page, no keyed page waiting for its commit, no live chain. */
+START_TEST(a_scope_is_reset_only_when_nothing_of_it_lives_on)
+{
+    fx_t f;
+    fx_init(&f, 8, 4, 4);
+    prompts();
+    ck_assert_int_eq(app_c(&f, 1, A, 4, NULL, co(1, 0, 0, 35, 0)), 0);
+    kvp_pcache_ref_t ref;
+    ck_assert_uint_eq(kvp_pcache_take_unpublished(f.c, seq(&f, 1), &ref, 1), 1);
+    ck_assert_int_eq(kvp_pcache_scope_reset(f.c, 1), KVP_EBUSY); /* a keyed page waits */
+    ck_assert_uint_eq(kvp_pcache_publish(f.c, &ref, 1), 1);
+    ck_assert_int_eq(kvp_pcache_scope_reset(f.c, 1), KVP_EBUSY); /* indexed */
+    ck_assert_int_eq(kvp_seqtab_truncate(f.t, 0, 1, 2, 0), 0);   /* sole holder: unindexed */
+    ck_assert_int_eq(kvp_pcache_scope_reset(f.c, 1), KVP_EBUSY); /* the chain keys on */
+    ck_assert_int_eq(kvp_seqtab_release(f.t, 0, 1), 0);
+    ck_assert_uint_eq(look(&f, 1, NULL, A, 4), 0);
+    ck_assert_int_eq(kvp_pcache_scope_reset(f.c, 1), 0);
+    ck_assert_int_eq(kvp_pcache_scope_reset(f.c, 2), KVP_EINVAL);
+    fx_fini(&f);
+}
+END_TEST
+
 START_TEST(flushed_pages_stay_out_of_the_residence_histogram)
 {
     /* the histogram is of pages memory pressure took (semantics 6); flush is the operator's */
@@ -1249,26 +1272,11 @@ END_TEST
 #define RM_PROMPTS 4
 #define RM_REFS    24 /* refs taken and not yet published */
 
-/* Built with -DRM_KNOWN_BUGS=1 (or one of the three below) the model follows the deviations
- * from the semantics this test found, each also pinned by an exact case, so that the random
- * run can look past them: RM_FLUSH_RESIDENCE, flushed pages count in the residence histogram
- * (flushed_pages_stay_out_of_the_residence_histogram); RM_NO_KEYED_TAIL_APPEND, no append goes into
- * a keyed partial page, which the planner writes in place
- * (a_keyed_partial_page_is_copied_before_an_append). 0 (the default): the semantics. */
-#ifndef RM_KNOWN_BUGS
-#define RM_KNOWN_BUGS 0
-#endif
-#ifndef RM_FLUSH_RESIDENCE
-#define RM_FLUSH_RESIDENCE RM_KNOWN_BUGS
-#endif
 /* The semantics (kvpool.proto Batch.token_ids): a chain holds the token ids of one page that
  * was full (the last one it filled or linked), so a truncate into it continues the chain and a
  * second truncate into the page before it ends it. 0 models a chain that knew them all. */
 #ifndef RM_ONE_PAGE_TOKENS
 #define RM_ONE_PAGE_TOKENS 1
-#endif
-#ifndef RM_NO_KEYED_TAIL_APPEND
-#define RM_NO_KEYED_TAIL_APPEND RM_KNOWN_BUGS
 #endif
 
 static const uint64_t rm_quota[RM_NS] = {UINT64_MAX, 6, 0};
@@ -1503,7 +1511,7 @@ static uint32_t m_order(const world_t *w, uint32_t *out)
 static void m_evict(world_t *w, uint32_t p, kvp_evict_reason_t why)
 {
     mpage_t *g = &w->m.pg[p];
-    if (why == KVP_EVICT_PRESSURE || RM_FLUSH_RESIDENCE) {
+    if (why == KVP_EVICT_PRESSURE) { /* a flush is not counted */
         uint64_t res = w->now - g->rel_ms;
         uint32_t b = 0;
         while (b < KVP_PCACHE_RESIDENCE_BUCKETS && res > kvp_pcache_residence_le_ms[b])
@@ -1784,9 +1792,6 @@ static void op_append(world_t *w)
             add = rnd(w, 3) == 0 ? rnd(w, 2 * ps + 2) : 1;
         if (len + add > RM_LEN)
             add = RM_LEN - len;
-        if (RM_NO_KEYED_TAIL_APPEND && q->live && len % ps &&
-            w->m.pg[q->pages[q->npages - 1]].keyed)
-            add = 0;
         idx[k] = si;
         id[k] = q->live ? q->id : w->next_id + 1 + k;
         len0[k] = len;
@@ -2538,6 +2543,7 @@ static Suite *pcache_suite(void)
     tcase_add_test(tc, a_stale_ref_does_not_publish);
     tcase_add_test(tc, a_keyed_partial_page_is_copied_before_an_append);
     tcase_add_test(tc, the_chain_remembers_the_tokens_of_one_full_page);
+    tcase_add_test(tc, a_scope_is_reset_only_when_nothing_of_it_lives_on);
     tcase_add_test(tc, flushed_pages_stay_out_of_the_residence_histogram);
     tcase_add_test(tc, destroy_forgets_keys_and_returns_cached_pages);
     tcase_add_test(tc, scope_reset_needs_an_empty_scope);
