@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "kvp_error.h"
+#include "kvp_kernels.h" /* kvp_paged_kv_t, kvp_append_src_t (kvp_client_cuda_append_fused) */
 #include "kvp_layout.h"
 #include "kvp_pool_info.h"
 
@@ -473,6 +474,53 @@ int kvp_client_cuda_commit_ex(kvp_client_t *c, const uint64_t *seq_ids, uint32_t
 /* Unregisters a buffer of kvp_client_cuda_alloc_buffer / register_ipc and frees what the
  * handle holds for it (mapping, events). Work queued on it must be finished. */
 int kvp_client_cuda_free_buffer(kvp_client_t *c, uint32_t buffer_id);
+
+/* kvp_client_cuda_append_fused's flags. */
+enum {
+    /* Programmatic dependent launch (sm_90+, ignored before; kvp_kernels_cuda.h's
+     * KVP_CUDA_APPEND_PDL): the copy may start while the stream's previous kernel still runs.
+     * It reads the page table (kv's kv_indptr, kv_indices, kv_last_page_len and append_indptr)
+     * at once and waits for that kernel only before it reads the sources and writes the pool:
+     * so the page-table arrays must be complete before the previous kernel starts (uploaded
+     * earlier in the stream), while the sources may come from the previous kernel. FlashInfer's
+     * enable_pdl contract. */
+    KVP_CLIENT_CUDA_APPEND_PDL = 1u,
+};
+
+/* The in-process append of the Reserve path in one launch (kvp_kernels_cuda.h's fused append,
+ * FlashInfer's append_paged_kv_cache with the batch indices and positions computed inside the
+ * launch): token i of src ([nnz, num_heads, head_dim] rows) belongs to the request b with
+ * append_indptr[b] <= i < append_indptr[b+1] and goes to position seq_len[b] - append_len[b] +
+ * (i - append_indptr[b]) of it, seq_len from kv's page table (which already counts the
+ * appended tokens: a Reserve answer). kv describes one layer of a pool this process mapped
+ * (kvp_client_cuda_map_pool; kvp_client_pool_info gives the strides) or any other paged cache;
+ * its page-table arrays and append_indptr ([kv->batch_size + 1]) are DEVICE int32 arrays,
+ * read only by the kernel (kv_indices must hold kv_indptr[batch_size] entries and kv_indptr
+ * be non-decreasing: unchecked, they are device memory). nnz must equal append_indptr[batch_size]
+ * (the caller knows it: no host read of device memory). err_dev (a device int32, may be NULL)
+ * receives KVP_ERANGE, first failure wins (compare-and-swap from 0), when a row was skipped: a
+ * token outside every request or before position 0, or a page id >= kv->num_pages (nothing is ever
+ * written out of bounds); this call never resets it: the caller zeroes it and reads it when it
+ * likes. Rows must be 16-byte multiples and every pointer and stride 16-byte aligned (the copy
+ * moves 16-byte vectors). flags: KVP_CLIENT_CUDA_APPEND_*.
+ *
+ * It takes no handle and touches no connection or handle state: any thread may call it at any
+ * time, on `stream` (a cudaStream_t of the calling thread's CURRENT device, which must be the
+ * device of kv's and src's memory; this call does not switch devices). It only enqueues one
+ * kernel: no allocation, no synchronisation, no host read of device memory, so it may be
+ * captured into a CUDA graph (the arrays' addresses are baked into the graph; their contents
+ * are read at each replay). Kernels are loaded on first use unless kvp_cuda_kernels_preload /
+ * kvp_client_cuda_map_pool ran on this device first (do that before capturing).
+ *
+ * Returns 0 (nnz = 0: nothing queued), KVP_EINVAL for a refused argument before anything is
+ * queued (kv or src NULL, an unknown flag; and with nnz > 0: append_indptr or a pointer of kv
+ * or src NULL, batch_size 0, nnz or batch_size above INT32_MAX, elem_bytes not 1, 2 or 4, a
+ * zero size, a negative or misaligned stride, a misaligned pointer or row), or a launch
+ * failure's code; every failure is recorded with its reason in kvp_last_cuda_error(). Built
+ * without CUDA it checks the same arguments and then returns KVP_EUNAVAIL (also for nnz = 0). */
+int kvp_client_cuda_append_fused(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                 const int32_t *append_indptr, uint32_t nnz, int32_t *err_dev,
+                                 unsigned flags, void *stream);
 
 #ifdef __cplusplus
 }

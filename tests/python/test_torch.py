@@ -14,7 +14,13 @@ from tests/gpu/run_device.sh (python), like the other GPU tests:
   - the same worker loop on the host backend in float32 with CPU tensors (1e-5);
   - its shared system prompt (issue #16) on both backends: two worker processes in one cache
     scope, the second reusing the first's system-prompt pages (commit with an interprocess
-    event on cuda) and computing only the rest, equal to a full contiguous run.
+    event on cuda) and computing only the rest, equal to a full contiguous run;
+  - the fused append (kvp_client_cuda_append_fused, kvpool._torch.append_paged_kv_cache_fused)
+    byte for byte equal to the checked append and to NumPy's (decode and prefill, NHD/HND,
+    fp16/bf16, page sizes 16 and 1, combined/split, with and without PDL, on an explicit
+    stream), captured in a CUDA graph and replayed with new page tables (also on a daemon's
+    pool with a Reserve a step), its refusals and its err word. Two of its tests (the C
+    entry's argument checks through ctypes, the refusal of CPU tensors) need no GPU.
 """
 import importlib.util
 import os
@@ -185,3 +191,317 @@ def test_cuda_views_ipc_tensor_and_refusals(start):
         c.release([1, 2, 3, 7, 8])
         c.audit()
         del k0, pool, comb
+
+
+# ---- the fused append (kvp_client_cuda_append_fused) from PyTorch ---------------------------
+# Compared byte for byte with the checked append on the GPU and with the NumPy append on the
+# CPU, on plain torch caches (no daemon) and on a daemon's pool; captured in a CUDA graph and
+# replayed with new page tables written into the same tensors.
+
+import ctypes  # noqa: E402
+
+from kvpool import _lib as kvp_lib  # noqa: E402
+from kvpool import _torch as kvp_torch  # noqa: E402
+from kvpool.errors import KVP_EINVAL, KVP_ERANGE  # noqa: E402
+
+FUSED_HEADS, FUSED_DIM = 4, 64
+
+
+def make_table(before, append, page_size, num_pages, gen):
+    """A random page table (int32 NumPy arrays) for requests of `before` tokens growing by
+    `append`: distinct random pages, the table counting the appended tokens."""
+    seq = [b + a for b, a in zip(before, append)]
+    npages = [(s + page_size - 1) // page_size for s in seq]
+    perm = gen.permutation(num_pages)[:sum(npages)]
+    indptr = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
+    last = np.array([s - (n - 1) * page_size if n else 0 for s, n in zip(seq, npages)],
+                    dtype=np.int32)
+    aip = np.concatenate([[0], np.cumsum(append)]).astype(np.int32)
+    return dict(kv_indices=perm.astype(np.int32), kv_indptr=indptr, kv_last_page_len=last,
+                append_indptr=aip, seq_lens=np.array(seq, dtype=np.int32))
+
+
+def rows(n, dtype, device, heads=FUSED_HEADS, dim=FUSED_DIM):
+    """[n, heads, dim] of values that are never zero (so written rows can be counted)."""
+    x = torch.randint(1, 200, (n, heads, dim), device=device).float() / 8
+    sign = torch.randint(0, 2, (n, heads, dim), device=device).float() * 2 - 1
+    return (x * sign).to(dtype)
+
+
+def make_cache(num_pages, page_size, layout, dtype, device, split):
+    shape = (num_pages, page_size, FUSED_HEADS, FUSED_DIM) if layout == "NHD" else \
+        (num_pages, FUSED_HEADS, page_size, FUSED_DIM)
+    if split:
+        return (torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device))
+    return torch.zeros((num_pages, 2) + shape, dtype=dtype, device=device)
+
+
+def cache_bytes(cache):
+    """The cache's raw bits (int16: no NaN comparisons), K and V side by side."""
+    parts = cache if isinstance(cache, tuple) else (cache,)
+    return torch.cat([p.reshape(-1).view(torch.int16).cpu() for p in parts])
+
+
+def checked_reference(key, value, tab, cache, layout):
+    """The checked GPU append and the NumPy append of the same rows (both must agree)."""
+    dev = key.device
+    td = {k: torch.from_numpy(v).to(dev) for k, v in tab.items()}
+    bi, pos = kvpool.get_batch_indices_positions(td["append_indptr"], td["seq_lens"],
+                                                 key.shape[0])
+    kvpool.append_paged_kv_cache(key, value, bi, pos, cache, td["kv_indices"], td["kv_indptr"],
+                                 td["kv_last_page_len"], kv_layout=layout, check=True)
+    cpu = tuple(c.cpu() for c in cache) if isinstance(cache, tuple) else cache.cpu()
+    nbi, npos = kvpool.get_batch_indices_positions(tab["append_indptr"], tab["seq_lens"],
+                                                   key.shape[0])
+    return cpu, (key.cpu(), value.cpu(), nbi, npos, tab["kv_indices"], tab["kv_indptr"],
+                 tab["kv_last_page_len"])
+
+
+BATCHES = {
+    "decode": ([0, 3, 15, 16, 17, 40, 1, 100], [1] * 8),
+    "prefill": ([0, 5, 0, 17], [7, 33, 100, 1]),
+}
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [16, 1])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_fused_append_equals_checked_and_numpy(batch, layout, dtype, page_size, pdl):
+    dev = torch.device("cuda", 0)
+    gen = np.random.default_rng(page_size * 7 + len(batch))
+    before, append = BATCHES[batch]
+    num_pages = 400 if page_size == 1 else 64
+    tab = make_table(before, append, page_size, num_pages, gen)
+    nnz = sum(append)
+    torch.manual_seed(0)
+    x = torch.stack([rows(nnz, torch.float32, dev), rows(nnz, torch.float32, dev)])
+    for split in (False, True):
+        ref = make_cache(num_pages, page_size, layout, dtype, dev, split)
+        out = make_cache(num_pages, page_size, layout, dtype, dev, split)
+        key, value = (x[0] * 3).to(dtype), (-x[1]).to(dtype)
+        ref_cpu, np_args = checked_reference(key, value, tab, ref, layout)
+        td = {k: torch.from_numpy(v).to(dev) for k, v in tab.items()}
+        s = torch.cuda.Stream(dev)
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):  # the sources made by the kernel just before (PDL's case)
+            k2, v2 = (x[0] * 3).to(dtype), (-x[1]).to(dtype)
+        err = torch.zeros(1, dtype=torch.int32, device=dev)
+        kvp_torch.append_paged_kv_cache_fused(k2, v2, td["append_indptr"], out, td["kv_indices"],
+                                              td["kv_indptr"], td["kv_last_page_len"],
+                                              kv_layout=layout, err=err, stream=s, pdl=pdl)
+        s.synchronize()
+        assert int(err.item()) == 0
+        assert torch.equal(cache_bytes(out), cache_bytes(ref))
+        # the NumPy append on the CPU writes the same bytes
+        cpu = make_cache(num_pages, page_size, layout, dtype, "cpu", split)
+        kv_, vv_, nbi, npos, ind, ip, last = np_args
+        kvpool.append_paged_kv_cache(kv_, vv_, nbi, npos, cpu, ind, ip, last, kv_layout=layout)
+        assert torch.equal(cache_bytes(cpu), cache_bytes(ref_cpu))
+        assert torch.count_nonzero(cache_bytes(out)) == 2 * nnz * FUSED_HEADS * FUSED_DIM
+        # token 0 of request 1 (position before[1]) is where the page table says
+        b, p = 1, before[1]
+        page = int(tab["kv_indices"][tab["kv_indptr"][b] + p // page_size])
+        kc = out[0] if split else out[:, 0]
+        row = kc[page, p % page_size] if layout == "NHD" else kc[page, :, p % page_size]
+        assert torch.equal(row, key[int(tab["append_indptr"][b])])
+
+
+@needs_gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_fused_append_in_a_cuda_graph_replays_new_page_tables(pdl):
+    """Captured once, replayed with new tables copied into the same tensors: each replay
+    writes exactly what the checked append writes for that table."""
+    dev = torch.device("cuda", 0)
+    gen = np.random.default_rng(11)
+    page_size, num_pages, layout, dtype = 16, 128, "NHD", torch.float16
+    B = 8
+    nnz = B  # decode
+    cap = 64  # kv_indices capacity
+    key = torch.zeros(nnz, FUSED_HEADS, FUSED_DIM, dtype=dtype, device=dev)
+    value = torch.zeros_like(key)
+    st = dict(kv_indices=torch.zeros(cap, dtype=torch.int32, device=dev),
+              kv_indptr=torch.zeros(B + 1, dtype=torch.int32, device=dev),
+              kv_last_page_len=torch.ones(B, dtype=torch.int32, device=dev),
+              append_indptr=torch.arange(B + 1, dtype=torch.int32, device=dev))
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
+    out = make_cache(num_pages, page_size, layout, dtype, dev, False)
+
+    def step():
+        kvp_torch.append_paged_kv_cache_fused(key, value, st["append_indptr"], out,
+                                              st["kv_indices"], st["kv_indptr"],
+                                              st["kv_last_page_len"], kv_layout=layout, err=err,
+                                              pdl=pdl)
+
+    def load(tab):
+        n = tab["kv_indices"].size
+        st["kv_indices"][:n].copy_(torch.from_numpy(tab["kv_indices"]))
+        st["kv_indptr"].copy_(torch.from_numpy(tab["kv_indptr"]))
+        st["kv_last_page_len"].copy_(torch.from_numpy(tab["kv_last_page_len"]))
+
+    warm = torch.cuda.Stream(dev)  # PyTorch's warm-up before capture (loads the kernels)
+    warm.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(warm):
+        load(make_table([0] * B, [1] * B, page_size, num_pages, gen))
+        step()
+    torch.cuda.current_stream(dev).wait_stream(warm)
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for it in range(4):
+        before = [int(v) for v in gen.integers(0, 60, size=B)]
+        tab = make_table(before, [1] * B, page_size, num_pages, gen)
+        assert tab["kv_indices"].size <= cap
+        out.zero_()
+        load(tab)
+        key.copy_(rows(nnz, dtype, dev))
+        value.copy_(-key)
+        g.replay()
+        torch.cuda.synchronize(dev)
+        ref = make_cache(num_pages, page_size, layout, dtype, dev, False)
+        checked_reference(key, value, tab, ref, layout)
+        assert int(err.item()) == 0
+        assert torch.equal(cache_bytes(out), cache_bytes(ref)), "replay %d" % it
+        assert torch.count_nonzero(cache_bytes(out)) == 2 * nnz * FUSED_HEADS * FUSED_DIM
+    # a replay with a page id outside the cache skips that row and reports it in err
+    tab = make_table([0] * B, [1] * B, page_size, num_pages, gen)
+    tab["kv_indices"][tab["kv_indptr"][3]] = num_pages  # request 3's only page
+    out.zero_()
+    load(tab)
+    g.replay()
+    torch.cuda.synchronize(dev)
+    assert int(err.item()) == KVP_ERANGE
+    assert torch.count_nonzero(cache_bytes(out)) == 2 * (nnz - 1) * FUSED_HEADS * FUSED_DIM
+
+
+@needs_gpu
+def test_fused_append_refusals_and_check():
+    dev = torch.device("cuda", 0)
+    gen = np.random.default_rng(5)
+    tab = make_table([3, 0], [1, 2], 16, 8, gen)
+    td = {k: torch.from_numpy(v).to(dev) for k, v in tab.items()}
+    out = make_cache(8, 16, "NHD", torch.float16, dev, False)
+    key = torch.ones(3, FUSED_HEADS, FUSED_DIM, dtype=torch.float16, device=dev)
+    args = (td["append_indptr"], out, td["kv_indices"], td["kv_indptr"], td["kv_last_page_len"])
+    with pytest.raises(TypeError):  # a pure copy: no conversion
+        kvp_torch.append_paged_kv_cache_fused(key.float(), key.float(), *args)
+    with pytest.raises(TypeError):  # index tensors are never converted
+        kvp_torch.append_paged_kv_cache_fused(key, key, td["append_indptr"].long(), *args[1:])
+    with pytest.raises(ValueError):  # nor copied to the device
+        kvp_torch.append_paged_kv_cache_fused(key, key, td["append_indptr"].cpu(), *args[1:])
+    with pytest.raises(ValueError):  # append_indptr must have B+1 entries
+        kvp_torch.append_paged_kv_cache_fused(key, key, td["append_indptr"][:2], *args[1:])
+    with pytest.raises(kvpool.InvalidArgument) as ei:  # a misaligned source (C's check)
+        odd = torch.ones(3 * FUSED_HEADS * FUSED_DIM + 1, dtype=torch.float16, device=dev)
+        k_odd = odd[1:].view(3, FUSED_HEADS, FUSED_DIM)
+        kvp_torch.append_paged_kv_cache_fused(k_odd, k_odd, *args)
+    assert "16-byte aligned" in str(ei.value)
+    assert torch.count_nonzero(cache_bytes(out)) == 0
+    kvp_torch.append_paged_kv_cache_fused(key, -key, *args, check=True)
+    assert torch.count_nonzero(cache_bytes(out)) == 2 * 3 * FUSED_HEADS * FUSED_DIM
+    bad = td["kv_indices"].clone()
+    bad[0] = 8  # request 0's page outside the cache
+    with pytest.raises(kvpool.OutOfRange):
+        kvp_torch.append_paged_kv_cache_fused(key, key, td["append_indptr"], out, bad,
+                                              td["kv_indptr"], td["kv_last_page_len"],
+                                              check=True)
+
+
+@needs_gpu
+def test_fused_append_on_the_daemon_pool_in_a_graph(start):
+    """Decode steps on a daemon's pool: one Reserve a step, its table copied into the captured
+    graph's tensors, replayed; every appended row lands where the page table says."""
+    d = start(*geometry("bf16", "hnd", "split"))
+    with d.client("fused-graph") as c:
+        info = c.pool_info
+        dev = torch.device("cuda", info.device_ids[0])
+        H, D, ps = info.heads_per_device, info.head_dim, info.page_size
+        seqs = [11, 12, 13]
+        B = len(seqs)
+        t0 = c.reserve(seqs, [5, 1, 9])  # prompts, appended by the fused call eagerly
+        td = {k: torch.from_numpy(getattr(t0, k)).to(dev)
+              for k in ("kv_indptr", "kv_indices", "kv_last_page_len", "append_indptr")}
+        caches = [c.paged_kv_cache(layer) for layer in range(info.num_layers)]
+        prompt = rows(15, torch.bfloat16, dev, H, D)
+        for cache in caches:
+            kvp_torch.append_paged_kv_cache_fused(prompt, -prompt, td["append_indptr"], cache,
+                                                  td["kv_indices"], td["kv_indptr"],
+                                                  td["kv_last_page_len"], kv_layout="HND",
+                                                  check=True)
+        cap = info.num_pages
+        st = dict(kv_indices=torch.zeros(cap, dtype=torch.int32, device=dev),
+                  kv_indptr=torch.zeros(B + 1, dtype=torch.int32, device=dev),
+                  kv_last_page_len=torch.ones(B, dtype=torch.int32, device=dev),
+                  append_indptr=torch.arange(B + 1, dtype=torch.int32, device=dev))
+        key = torch.zeros(B, H, D, dtype=torch.bfloat16, device=dev)
+        err = torch.zeros(1, dtype=torch.int32, device=dev)
+
+        def load(t):
+            st["kv_indices"][:t.kv_indices.size].copy_(torch.from_numpy(t.kv_indices))
+            st["kv_indptr"].copy_(torch.from_numpy(t.kv_indptr))
+            st["kv_last_page_len"].copy_(torch.from_numpy(t.kv_last_page_len))
+
+        def step():
+            for cache in caches:
+                kvp_torch.append_paged_kv_cache_fused(key, -key, st["append_indptr"], cache,
+                                                      st["kv_indices"], st["kv_indptr"],
+                                                      st["kv_last_page_len"], kv_layout="HND",
+                                                      err=err, pdl=True)
+
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        lens = [5, 1, 9]
+        for it in range(20):  # crosses page boundaries (page size 4)
+            t = c.reserve(seqs, [1] * B)
+            assert len(t.copies) == 0
+            load(t)
+            key.copy_(rows(B, torch.bfloat16, dev, H, D))
+            g.replay()
+            torch.cuda.synchronize(dev)
+            assert int(err.item()) == 0
+            for b in range(B):
+                p = lens[b]
+                page = int(t.kv_indices[t.kv_indptr[b] + p // ps])
+                for layer in range(info.num_layers):
+                    k, v = caches[layer]
+                    assert torch.equal(k[page, :, p % ps], key[b]), (it, b, layer)
+                    assert torch.equal(v[page, :, p % ps], -key[b])
+                lens[b] += 1
+        # the prompts are still in place
+        for b, (start_, n) in enumerate(((0, 5), (5, 1), (6, 9))):
+            for p in range(n):
+                page = int(t0.kv_indices[t0.kv_indptr[b] + p // ps])
+                assert torch.equal(caches[1][0][page, :, p % ps], prompt[start_ + p])
+        del caches
+        assert c.release(seqs) == B
+        c.audit()
+
+
+def test_fused_c_entry_is_declared_and_checks_its_arguments():
+    """Runs without a GPU (and without CUDA in libkvpool): the prototype binds, a NULL kv is
+    KVP_EINVAL with its reason recorded for the calling thread."""
+    lib = kvp_lib.load()
+    lib.kvp_clear_cuda_error()
+    src = kvp_lib.kvp_append_src_t()
+    rc = lib.kvp_client_cuda_append_fused(None, ctypes.byref(src), None, 1, None, 0, None)
+    assert rc == KVP_EINVAL
+    assert lib.kvp_last_cuda_error().endswith(b" kvp_client_cuda_append_fused: NULL kv or src")
+    kv = kvp_lib.kvp_paged_kv_t()
+    assert lib.kvp_client_cuda_append_fused(ctypes.byref(kv), ctypes.byref(src), None, 0, None,
+                                            4, None) == KVP_EINVAL
+    assert lib.kvp_last_cuda_error().endswith(b" kvp_client_cuda_append_fused: unknown flag")
+    lib.kvp_clear_cuda_error()
+    assert lib.kvp_last_cuda_error() == b""
+
+
+def test_fused_append_refuses_cpu_tensors():
+    cache = torch.zeros(4, 2, 16, FUSED_HEADS, FUSED_DIM, dtype=torch.float16)
+    key = torch.zeros(1, FUSED_HEADS, FUSED_DIM, dtype=torch.float16)
+    i = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(TypeError):
+        kvp_torch.append_paged_kv_cache_fused(key, key, i, cache, i, i, i[:1])

@@ -297,7 +297,15 @@ _PROTOTYPES = {
     "kvp_client_cuda_copy_pages": (
         _int, [_c, ctypes.POINTER(kvp_page_table_t), ctypes.c_void_p]),
     "kvp_client_cuda_free_buffer": (_int, [_c, _u32]),
+    "kvp_last_cuda_error": (ctypes.c_char_p, []),
+    "kvp_clear_cuda_error": (None, []),
+    # no handle: (kv, src, append_indptr, nnz, err_dev, flags, stream), device pointers
+    "kvp_client_cuda_append_fused": (
+        _int, [ctypes.POINTER(kvp_paged_kv_t), ctypes.POINTER(kvp_append_src_t), ctypes.c_void_p,
+               _u32, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p]),
 }
+
+KVP_CLIENT_CUDA_APPEND_PDL = 1  # kvpool.h: kvp_client_cuda_append_fused's PDL flag
 
 _v = ctypes.c_void_p
 # The CUDA kernels (kernels/kvp_kernels_cuda.h), exported only by a libkvpool built with CUDA:

@@ -298,3 +298,143 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, k_
             raise error(code, "append_paged_kv_cache: a position, batch index or page id is out "
                         "of range; nothing was written")
 
+
+# ---- the fused append (kvp_client_cuda_append_fused) -------------------------------------
+
+def _dev_i32(t, name, dev, n=None):
+    """t itself when it is a 1-D contiguous int32 tensor on dev (of n entries when given): the
+    fused path converts nothing, so that a captured graph reads the caller's very tensors."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s must be a torch tensor (int32, on %s), got %s"
+                        % (name, dev, type(t).__name__))
+    if t.device != dev:
+        raise ValueError("%s is on %s, the cache on %s" % (name, t.device, dev))
+    if t.dtype != torch.int32:
+        raise TypeError("%s must be int32, got %s" % (name, t.dtype))
+    if t.dim() != 1 or not t.is_contiguous():
+        raise ValueError("%s must be 1-D and contiguous, got shape %s strides %s"
+                         % (name, tuple(t.shape), t.stride()))
+    if n is not None and t.numel() != n:
+        raise ValueError("%s has %d entries, want %d" % (name, t.numel(), n))
+    return t
+
+
+def _fused_fail(rc, lib):
+    raise error(rc, "append_paged_kv_cache_fused: "
+                + (lib.kvp_last_cuda_error() or b"").decode(errors="replace"))
+
+
+def append_paged_kv_cache_fused(append_key, append_value, append_indptr, paged_kv_cache,
+                                kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", *,
+                                err=None, stream=None, pdl=False, check=False):
+    """FlashInfer's append_paged_kv_cache with the batch indices and positions computed inside
+    the one launch from the page table (kvpool.h: kvp_client_cuda_append_fused), in place.
+
+    append_key, append_value: [nnz, H, D] CUDA tensors of the cache's dtype (rows contiguous,
+    any row/head strides that are 16-byte multiples); nnz = append_key.shape[0]. append_indptr:
+    [B+1], token i belongs to request b with append_indptr[b] <= i < append_indptr[b+1], and
+    append_indptr[B] must equal nnz (no padding: a token past it is skipped and reported).
+    paged_kv_cache, kv_indices, kv_indptr, kv_last_page_len, kv_layout: as in
+    kvpool.append_paged_kv_cache, the page table already counting the appended tokens (a
+    Reserve answer): token i goes to position seq_len[b] - append_len[b] + (i -
+    append_indptr[b]). Every index tensor must already be int32, contiguous and on the cache's
+    device: nothing is converted or copied here, and nothing on the device is read on the host.
+
+    err: None (a row skipped for a bad page id or a token outside every request is not
+    reported; nothing is ever written out of bounds) or an int32 CUDA tensor whose first
+    element receives KVP_ERANGE (first failure wins); never reset here: zero it yourself.
+    stream: a torch.cuda.Stream or a raw cudaStream_t (int); None: the current stream of the
+    cache's device. pdl: programmatic dependent launch (sm_90+; kvpool.h
+    KVP_CLIENT_CUDA_APPEND_PDL): the page-table tensors must be complete before the stream's
+    previous kernel starts, the sources may come from that kernel.
+
+    Capturable in a CUDA graph (torch.cuda.graph): one kernel, no allocation, no sync; the
+    graph keeps the tensors' addresses, so replay with new page tables by updating the same
+    tensors in place (copy_). Call it once outside the capture first (PyTorch's warm-up),
+    which loads the kernels. check=True (not while capturing): synchronize `stream` and raise
+    OutOfRange if a row was skipped (err, or a temporary word when err is None).
+    """
+    from .paged import _split_cache  # the FlashInfer argument forms, shared with the checked path
+
+    k_cache, v_cache, page_size, layout = _split_cache(paged_kv_cache, kv_layout)
+    if not (isinstance(k_cache, torch.Tensor) and k_cache.is_cuda):
+        raise TypeError("append_paged_kv_cache_fused needs CUDA tensors as the cache")
+    dev = k_cache.device
+    key, value = append_key, append_value
+    for name, t in (("append_key", key), ("append_value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("%s must be a CUDA tensor" % name)
+    if key.dim() != 3 or tuple(value.shape) != tuple(key.shape):
+        raise ValueError("append_key and append_value must both be [nnz, H, D], got %s and %s"
+                         % (tuple(key.shape), tuple(value.shape)))
+    for name, t in (("append_key", key), ("append_value", value), ("v_cache", v_cache)):
+        if t.device != dev:
+            raise ValueError("%s is on %s, the cache on %s" % (name, t.device, dev))
+        if t.dtype != k_cache.dtype:
+            raise TypeError("%s is %s, the cache is %s (a pure copy: no conversion)"
+                            % (name, t.dtype, k_cache.dtype))
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1 or key.stride(2) != 1 \
+            or value.stride(2) != 1:
+        raise ValueError("rows must be contiguous and K/V caches share their strides")
+    if layout == "NHD":
+        heads, dim = k_cache.shape[2], k_cache.shape[3]
+        s_n, s_h = k_cache.stride(1), k_cache.stride(2)
+    else:
+        heads, dim = k_cache.shape[1], k_cache.shape[3]
+        s_n, s_h = k_cache.stride(2), k_cache.stride(1)
+    if tuple(key.shape[1:]) != (heads, dim):
+        raise ValueError("append rows are [H, D] = %s, the cache holds %s"
+                         % (tuple(key.shape[1:]), (heads, dim)))
+    last = _dev_i32(kv_last_page_len, "kv_last_page_len", dev)
+    batch = last.numel()
+    indptr = _dev_i32(kv_indptr, "kv_indptr", dev, batch + 1)
+    aip = _dev_i32(append_indptr, "append_indptr", dev, batch + 1)
+    indices = _dev_i32(kv_indices, "kv_indices", dev)
+    if err is not None:
+        if not (isinstance(err, torch.Tensor) and err.device == dev and err.dtype == torch.int32
+                and err.numel() >= 1):
+            raise TypeError("err must be an int32 tensor of at least one element on %s" % dev)
+    capturing = torch.cuda.is_current_stream_capturing()
+    if check and capturing:
+        raise ValueError("check=True synchronizes: not while capturing a CUDA graph")
+    nnz = key.shape[0]
+    if nnz == 0:
+        return
+    if batch == 0:
+        raise ValueError("%d tokens to append to a batch of 0 requests" % nnz)
+    lib = _kernels(dev)
+    kv = _lib.kvp_paged_kv_t(
+        k_data=k_cache.data_ptr(), v_data=v_cache.data_ptr(), elem_bytes=k_cache.element_size(),
+        num_pages=k_cache.shape[0], page_size=int(page_size), num_heads=heads, head_dim=dim,
+        stride_page=k_cache.stride(0), stride_n=s_n, stride_h=s_h, batch_size=batch,
+        kv_indptr=indptr.data_ptr(), kv_indices=indices.data_ptr(),
+        kv_last_page_len=last.data_ptr())
+    src = _lib.kvp_append_src_t(key=key.data_ptr(), value=value.data_ptr(),
+                                k_stride_n=key.stride(0), k_stride_h=key.stride(1),
+                                v_stride_n=value.stride(0), v_stride_h=value.stride(1))
+    word = err
+    if check and word is None:
+        word = torch.zeros(1, dtype=torch.int32, device=dev)
+    flags = _lib.KVP_CLIENT_CUDA_APPEND_PDL if pdl else 0
+    s = stream_of(dev.index, stream)
+    # the C call launches on the calling thread's current device, which must be the stream's
+    switch = torch.cuda.current_device() != dev.index
+    prev = torch.cuda.current_device() if switch else None
+    if switch:
+        torch.cuda.set_device(dev)
+    try:
+        rc = lib.kvp_client_cuda_append_fused(
+            ctypes.byref(kv), ctypes.byref(src), ctypes.c_void_p(aip.data_ptr()), nnz,
+            ctypes.c_void_p(word.data_ptr() if word is not None else None), flags,
+            ctypes.c_void_p(s))
+    finally:
+        if switch:
+            torch.cuda.set_device(prev)
+    if rc:
+        _fused_fail(rc, lib)
+    if check:
+        torch.cuda.synchronize(dev)  # whatever stream it ran on
+        code = int(word[0].item())
+        if code:
+            raise error(code, "append_paged_kv_cache_fused: a token lies outside every request "
+                        "or a page id outside the cache; those rows were skipped")
