@@ -376,3 +376,26 @@ if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "--worker":
         sys.exit(worker_main(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])))
     sys.exit("usage: test_hf_integration.py --worker SOCKET NAMESPACE SCOPE PROMPTS_JSON")
+
+
+def test_hf_generate_example(start):
+    """client/python/examples/hf_generate.py end to end: cold, warm (the prefix linked from
+    the cache, only the rest computed) and transformers' own cache give the same tokens."""
+    import importlib.util
+    import io
+    import contextlib
+    path = os.path.join(ROOT, "client", "python", "examples", "hf_generate.py")
+    spec = importlib.util.spec_from_file_location("kvpool_hf_generate", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    d = start("--num-layers", "2", "--num-kv-heads", "2", "--head-dim", "16", "--dtype", "fp32",
+              "--page-size", "16", "--num-pages", "1024")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = ex.main(["--socket", d.sock, "--prompt-tokens", "200", "--new-tokens", "4",
+                      "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2"])
+    out = buf.getvalue()
+    assert rc == 0, out
+    assert "(prefill: 0 cached, 200 computed)" in out, out
+    assert "(prefill: 192 cached, 8 computed)" in out, out
+    assert "identical in the three runs" in out, out

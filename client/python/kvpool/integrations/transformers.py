@@ -468,8 +468,8 @@ class KvpoolCache(Cache):
         mask = valid[:, None, :] & ((j[None, None, :] <= qpos[:, :, None]) |
                                     (qpos[:, :, None] < 0))
         mask[:, :, 0] |= ~mask.any(axis=2)  # no fully masked query row (NaN): never read
-        s.gather = (torch.from_numpy(pages).to(dev), torch.from_numpy(
-            np.ascontiguousarray(slots)).to(dev), torch.from_numpy(mask[:, None]).to(dev))
+        s.gather = (torch.from_numpy(np.array(pages)).to(dev), torch.from_numpy(
+            np.array(slots)).to(dev), torch.from_numpy(mask[:, None]).to(dev))
         return s.gather
 
     def _attend_sdpa(self, s, layer, query, scaling, softcap):
