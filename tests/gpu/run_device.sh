@@ -58,5 +58,12 @@ if [ "$what" = python ] || [ "$what" = all ]; then
         PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -s -p no:cacheprovider \
         tests/python/test_torch.py > "$OUT/test_torch.log" 2>&1; r=$?
     tail -15 "$OUT/test_torch.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+    # the transformers integration (issue #17): the machine's transformers and PyTorch; the
+    # FlashInfer path when flashinfer-python is on PYTHONPATH (a slimmed wheel carried along)
+    echo "== pytest tests/python/test_hf_integration.py"
+    BUILD_DIR="$B" PYTHONPATH="$PWD/client/python${KVP_EXTRA_PYTHONPATH:+:$KVP_EXTRA_PYTHONPATH}" \
+        KVPOOL_LIB="$PWD/$B/client/libkvpool.so" PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q \
+        -s -p no:cacheprovider tests/python/test_hf_integration.py > "$OUT/test_hf.log" 2>&1; r=$?
+    tail -15 "$OUT/test_hf.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
 fi
 exit $rc
