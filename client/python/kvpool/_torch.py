@@ -229,14 +229,10 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz):
     return bi, pos
 
 
-def append_paged_kv_cache(append_key, append_value, batch_indices, positions, k_cache, v_cache,
-                          page_size, layout, kv_indices, kv_indptr, kv_last_page_len, check):
-    """The CUDA append on torch tensors (see paged.append_paged_kv_cache): the checked kernel
-    pair, so an out-of-range position, batch index or page id writes nothing. Queued on the
-    current stream; check=True waits for it and raises OutOfRange/InvalidArgument then."""
-    dev = k_cache.device
-    lib = _kernels(dev)
-    key, value = append_key, append_value
+def _check_rows(key, value, k_cache, v_cache, layout, dev):
+    """The checks both appends make of their rows against the cache: [nnz, H, D] sources of
+    the cache's dtype and device, contiguous rows, K and V caches of one shape. Returns the
+    cache's (heads, dim, token stride, head stride) in elements."""
     if key.dim() != 3 or tuple(value.shape) != tuple(key.shape):
         raise ValueError("append_key and append_value must both be [nnz, H, D], got %s and %s"
                          % (tuple(key.shape), tuple(value.shape)))
@@ -258,6 +254,18 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, k_
     if tuple(key.shape[1:]) != (heads, dim):
         raise ValueError("append rows are [H, D] = %s, the cache holds %s"
                          % (tuple(key.shape[1:]), (heads, dim)))
+    return heads, dim, s_n, s_h
+
+
+def append_paged_kv_cache(append_key, append_value, batch_indices, positions, k_cache, v_cache,
+                          page_size, layout, kv_indices, kv_indptr, kv_last_page_len, check):
+    """The CUDA append on torch tensors (see paged.append_paged_kv_cache): the checked kernel
+    pair, so an out-of-range position, batch index or page id writes nothing. Queued on the
+    current stream; check=True waits for it and raises OutOfRange/InvalidArgument then."""
+    dev = k_cache.device
+    lib = _kernels(dev)
+    key, value = append_key, append_value
+    heads, dim, s_n, s_h = _check_rows(key, value, k_cache, v_cache, layout, dev)
     nnz = key.shape[0]
     bi = _i32(batch_indices, "batch_indices", dev)
     pos = _i32(positions, "positions", dev)
@@ -364,27 +372,7 @@ def append_paged_kv_cache_fused(append_key, append_value, append_indptr, paged_k
     for name, t in (("append_key", key), ("append_value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError("%s must be a CUDA tensor" % name)
-    if key.dim() != 3 or tuple(value.shape) != tuple(key.shape):
-        raise ValueError("append_key and append_value must both be [nnz, H, D], got %s and %s"
-                         % (tuple(key.shape), tuple(value.shape)))
-    for name, t in (("append_key", key), ("append_value", value), ("v_cache", v_cache)):
-        if t.device != dev:
-            raise ValueError("%s is on %s, the cache on %s" % (name, t.device, dev))
-        if t.dtype != k_cache.dtype:
-            raise TypeError("%s is %s, the cache is %s (a pure copy: no conversion)"
-                            % (name, t.dtype, k_cache.dtype))
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1 or key.stride(2) != 1 \
-            or value.stride(2) != 1:
-        raise ValueError("rows must be contiguous and K/V caches share their strides")
-    if layout == "NHD":
-        heads, dim = k_cache.shape[2], k_cache.shape[3]
-        s_n, s_h = k_cache.stride(1), k_cache.stride(2)
-    else:
-        heads, dim = k_cache.shape[1], k_cache.shape[3]
-        s_n, s_h = k_cache.stride(2), k_cache.stride(1)
-    if tuple(key.shape[1:]) != (heads, dim):
-        raise ValueError("append rows are [H, D] = %s, the cache holds %s"
-                         % (tuple(key.shape[1:]), (heads, dim)))
+    heads, dim, s_n, s_h = _check_rows(key, value, k_cache, v_cache, layout, dev)
     last = _dev_i32(kv_last_page_len, "kv_last_page_len", dev)
     batch = last.numel()
     indptr = _dev_i32(kv_indptr, "kv_indptr", dev, batch + 1)
