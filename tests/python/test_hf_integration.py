@@ -372,9 +372,68 @@ def test_prefix_reuse_across_processes(start, page_size, layout):
         c.audit()
 
 
+def doomed_main(sock, namespace, scope, prompts):
+    """A worker that is killed in the middle of generation: prefills (committing its prompt's
+    full pages), says READY, then generates far more tokens than the test waits for."""
+    model = make_model()
+    c = kvpool.Client(sock, namespace, 300, cache_scope=scope)  # lease 300 ms
+    cache = KvpoolCache(model, c)
+    model.set_attn_implementation("kvpool")
+
+    class Ready:
+        said = False
+
+        def __call__(self, input_ids, scores):
+            if not Ready.said:  # the first decode step: the prefill is committed by now
+                print("READY", flush=True)
+                Ready.said = True
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    from transformers import StoppingCriteriaList
+    kvpool_generate(model, c, prompts, cache=cache, max_new_tokens=100000, do_sample=False,
+                    stopping_criteria=StoppingCriteriaList([Ready()]))
+    return 1  # never reached: the test kills it
+
+
+def test_worker_killed_mid_generation(start):
+    """A worker killed (SIGKILL) in the middle of generate(): the daemon stays healthy, its
+    audit is clean, and within the lease the worker's pages are back: free, or cached when
+    keyed (its committed prompt is still findable)."""
+    import time
+    d = start(*geometry(16, "nhd", num_pages=4096))
+    prompt = prompts_of((100,), seed=9)[0]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "client", "python"),
+                                         os.path.dirname(os.path.abspath(__file__)),
+                                         env.get("PYTHONPATH", "")])
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--doomed", d.sock,
+                          "hf-doomed", SCOPE, json.dumps([prompt])], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = p.stdout.readline()
+        assert line.strip() == "READY", line + p.stderr.read()
+        time.sleep(0.5)  # a few decode steps further
+        with d.client("hf-probe", cache_scope=SCOPE) as c:
+            st = c.stats()
+            assert st.num_seqs == 1 and st.used_pages > (100 // 16)  # mid-generation
+    finally:
+        p.kill()
+        p.wait()
+    time.sleep(1.0)  # past the 300 ms lease
+    with d.client("hf-probe", cache_scope=SCOPE) as c:
+        c.ping()
+        c.audit()
+        st = c.stats()
+        assert st.num_seqs == 0 and st.used_pages == 0  # nothing held: free or cached
+        # the prompt's full pages, committed after the prefill, stay findable
+        assert c.lookup([prompt]) == [(99 // 16) * 16]
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "--worker":
         sys.exit(worker_main(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])))
+    if len(sys.argv) == 6 and sys.argv[1] == "--doomed":
+        sys.exit(doomed_main(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])))
     sys.exit("usage: test_hf_integration.py --worker SOCKET NAMESPACE SCOPE PROMPTS_JSON")
 
 
