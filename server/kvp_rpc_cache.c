@@ -166,6 +166,33 @@ int kvp__rpc_scope_leave(kvp_rpc_t *r, uint32_t ns)
 
 /* ---- token ids and salts ----------------------------------------------------------------- */
 
+/* Checks salt_lens and salts against n sequences or prompts (or none): each at most
+ * KVP_PAGEKEY_MAX_SALT, summing to the salt bytes. 0 or an error answered. */
+static int check_salts(const kvp_batch_arrays_t *b, uint32_t n, kvpool_Response *resp, uint64_t id)
+{
+    const uint32_t nsalt = b->salt_lens.count;
+    if (nsalt && nsalt != n) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "salt_lens has %u entries for %u sequences", nsalt, n);
+        return KVP_EINVAL;
+    }
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < nsalt; i++) {
+        uint32_t l = ((const uint32_t *)b->salt_lens.data)[i];
+        if (l > KVP_PAGEKEY_MAX_SALT) {
+            kvp_rpc_error(resp, id, KVP_EINVAL, "salt %u is %u bytes, above %u", i, l,
+                          KVP_PAGEKEY_MAX_SALT);
+            return KVP_EINVAL;
+        }
+        sum += l;
+    }
+    if (sum != b->salts.count) {
+        kvp_rpc_error(resp, id, KVP_EINVAL, "salts holds %u bytes, salt_lens sum to %llu",
+                      b->salts.count, (unsigned long long)sum);
+        return KVP_EINVAL;
+    }
+    return 0;
+}
+
 int kvp__rpc_take_content(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io_t *io, uint32_t n,
                           int has_opts, const kvpool_CacheOptions *opts, kvp_plan_cache_t *cache,
                           kvpool_Response *resp, uint64_t id)
@@ -192,25 +219,9 @@ int kvp__rpc_take_content(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io
                       (unsigned long long)want);
         return -1;
     }
-    if (nsalt && nsalt != n) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "salt_lens has %u entries, seq_ids %u", nsalt, n);
+    if (check_salts(b, n, resp, id))
         return -1;
-    }
     const uint32_t *lens = b->salt_lens.data;
-    uint64_t salt_bytes = 0;
-    for (uint32_t i = 0; i < nsalt; i++) {
-        if (lens[i] > KVP_PAGEKEY_MAX_SALT) {
-            kvp_rpc_error(resp, id, KVP_EINVAL, "salt %u is %u bytes, above %u", i, lens[i],
-                          KVP_PAGEKEY_MAX_SALT);
-            return -1;
-        }
-        salt_bytes += lens[i];
-    }
-    if (salt_bytes != b->salts.count) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "salts holds %u bytes, salt_lens sum to %llu",
-                      b->salts.count, (unsigned long long)salt_bytes);
-        return -1;
-    }
     uint32_t prio = KVP_PCACHE_DEFAULT_PRIORITY;
     if (has_opts && opts->has_priority) {
         if (opts->priority > KVP_PCACHE_MAX_PRIORITY) {
@@ -390,32 +401,6 @@ KVP_RPC_HANDLER(commit)
 }
 
 /* ---- Lookup, Pin, Unpin, CacheFlush ------------------------------------------------------ */
-
-/* Checks salts against n prompts (or none); 0 or an error answered. */
-static int check_salts(const kvp_batch_arrays_t *b, uint32_t n, kvpool_Response *resp, uint64_t id)
-{
-    const uint32_t nsalt = b->salt_lens.count;
-    if (nsalt && nsalt != n) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "salt_lens has %u entries for %u prompts", nsalt, n);
-        return KVP_EINVAL;
-    }
-    uint64_t sum = 0;
-    for (uint32_t i = 0; i < nsalt; i++) {
-        uint32_t l = ((const uint32_t *)b->salt_lens.data)[i];
-        if (l > KVP_PAGEKEY_MAX_SALT) {
-            kvp_rpc_error(resp, id, KVP_EINVAL, "salt %u is %u bytes, above %u", i, l,
-                          KVP_PAGEKEY_MAX_SALT);
-            return KVP_EINVAL;
-        }
-        sum += l;
-    }
-    if (sum != b->salts.count) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "salts holds %u bytes, salt_lens sum to %llu",
-                      b->salts.count, (unsigned long long)sum);
-        return KVP_EINVAL;
-    }
-    return 0;
-}
 
 static uint32_t max_lookup(const kvp_rpc_t *r)
 {
