@@ -1,15 +1,24 @@
 /*
  * bench_append_cuda.c - the CUDA append kernels against the device-to-device copy ceiling
- * measured in the same run (METHOD.md): a large cudaMemcpyAsync counting bytes read + written.
- * For each workload and layout: the fused append (positions computed in the launch), the
- * checked append (validation kernel + copy), and the fused append replayed from a CUDA graph
- * (µs per launch) with and without programmatic dependent launch: 100 launches rotating over
- * 8 layers of the pool for decode steps, 10 alternating between 2 source sets for prefills.
- * Times are medians of --reps event-timed runs after warm-up; bytes = K and V rows read once
- * and written once. fp16, page 16 unless the workload says otherwise. Prints one table; exits
- * 77 without a GPU. The copy kernels' shape (kvp_append_cuda_opts_t) comes from the flags below
- * (default: automatic, what the daemon and libkvpool run): run the binary once per setting in
- * one device call to compare.
+ * measured in the same run (METHOD.md: a large cudaMemcpyAsync counting bytes read + written)
+ * and against FlashInfer's own AppendPagedKVCache (issue #18), side by side in one run. For
+ * each workload and layout: FlashInfer's append (when built with its headers:
+ * -DKVP_BENCH_FLASHINFER=ON or -DKVP_FLASHINFER_WHEEL=PATH, kernels/kvp_flashinfer.cmake), the
+ * fused append (positions computed in the launch), the checked append (validation kernel +
+ * copy) and the unchecked one (FlashInfer's inputs: the same batch_indices/positions), each as a
+ * single launch and replayed from a CUDA graph (us per launch; the fused form also under
+ * programmatic dependent launch): 100 launches rotating over 8 layers of the pool for decode
+ * steps, 10 alternating between 2 source sets for prefills. Page tables, batch indices and
+ * positions are computed once on the host and uploaded from pinned memory on the bench's own
+ * stream before anything is timed. Before timing, every row checks the bytes: FlashInfer's
+ * append (kvpool's checked one without FlashInfer) into one pool, each kvpool form into another
+ * filled with the same pattern, compared word for word (and the reference must have changed
+ * exactly the appended rows). Times are medians of --reps event-timed runs after warm-up; bytes
+ * = K and V rows read once and written once. fp16, page 16 unless the workload says otherwise.
+ * Prints one line per form, then a summary (kvpool / FlashInfer per row); exits 1 when a byte
+ * check fails, 77 without a GPU. The copy kernels' shape (kvp_append_cuda_opts_t) comes from
+ * the flags below (default: automatic, what the daemon and libkvpool run): run the binary once
+ * per setting in one device call to compare.
  *
  * --host: instead, the host side of the daemon's two ways to run a decode step's Append
  * (256 x 1, H 8, D 128, one layer): the slot kernel with its slots in the launch, against the
@@ -27,7 +36,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvp_bench_flashinfer.h"
 #include "kvp_bench_kernels.h"
+#include "kvp_cuda_err.h"
 #include "kvp_geom.h"
 #include "kvp_kernels_cuda.h"
 #include "kvp_knob.h"
@@ -89,24 +100,45 @@ static void do_copy(void *p)
     CK(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, S));
 }
 
+/* The forms of the append a workload times: kvpool's three and FlashInfer's. */
+enum { FORM_FUSED, FORM_CHECKED, FORM_UNCHECKED, FORM_FLASHINFER, NUM_FORMS };
+static const char *const FORM_NAME[NUM_FORMS] = {"fused", "checked (validate + copy)",
+                                                 "unchecked (the same batch_indices/positions)",
+                                                 "FlashInfer AppendPagedKVCache"};
+
 typedef struct {
     kvp_paged_kv_t kv;
     kvp_append_src_t src;
     int32_t *aip, *bi, *pos, *err;
     uint32_t nnz;
-    int checked;
+    int form;       /* FORM_* */
     unsigned flags; /* KVP_CUDA_APPEND_* of the fused form */
 } app_arg_t;
 
 static void do_append(void *p)
 {
     app_arg_t *a = p;
-    int rc = a->checked ? kvp_append_paged_kv_cache_cuda_opts(&a->kv, &a->src, a->bi, a->pos,
-                                                              a->nnz, a->err, &OPTS, S)
-                        : kvp_append_paged_kv_cache_fused_cuda_opts(&a->kv, &a->src, a->aip, a->nnz,
-                                                                    a->err, a->flags, &OPTS, S);
+    int rc;
+    switch (a->form) {
+    case FORM_FUSED:
+        rc = kvp_append_paged_kv_cache_fused_cuda_opts(&a->kv, &a->src, a->aip, a->nnz, a->err,
+                                                       a->flags, &OPTS, S);
+        break;
+    case FORM_CHECKED:
+        rc = kvp_append_paged_kv_cache_cuda_opts(&a->kv, &a->src, a->bi, a->pos, a->nnz, a->err,
+                                                 &OPTS, S);
+        break;
+    case FORM_UNCHECKED:
+        rc = kvp_append_paged_kv_cache_cuda_unchecked_opts(&a->kv, &a->src, a->bi, a->pos, a->nnz,
+                                                           a->err, &OPTS, S);
+        break;
+    default:
+        rc = kvp_bench_flashinfer_append_cuda(&a->kv, &a->src, a->bi, a->pos, a->nnz, S);
+        break;
+    }
     if (rc) {
-        fprintf(stderr, "append failed: %d\n", rc);
+        fprintf(stderr, "append (%s) failed: %s %s\n", FORM_NAME[a->form], kvp_strerror(rc),
+                kvp_cuda_last_error());
         exit(1);
     }
 }
@@ -126,18 +158,31 @@ typedef struct {
 } workload_t;
 
 static double CEIL_GBS;
+static int HAVE_FI;  /* FlashInfer's append compiled in (kvp_bench_flashinfer_available) */
+static int MISMATCH; /* a byte check failed: the exit status is 1 */
 
-/* Per-launch ms of a graph of n fused launches, launch i writing layer i % nl of the pool
+/* One row of the summary: us per launch, single launch and graph replay, per form (0: not
+ * run); PDL is the fused form's graph under programmatic dependent launch. */
+typedef struct {
+    const char *name;
+    const char *lay;
+    float single[NUM_FORMS], graph[NUM_FORMS], graph_pdl;
+} summary_t;
+static summary_t SUM[32];
+static unsigned NSUM;
+
+/* Per-launch ms of a graph of n launches of form, launch i writing layer i % nl of the pool
  * (layer_bytes apart) from source set i % ns (src_bytes apart): so the rows measure the
  * steady state of back-to-back launches, not one buffer sitting in L2. */
-static float graph_ms(const app_arg_t *a0, int n, unsigned nl, size_t layer_bytes, unsigned ns,
-                      size_t src_set_bytes, unsigned flags)
+static float graph_ms(const app_arg_t *a0, int form, unsigned flags, int n, unsigned nl,
+                      size_t layer_bytes, unsigned ns, size_t src_set_bytes)
 {
     cudaGraph_t graph;
     graph_arg_t ga;
     CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < n; i++) {
         app_arg_t a = *a0;
+        a.form = form;
         a.flags = flags;
         a.kv.k_data = (uint8_t *)a.kv.k_data + (i % nl) * layer_bytes;
         a.kv.v_data = (uint8_t *)a.kv.v_data + (i % nl) * layer_bytes;
@@ -152,6 +197,43 @@ static float graph_ms(const app_arg_t *a0, int n, unsigned nl, size_t layer_byte
     CK(cudaGraphDestroy(graph));
     return ms;
 }
+
+/* "1.37x" (kvpool / FlashInfer) into buf, or "-" without a FlashInfer figure. */
+static const char *ratio(char *buf, size_t len, float ms, float fi_ms)
+{
+    if (fi_ms > 0 && ms > 0)
+        snprintf(buf, len, "%.2fx", ms / fi_ms);
+    else
+        snprintf(buf, len, "-");
+    return buf;
+}
+
+static void print_row(const workload_t *w, const char *lay, uint32_t nnz, double bytes, float ms,
+                      float fi_ms, const char *form, const char *how)
+{
+    char r[16];
+    double gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%% %7s   %s%s\n", w->name, lay, nnz, ms * 1e3, gbs,
+           100.0 * gbs / CEIL_GBS, ratio(r, sizeof(r), ms, fi_ms), form, how);
+}
+
+#define KC(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0) {                                                                            \
+            fprintf(stderr, "%s:%d %s: %s %s\n", __FILE__, __LINE__, #call, kvp_strerror(rc_),     \
+                    kvp_cuda_last_error());                                                        \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* Words of 16 ints, so every array of the table block starts 64-byte aligned. */
+static size_t pad16(size_t n)
+{
+    return (n + 15) / 16 * 16;
+}
+
+enum { POOL_SEED = 0x9001, SRC_SEED = 0x5eed };
 
 static void run_workload(const workload_t *w, kvp_layout_t layout)
 {
@@ -172,46 +254,44 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
         fprintf(stderr, "bad geometry for %s\n", w->name);
         return;
     }
+    const char *lay = layout == KVP_LAYOUT_NHD ? "NHD" : "HND";
     /* decode graphs rotate over 8 layers of the pool, prefill graphs over 2 source sets */
     const unsigned nl = w->tokens == 1 ? 8 : 1, ns = w->tokens == 1 ? 1 : 2;
-    uint8_t *pool;
-    CK(cudaMalloc((void **)&pool, d.pool_bytes * nl));
-    CK(cudaMemsetAsync(pool, 0, d.pool_bytes * nl, S));
     uint32_t nnz = B * w->tokens;
     size_t row = (size_t)w->dim * 2, src_bytes = (size_t)nnz * w->heads * row;
-    uint8_t *src;
+    uint8_t *pool, *ref, *src;
+    CK(cudaMalloc((void **)&pool, d.pool_bytes * nl));
+    CK(cudaMalloc((void **)&ref, d.pool_bytes));
     CK(cudaMalloc((void **)&src, 2 * src_bytes * ns));
-    CK(cudaMemsetAsync(src, 0x3c, 2 * src_bytes * ns, S));
-    int32_t *h_indptr = malloc(4 * (B + 1)), *h_idx = malloc(4 * (size_t)B * pages_per);
-    int32_t *h_last = malloc(4 * B), *h_aip = malloc(4 * (B + 1));
-    int32_t *h_bi = malloc(4 * (size_t)nnz), *h_pos = malloc(4 * (size_t)nnz);
-    h_indptr[0] = h_aip[0] = 0;
+    /* sources and pool hold a pattern, never zeros (METHOD.md): a row written to the wrong
+     * place, or not at all, shows in the byte check below */
+    KC(kvp_bench_fill_cuda(src, 2 * src_bytes * ns, SRC_SEED, S));
+    KC(kvp_bench_fill_cuda(pool, d.pool_bytes * nl, POOL_SEED, S));
+
+    /* The page table, append_indptr, batch indices and positions, computed once on the host
+     * and uploaded once, from pinned memory on the bench's stream, before anything is timed
+     * (an engine does this once per step, not once per layer). Error words after them. */
+    const size_t o_indptr = 0, o_idx = o_indptr + pad16(B + 1);
+    const size_t o_last = o_idx + pad16((size_t)B * pages_per), o_aip = o_last + pad16(B);
+    const size_t o_bi = o_aip + pad16(B + 1), o_pos = o_bi + pad16(nnz);
+    const size_t o_err = o_pos + pad16(nnz), n_words = o_err + 16;
+    int32_t *h, *dv;
+    CK(cudaHostAlloc((void **)&h, n_words * 4, cudaHostAllocDefault));
+    memset(h, 0, n_words * 4);
+    h[o_indptr] = h[o_aip] = 0;
     for (uint32_t b = 0; b < B; b++) {
-        h_indptr[b + 1] = h_indptr[b] + (int32_t)pages_per;
-        h_aip[b + 1] = h_aip[b] + (int32_t)w->tokens;
-        h_last[b] = (int32_t)(len - (pages_per - 1) * ps);
+        h[o_indptr + b + 1] = h[o_indptr + b] + (int32_t)pages_per;
+        h[o_aip + b + 1] = h[o_aip + b] + (int32_t)w->tokens;
+        h[o_last + b] = (int32_t)(len - (pages_per - 1) * ps);
         for (uint32_t k = 0; k < pages_per; k++) /* interleave requests' pages */
-            h_idx[b * pages_per + k] = (int32_t)(k * B + b);
+            h[o_idx + (size_t)b * pages_per + k] = (int32_t)(k * B + b);
         for (uint32_t j = 0; j < w->tokens; j++) {
-            h_bi[b * w->tokens + j] = (int32_t)b;
-            h_pos[b * w->tokens + j] = (int32_t)(w->old_len + j);
+            h[o_bi + (size_t)b * w->tokens + j] = (int32_t)b;
+            h[o_pos + (size_t)b * w->tokens + j] = (int32_t)(w->old_len + j);
         }
     }
-    int32_t *d_indptr, *d_idx, *d_last, *d_aip, *d_bi, *d_pos, *d_err;
-    CK(cudaMalloc((void **)&d_indptr, 4 * (B + 1)));
-    CK(cudaMalloc((void **)&d_idx, 4 * (size_t)B * pages_per));
-    CK(cudaMalloc((void **)&d_last, 4 * B));
-    CK(cudaMalloc((void **)&d_aip, 4 * (B + 1)));
-    CK(cudaMalloc((void **)&d_bi, 4 * (size_t)nnz));
-    CK(cudaMalloc((void **)&d_pos, 4 * (size_t)nnz));
-    CK(cudaMalloc((void **)&d_err, 4));
-    CK(cudaMemcpy(d_indptr, h_indptr, 4 * (B + 1), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_idx, h_idx, 4 * (size_t)B * pages_per, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_last, h_last, 4 * B, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_aip, h_aip, 4 * (B + 1), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_bi, h_bi, 4 * (size_t)nnz, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_pos, h_pos, 4 * (size_t)nnz, cudaMemcpyHostToDevice));
-    CK(cudaMemset(d_err, 0, 4));
+    CK(cudaMalloc((void **)&dv, n_words * 4));
+    CK(cudaMemcpyAsync(dv, h, n_words * 4, cudaMemcpyHostToDevice, S));
     app_arg_t a = {.kv = {.k_data = pool,
                           .v_data = pool + d.v_offset_bytes,
                           .elem_bytes = 2,
@@ -223,49 +303,137 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
                           .stride_n = d.stride_n,
                           .stride_h = d.stride_h,
                           .batch_size = B,
-                          .kv_indptr = d_indptr,
-                          .kv_indices = d_idx,
-                          .kv_last_page_len = d_last},
+                          .kv_indptr = dv + o_indptr,
+                          .kv_indices = dv + o_idx,
+                          .kv_last_page_len = dv + o_last},
                    .src = {.key = src,
                            .value = src + src_bytes,
                            .k_stride_n = (int64_t)w->heads * w->dim,
                            .k_stride_h = w->dim,
                            .v_stride_n = (int64_t)w->heads * w->dim,
                            .v_stride_h = w->dim},
-                   .aip = d_aip,
-                   .bi = d_bi,
-                   .pos = d_pos,
-                   .err = d_err,
+                   .aip = dv + o_aip,
+                   .bi = dv + o_bi,
+                   .pos = dv + o_pos,
+                   .err = dv + o_err,
                    .nnz = nnz};
-    double bytes = 2.0 * 2.0 * (double)src_bytes; /* K+V, read + write */
-    const char *lay = layout == KVP_LAYOUT_NHD ? "NHD" : "HND";
-    float ms = time_ms(do_append, &a, REPS);
-    double gbs = bytes / (ms * 1e-3) / 1e9;
-    printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   fused\n", w->name, lay, nnz, ms * 1e3, gbs,
-           100.0 * gbs / CEIL_GBS);
-    a.checked = 1;
-    ms = time_ms(do_append, &a, REPS);
-    gbs = bytes / (ms * 1e-3) / 1e9;
-    printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   checked (validate + copy)\n", w->name, lay, nnz,
-           ms * 1e3, gbs, 100.0 * gbs / CEIL_GBS);
-    a.checked = 0;
-    for (int pdl = 0; pdl < 2; pdl++) {
-        unsigned fl = pdl ? KVP_CUDA_APPEND_PDL : 0u;
-        int n = w->tokens == 1 ? 100 : 10;
-        ms = graph_ms(&a, n, nl, d.pool_bytes, ns, 2 * src_bytes, fl);
-        gbs = bytes / (ms * 1e-3) / 1e9;
-        printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%%   fused, graph of %d (%s)%s\n", w->name, lay,
-               nnz, ms * 1e3, gbs, 100.0 * gbs / CEIL_GBS, n,
-               w->tokens == 1 ? "8 layers" : "2 source sets", pdl ? ", PDL" : "");
+
+    /* Bytes first: the reference (FlashInfer's append; kvpool's checked form when FlashInfer
+     * is absent) into ref, which must differ from the untouched pattern in exactly the
+     * appended rows' words; then each kvpool form into layer 0 of pool, refilled with the
+     * same pattern, which must equal ref word for word. Error word 1 + form per form. */
+    unsigned long long *cnt_dev, *cnt_host;
+    CK(cudaMalloc((void **)&cnt_dev, 8 * sizeof(*cnt_dev)));
+    CK(cudaHostAlloc((void **)&cnt_host, 8 * sizeof(*cnt_host), cudaHostAllocDefault));
+    CK(cudaMemsetAsync(cnt_dev, 0, 8 * sizeof(*cnt_dev), S));
+    const int ref_form = HAVE_FI ? FORM_FLASHINFER : FORM_CHECKED;
+    KC(kvp_bench_fill_cuda(ref, d.pool_bytes, POOL_SEED, S));
+    app_arg_t r = a;
+    r.form = ref_form;
+    r.kv.k_data = ref;
+    r.kv.v_data = ref + d.v_offset_bytes;
+    r.err = dv + o_err + 1 + ref_form;
+    do_append(&r);
+    KC(kvp_bench_diff_cuda(ref, NULL, d.pool_bytes, POOL_SEED, &cnt_dev[0], S));
+    for (int f = FORM_FUSED; f <= FORM_UNCHECKED; f++) {
+        KC(kvp_bench_fill_cuda(pool, d.pool_bytes, POOL_SEED, S));
+        r = a;
+        r.form = f;
+        r.err = dv + o_err + 1 + f;
+        do_append(&r);
+        KC(kvp_bench_diff_cuda(pool, ref, d.pool_bytes, 0, &cnt_dev[1 + f], S));
     }
-    int32_t herr;
-    CK(cudaMemcpy(&herr, d_err, 4, cudaMemcpyDeviceToHost));
-    if (herr)
-        printf("  (device error flag %d)\n", herr);
-    void *fr[] = {pool, src, d_indptr, d_idx, d_last, d_aip, d_bi, d_pos, d_err};
+    CK(cudaMemcpyAsync(cnt_host, cnt_dev, 8 * sizeof(*cnt_dev), cudaMemcpyDeviceToHost, S));
+    CK(cudaMemcpyAsync(h + o_err, dv + o_err, 16 * 4, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    const unsigned long long rows_words = 2ull * nnz * w->heads * (row / 16);
+    int ok = cnt_host[0] == rows_words;
+    for (int f = FORM_FUSED; f <= FORM_UNCHECKED; f++)
+        ok = ok && cnt_host[1 + f] == 0 && h[o_err + 1 + f] == 0;
+    printf("%-28s %-4s bytes %s: %s changed %llu 16-byte words (the appended K and V rows: "
+           "%llu); fused/checked/unchecked differ from it in %llu/%llu/%llu (errors %d/%d/%d)\n",
+           w->name, lay, ok ? "agree" : "DIFFER", HAVE_FI ? "FlashInfer" : "checked (reference)",
+           cnt_host[0], rows_words, cnt_host[1], cnt_host[2], cnt_host[3], h[o_err + 1],
+           h[o_err + 2], h[o_err + 3]);
+    if (!ok)
+        MISMATCH = 1;
+
+    /* Then time: single launches, then graph replays, FlashInfer first (its figure is the
+     * ratio's denominator). */
+    double bytes = 2.0 * 2.0 * (double)src_bytes; /* K+V, read + write */
+    summary_t *sum = NSUM < sizeof(SUM) / sizeof(SUM[0]) ? &SUM[NSUM++] : NULL;
+    summary_t local = {.name = w->name, .lay = lay};
+    static const int order[NUM_FORMS] = {FORM_FLASHINFER, FORM_FUSED, FORM_CHECKED, FORM_UNCHECKED};
+    for (int i = 0; i < NUM_FORMS; i++) {
+        int f = order[i];
+        if (f == FORM_FLASHINFER && !HAVE_FI)
+            continue;
+        a.form = f;
+        local.single[f] = time_ms(do_append, &a, REPS);
+        print_row(w, lay, nnz, bytes, local.single[f], local.single[FORM_FLASHINFER], FORM_NAME[f],
+                  ", single launch");
+    }
+    a.form = FORM_FUSED;
+    const int n = w->tokens == 1 ? 100 : 10;
+    char how[64];
+    snprintf(how, sizeof(how), ", graph of %d (%s)", n,
+             w->tokens == 1 ? "8 layers" : "2 source sets");
+    for (int i = 0; i < NUM_FORMS; i++) {
+        int f = order[i];
+        if (f == FORM_FLASHINFER && !HAVE_FI)
+            continue;
+        local.graph[f] = graph_ms(&a, f, 0, n, nl, d.pool_bytes, ns, 2 * src_bytes);
+        print_row(w, lay, nnz, bytes, local.graph[f], local.graph[FORM_FLASHINFER], FORM_NAME[f],
+                  how);
+        if (f == FORM_FUSED) {
+            char pdl[80];
+            snprintf(pdl, sizeof(pdl), "%s, PDL", how);
+            local.graph_pdl =
+                graph_ms(&a, f, KVP_CUDA_APPEND_PDL, n, nl, d.pool_bytes, ns, 2 * src_bytes);
+            print_row(w, lay, nnz, bytes, local.graph_pdl, local.graph[FORM_FLASHINFER],
+                      FORM_NAME[f], pdl);
+        }
+    }
+    if (sum)
+        *sum = local;
+    CK(cudaMemcpyAsync(h + o_err, dv + o_err, 4, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    if (h[o_err])
+        printf("  (device error flag %d)\n", h[o_err]);
+    void *fr[] = {pool, ref, src, dv, cnt_dev};
     for (unsigned i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
         CK(cudaFree(fr[i]));
-    free(h_indptr), free(h_idx), free(h_last), free(h_aip), free(h_bi), free(h_pos);
+    CK(cudaFreeHost(h));
+    CK(cudaFreeHost(cnt_host));
+}
+
+/* The issue's table, last: us per launch and kvpool / FlashInfer per form, graph replay and
+ * single launch. */
+static void print_summary(void)
+{
+    char r[4][16], fgs[16], fss[16];
+    printf("\nsummary, us per launch (x: kvpool / FlashInfer in this run; ceiling %.0f GB/s)\n",
+           CEIL_GBS);
+    printf("%-28s %-4s %-6s %9s %16s %16s %16s %16s\n", "workload", "lay", "", "FlashInfer",
+           "fused", "fused + PDL", "checked", "unchecked");
+    for (unsigned i = 0; i < NSUM; i++) {
+        const summary_t *s = &SUM[i];
+        const float fg = s->graph[FORM_FLASHINFER], fs = s->single[FORM_FLASHINFER];
+        snprintf(fgs, sizeof(fgs), "%.2f", fg * 1e3);
+        snprintf(fss, sizeof(fss), "%.2f", fs * 1e3);
+        if (!HAVE_FI)
+            strcpy(fgs, "-"), strcpy(fss, "-");
+        printf("%-28s %-4s %-6s %9s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s\n", s->name, s->lay,
+               "graph", fgs, s->graph[FORM_FUSED] * 1e3, ratio(r[0], 16, s->graph[FORM_FUSED], fg),
+               s->graph_pdl * 1e3, ratio(r[1], 16, s->graph_pdl, fg), s->graph[FORM_CHECKED] * 1e3,
+               ratio(r[2], 16, s->graph[FORM_CHECKED], fg), s->graph[FORM_UNCHECKED] * 1e3,
+               ratio(r[3], 16, s->graph[FORM_UNCHECKED], fg));
+        printf("%-28s %-4s %-6s %9s %8.2f %7s %8s %7s %8.2f %7s %8.2f %7s\n", s->name, s->lay,
+               "single", fss, s->single[FORM_FUSED] * 1e3,
+               ratio(r[0], 16, s->single[FORM_FUSED], fs), "", "", s->single[FORM_CHECKED] * 1e3,
+               ratio(r[2], 16, s->single[FORM_CHECKED], fs), s->single[FORM_UNCHECKED] * 1e3,
+               ratio(r[3], 16, s->single[FORM_UNCHECKED], fs));
+    }
 }
 
 static double now_us(void)
@@ -362,7 +530,7 @@ static void run_host(void)
     uint8_t *pool, *src;
     CK(cudaMalloc((void **)&pool, d.pool_bytes));
     CK(cudaMalloc((void **)&src, 2ull * B * H * D * 2));
-    CK(cudaMemset(src, 0x3c, 2ull * B * H * D * 2));
+    KC(kvp_bench_fill_cuda(src, 2ull * B * H * D * 2, SRC_SEED, S));
     a.kv = (kvp_paged_kv_t){.k_data = pool,
                             .v_data = pool + d.v_offset_bytes,
                             .elem_bytes = 2,
@@ -384,7 +552,7 @@ static void run_host(void)
     CK(cudaHostAlloc((void **)&a.plan_host, a.plan_bytes + 4, cudaHostAllocDefault));
     CK(cudaMalloc((void **)&a.plan_dev, a.plan_bytes + 4));
     CK(cudaMalloc((void **)&a.err_dev, 64));
-    CK(cudaMemset(a.err_dev, 0, 64));
+    CK(cudaMemsetAsync(a.err_dev, 0, 64, S));
     a.slots = malloc(B * sizeof(int32_t));
     int32_t *w = a.plan_host;
     for (uint32_t b = 0; b <= B; b++)
@@ -396,7 +564,8 @@ static void run_host(void)
         w[4 * B + 1 + b] = 3;               /* position */
         a.slots[b] = (int32_t)(b * ps + 3); /* the same slot */
     }
-    CK(cudaMemcpy(a.plan_dev, a.plan_host, a.plan_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpyAsync(a.plan_dev, a.plan_host, a.plan_bytes, cudaMemcpyHostToDevice, S));
+    CK(cudaStreamSynchronize(S)); /* uploads done before anything is timed */
     printf("host side of a decode step's daemon Append (256 x 1, H 8, D 128, one layer), "
            "median of 2000:\n");
     printf("  %-44s %9s %16s\n", "way", "queue us", "queue + sync us");
@@ -470,13 +639,16 @@ int main(int argc, char **argv)
            "hints=%s (0: automatic)\n",
            kernels[OPTS.kernel], OPTS.tokens_per_block, OPTS.blocks_per_sm, OPTS.warps_per_block,
            hints[OPTS.hints]);
+    HAVE_FI = kvp_bench_flashinfer_available();
+    printf("FlashInfer column: %s\n", kvp_bench_flashinfer_what());
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no usable GPU: skipped\n");
         return 77;
     }
     CK(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
-    if (kvp_cuda_kernels_preload() || kvp_bench_kernels_preload()) {
+    if (kvp_cuda_kernels_preload() || kvp_bench_kernels_preload() ||
+        kvp_bench_flashinfer_preload()) {
         fprintf(stderr, "preload failed\n");
         return 1;
     }
@@ -490,7 +662,8 @@ int main(int argc, char **argv)
     copy_arg_t c = {.bytes = (size_t)2 << 30};
     CK(cudaMalloc(&c.src, c.bytes));
     CK(cudaMalloc(&c.dst, c.bytes));
-    CK(cudaMemset(c.src, 1, c.bytes));
+    KC(kvp_bench_fill_cuda(c.src, c.bytes, SRC_SEED, S));
+    CK(cudaStreamSynchronize(S));
     float ms = time_ms(do_copy, &c, 20);
     CEIL_GBS = 2.0 * (double)c.bytes / (ms * 1e-3) / 1e9;
     CK(cudaFree(c.src));
@@ -502,7 +675,8 @@ int main(int argc, char **argv)
     {
         int32_t *z;
         CK(cudaMalloc((void **)&z, 64));
-        CK(cudaMemset(z, 0, 64));
+        CK(cudaMemsetAsync(z, 0, 64, S));
+        CK(cudaStreamSynchronize(S));
         cudaGraph_t graph;
         graph_arg_t ga;
         CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
@@ -528,8 +702,19 @@ int main(int argc, char **argv)
         CK(cudaGraphDestroy(graph));
         CK(cudaFree(z));
     }
-    printf("%-28s %-4s %9s %10s %9s %8s   %s\n", "workload", "lay", "tokens", "us", "GB/s",
-           "ceiling", "form");
+    if (HAVE_FI)
+        printf("FlashInfer's AppendPagedKVCache and kvpool's unchecked form get the same "
+               "batch_indices/positions,\ncomputed once and uploaded before timing (an engine "
+               "computes them once per step, not once per layer),\nso those per-layer times "
+               "compare directly; kvpool's fused form computes them inside its own launch.\n"
+               "Before timing, each row checks that FlashInfer's bytes and each kvpool form's "
+               "agree (separate pools).\nx FI: kvpool / FlashInfer, single launch against "
+               "single launch, graph against graph.\n\n");
+    else
+        printf("FlashInfer column absent: the byte check takes kvpool's checked form as the "
+               "reference.\n\n");
+    printf("%-28s %-4s %9s %10s %9s %8s %7s   %s\n", "workload", "lay", "tokens", "us", "GB/s",
+           "ceiling", "x FI", "form");
     static const workload_t ws[] = {
         {"decode 256x1 H8 D128", 256, 1, 8, 128, 16, 100},
         {"decode 1024x1 H8 D128", 1024, 1, 8, 128, 16, 100},
@@ -542,5 +727,10 @@ int main(int argc, char **argv)
     for (unsigned i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
         for (int lay = 0; lay < 2 && (!ONLY || strstr(ws[i].name, ONLY)); lay++)
             run_workload(&ws[i], (kvp_layout_t)lay);
+    print_summary();
+    if (MISMATCH) {
+        printf("\nbyte check FAILED on at least one row (see \"bytes DIFFER\" above)\n");
+        return 1;
+    }
     return 0;
 }
