@@ -53,8 +53,13 @@ def model_of(args):
         vocab_size=vocab, hidden_size=hidden, intermediate_size=int(args.ffn_mult * hidden),
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=dim, max_position_embeddings=max(args.prompt, args.context) + 4096)
-    with torch.device(args.device):
-        model = transformers.LlamaForCausalLM(cfg).to(getattr(torch, args.dtype))
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, args.dtype))  # built in the dtype: no fp32 copy
+    try:
+        with torch.device(args.device):
+            model = transformers.LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
     return model.eval(), vocab
 
 
@@ -86,30 +91,97 @@ class Timer:
         return out, time.perf_counter() - t0
 
 
-def kv_generate(model, client, prompts, new, salt=None):
+class StepClock:
+    """A transformers StoppingCriteria that stops nothing and stamps the time after each step
+    (generate() calls it once per forward step, after the token is chosen): a synchronize, then
+    perf_counter. Decode steps are the differences between consecutive stamps."""
+
+    def __init__(self, cuda):
+        import torch
+        self.torch, self.cuda, self.stamps = torch, cuda, []
+
+    def __call__(self, input_ids, scores, **kw):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+        return self.torch.zeros(input_ids.shape[0], dtype=self.torch.bool,
+                                device=input_ids.device)
+
+    def decode_steps(self):
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+
+
+def _criteria(clock):
+    from transformers import StoppingCriteriaList
+    return {} if clock is None else {"stopping_criteria": StoppingCriteriaList([clock])}
+
+
+def kv_generate(model, client, prompts, new, salt=None, clock=None, cache_out=None):
     from kvpool.integrations.transformers import KvpoolCache, kvpool_generate
     model.set_attn_implementation("kvpool")
     cache = KvpoolCache(model, client, salt=salt)
+    if cache_out is not None:
+        cache_out.append(cache)
     out = kvpool_generate(model, client, prompts, cache=cache, max_new_tokens=new,
-                          do_sample=False)
+                          do_sample=False, **_criteria(clock))
     return out, cache.last_prefill
 
 
-def hf_generate(model, prompts, new):
+def hf_generate(model, prompts, new, clock=None):
     import torch
     model.set_attn_implementation("sdpa")
     ids = torch.tensor(prompts, device=next(model.parameters()).device)
     with torch.no_grad():
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                              do_sample=False, pad_token_id=0)
+                              do_sample=False, pad_token_id=0, **_criteria(clock))
 
 
-def prefill_in_another_process(args, salt):
+def prefill_in_another_process(args, salts):
     """The warm case's other process: this script with --prefill-only, which generates one
-    token for the prompt (committing its full pages) and exits."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--prefill-only", salt] + sys.argv[1:]
+    token for the prompt under each salt (committing its full pages) and exits."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--prefill-only", ",".join(salts)] + \
+        sys.argv[1:]
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _is_kvpool_append(name):
+    """libkvpool's append kernels (kernels/kvp_append_cuda.cu: copy_kernel<VECS, FUSED> and
+    copy_warp_kernel<VECS, FUSED> in an anonymous namespace), not PyTorch's copy kernels
+    (at::native::...direct_copy_kernel...)."""
+    return ("copy_kernel<" in name or "copy_warp_kernel<" in name) and "at::" not in name \
+        and "direct_copy" not in name
+
+
+class ProfClock(StepClock):
+    """A StepClock that runs torch.profiler (CUDA activity: CUPTI sees every library's
+    kernels, libkvpool's too) from the first stamp (the prefill done) to stop()."""
+
+    def __call__(self, input_ids, scores, **kw):
+        out = StepClock.__call__(self, input_ids, scores, **kw)
+        if len(self.stamps) == 1:
+            from torch.profiler import ProfilerActivity, profile
+            self.prof = profile(activities=[ProfilerActivity.CUDA])
+            self.prof.start()
+        return out
+
+    def stop(self):
+        """(GPU seconds of kvpool's append kernels, of all kernels) in the decode steps."""
+        self.torch.cuda.synchronize()
+        self.prof.stop()
+        mine = total = 0.0
+        self.matched = set()
+        for e in self.prof.key_averages():
+            t = getattr(e, "device_time_total", None)
+            if t is None:
+                t = e.cuda_time_total
+            if not t or e.key.startswith("ProfilerStep"):
+                continue
+            total += t
+            if _is_kvpool_append(e.key):
+                mine += t
+                self.matched.add(e.key[:80])
+        return mine / 1e6, total / 1e6
 
 
 def main():
@@ -134,12 +206,14 @@ def main():
     ap.add_argument("--prefill-only", default=None, help=argparse.SUPPRESS)  # the other process
     args = ap.parse_args()
     if args.prefill_only is not None:
-        salt = args.prefill_only.encode()
         model, vocab = model_of(args)
         prompt = prompts_of(1, args.prompt, vocab, args.seed + 1)
+        pfs = []
         with kvpool.Client(args.socket, "bench-hf-other", 0, cache_scope="bench-hf") as c:
-            _, pf = kv_generate(model, c, prompt, 1, salt=salt)
-        print(json.dumps(pf))
+            for salt in args.prefill_only.split(","):
+                _, pf = kv_generate(model, c, prompt, 1, salt=salt.encode())
+                pfs.append(pf)
+        print(json.dumps(pfs))
         return 0
     model, vocab = model_of(args)
     timer = Timer(args.device)
@@ -151,50 +225,95 @@ def main():
         kv_generate(model, c, small, 4, salt=b"warm-up-%d" % os.getpid())
         hf_generate(model, small, 4)
         # ---- time to first token ----
-        cold, warm, hf = [], [], []
+        cold, warm, hf, warm_rpc = [], [], [], []
+        # the other process prefills the prompt once per repeat (a salt each: a fresh prefix
+        # every time) and exits before the timed runs
+        wsalts = ["warm-%d-%d" % (os.getpid(), r) for r in range(args.repeat)]
+        for other in prefill_in_another_process(args, wsalts):
+            assert other["cached_tokens"] == [0], other
+        ps = c.pool_info.page_size
+        want = (args.prompt - 1) // ps * ps
         for r in range(args.repeat):
             salt = b"cold-%d-%d" % (os.getpid(), r)
             (_, pf), t = timer(lambda: kv_generate(model, c, prompt, 1, salt=salt))
             assert pf["cached_tokens"] == [0], pf
             cold.append(t)
-            wsalt = "warm-%d-%d" % (os.getpid(), r)
-            other = prefill_in_another_process(args, wsalt)
-            assert other["cached_tokens"] == [0], other
-            (_, pf), t = timer(lambda: kv_generate(model, c, prompt, 1, salt=wsalt.encode()))
-            ps = c.pool_info.page_size
-            want = (args.prompt - 1) // ps * ps
+            (_, pf), t = timer(lambda: kv_generate(model, c, prompt, 1,
+                                                   salt=wsalts[r].encode()))
             assert pf["cached_tokens"] == [want], (pf, want)
             warm.append(t)
+            warm_rpc.append(pf["reserve_ms"] + pf.get("commit_ms", 0.0))
             _, t = timer(lambda: hf_generate(model, prompt, 1))
             hf.append(t)
         figures["ttft_cold_ms"] = statistics.median(cold) * 1e3
         figures["ttft_warm_ms"] = statistics.median(warm) * 1e3
         figures["ttft_hf_ms"] = statistics.median(hf) * 1e3
         figures["ttft_warm_over_cold"] = figures["ttft_warm_ms"] / figures["ttft_cold_ms"]
+        figures["ttft_warm_daemon_ms"] = statistics.median(warm_rpc)
         print("time to first token, %d-token prompt: cold %.1f ms, warm %.1f ms (%.3f of cold; "
               "%d tokens cached by another process), transformers %.1f ms" %
               (args.prompt, figures["ttft_cold_ms"], figures["ttft_warm_ms"],
                figures["ttft_warm_over_cold"], want, figures["ttft_hf_ms"]))
-        # ---- decode ----
+        print("  warm: the daemon's part (the Reserve that links the cached pages + the Commit) "
+              "%.2f ms; the rest is the model's two forwards (the uncached suffix, then "
+              "generate()'s first step on the last token)" % figures["ttft_warm_daemon_ms"])
+        # ---- decode: every step of --new-tokens stamped (StepClock), medians over the steps
+        # of --repeat generations each ----
+        cuda = args.device.startswith("cuda")
         for B in [int(b) for b in args.batches.split(",")]:
             prompts = prompts_of(B, args.context, vocab, args.seed + 2 + B)
             per = {"kvpool": [], "hf": []}
+            host = dict(reserve=0.0, append=0.0, attention_plan=0.0)
             for r in range(args.repeat):
-                salt = b"dec-%d-%d-%d" % (os.getpid(), B, r)
-                _, t1 = timer(lambda: kv_generate(model, c, prompts, 1, salt=salt))
-                _, tn = timer(lambda: kv_generate(model, c, prompts, args.new_tokens + 1,
-                                                  salt=salt + b"n"))
-                per["kvpool"].append((tn - t1) / args.new_tokens)
-                _, h1 = timer(lambda: hf_generate(model, prompts, 1))
-                _, hn = timer(lambda: hf_generate(model, prompts, args.new_tokens + 1))
-                per["hf"].append((hn - h1) / args.new_tokens)
+                clock, caches = StepClock(cuda), []
+                kv_generate(model, c, prompts, args.new_tokens + 1,
+                            salt=b"dec-%d-%d-%d" % (os.getpid(), B, r), clock=clock,
+                            cache_out=caches)
+                per["kvpool"] += clock.decode_steps()
+                clock = StepClock(cuda)
+                hf_generate(model, prompts, args.new_tokens + 1, clock=clock)
+                per["hf"] += clock.decode_steps()
+            # kvpool's own host time in the decode steps: one more generation, the counters
+            # read after its prefill and at its end
+            clock, caches = StepClock(cuda), []
+
+            class Mark(StepClock):
+                def __call__(self, input_ids, scores, **kw):
+                    if not self.stamps:
+                        self.first = dict(caches[0].host_seconds)
+                    return StepClock.__call__(self, input_ids, scores, **kw)
+
+            mark = Mark(cuda)
+            kv_generate(model, c, prompts, args.new_tokens + 1, salt=b"dec-h-%d-%d" % (
+                os.getpid(), B), clock=mark, cache_out=caches)
+            steps = sum(mark.decode_steps())
+            for key in host:
+                host[key] = (caches[0].host_seconds[key] - mark.first[key]) / steps
             k = statistics.median(per["kvpool"]) * 1e3
             h = statistics.median(per["hf"]) * 1e3
             figures["decode_b%d_kvpool_ms" % B] = k
             figures["decode_b%d_hf_ms" % B] = h
             figures["decode_b%d_ratio" % B] = k / h
+            figures["decode_b%d_host_reserve_share" % B] = host["reserve"]
+            figures["decode_b%d_host_append_share" % B] = host["append"]
+            figures["decode_b%d_host_attention_plan_share" % B] = host["attention_plan"]
             print("decode, batch %d, context %d: kvpool %.2f ms/token, transformers %.2f "
-                  "ms/token (%.2fx)" % (B, args.context, k, h, k / h))
+                  "ms/token (%.2fx); host time in the step: Reserve + page table %.2f%%, "
+                  "append launches %.2f%%, attention plan %.2f%%" % (
+                      B, args.context, k, h, k / h, 100 * host["reserve"],
+                      100 * host["append"], 100 * host["attention_plan"]))
+            if cuda:  # the append kernels' GPU time in the decode steps (torch.profiler)
+                prof = ProfClock(cuda)
+                kv_generate(model, c, prompts, args.new_tokens + 1, salt=b"dec-p-%d-%d" % (
+                    os.getpid(), B), clock=prof)
+                mine, total = prof.stop()
+                n = len(prof.stamps) - 1
+                figures["decode_b%d_append_kernel_us" % B] = mine / n * 1e6
+                figures["decode_b%d_append_kernel_share" % B] = mine / n / (k / 1e3)
+                print("  GPU: append kernels %.1f us a decode step (%.3f%% of the step), all "
+                      "kernels %.2f ms a step; counted as kvpool's: %s" % (
+                          mine / n * 1e6, 100 * mine / n / (k / 1e3), total / n * 1e3,
+                          sorted(prof.matched)))
     for key, v in figures.items():
         print("%s=%.4g" % (key, v))
     return 0

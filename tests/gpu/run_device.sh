@@ -1,7 +1,10 @@
 #!/bin/sh
 # run_device.sh - what one call on the GPU machine runs (build here with KVP_STATIC_DEPS=ON into
 # .devbuild/, carry it): the gpu-labelled tests and the CUDA benchmarks, logs under $OUT.
-#   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|python|all]
+#   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|python|torch|hf|hf-bench|all]
+# hf / hf-bench (issue #17): FlashInfer from wheels carried along ($KVP_WHEELS: the slimmed
+# flashinfer-python wheel of tests/gpu/slim_flashinfer.py and apache-tvm-ffi's), installed into
+# .gpu/py on first use; its JIT cache in .gpu/fi-ws (kept while the machine stays warm).
 set -u
 B=${KVP_DEVBUILD:-.devbuild}
 export KVPOOLD="$PWD/$B/server/kvpoold"
@@ -25,7 +28,9 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
         tail -3 "$OUT/racecheck.log"
     fi
     echo "== bench_append_cuda"
-    "$B/tests/bench/bench_append_cuda" 2>&1 | tee "$OUT/bench_append_cuda.txt"
+    # its exit status counts: 1 when FlashInfer's bytes and kvpool's differ
+    "$B/tests/bench/bench_append_cuda" > "$OUT/bench_append_cuda.txt" 2>&1; r=$?
+    tail -60 "$OUT/bench_append_cuda.txt"; echo "exit $r"; [ $r -eq 0 ] || rc=1
 fi
 if [ "$what" = e2e ] || [ "$what" = all ]; then
     echo "== bench_cuda_e2e"
@@ -50,7 +55,7 @@ if [ "$what" = backend ] || [ "$what" = all ]; then
     KVPOOL_CUDA_PLAN_UPLOAD=1 "$t" > "$OUT/test_cuda_backend_upload.log" 2>&1; r=$?
     tail -4 "$OUT/test_cuda_backend_upload.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
 fi
-if [ "$what" = python ] || [ "$what" = all ]; then
+if [ "$what" = python ] || [ "$what" = torch ] || [ "$what" = all ]; then
     # the PyTorch side of the Python package (tests/python/test_torch.py) with the machine's
     # python3 (PyTorch, NumPy and pytest there); libkvpool and kvpoold from the carried build
     echo "== pytest tests/python/test_torch.py"
@@ -58,6 +63,8 @@ if [ "$what" = python ] || [ "$what" = all ]; then
         PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -s -p no:cacheprovider \
         tests/python/test_torch.py > "$OUT/test_torch.log" 2>&1; r=$?
     tail -15 "$OUT/test_torch.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+fi
+if [ "$what" = python ] || [ "$what" = all ]; then
     # the transformers integration (issue #17): the machine's transformers and PyTorch; the
     # FlashInfer path when flashinfer-python is on PYTHONPATH (a slimmed wheel carried along)
     echo "== pytest tests/python/test_hf_integration.py"
@@ -65,5 +72,55 @@ if [ "$what" = python ] || [ "$what" = all ]; then
         KVPOOL_LIB="$PWD/$B/client/libkvpool.so" PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q \
         -s -p no:cacheprovider tests/python/test_hf_integration.py > "$OUT/test_hf.log" 2>&1; r=$?
     tail -15 "$OUT/test_hf.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+fi
+PY="$PWD/.gpu/py"
+export FLASHINFER_WORKSPACE_BASE="$PWD/.gpu/fi-ws"
+if [ "$what" = hf ] || [ "$what" = hf-bench ]; then
+    if [ -n "${KVP_WHEELS:-}" ] && [ ! -d "$PY/flashinfer" ]; then
+        # shellcheck disable=SC2086 # a list of wheel paths
+        python3 -m pip install -q --no-deps --no-index --target "$PY" $KVP_WHEELS \
+            > "$OUT/pip.log" 2>&1 || { echo "pip install of the wheels failed"; cat "$OUT/pip.log"; }
+    fi
+    PYP="$PWD/client/python:$PY"
+    # FlashInfer's FA2 prefill unless told otherwise: its FA3 (sm_90) module takes minutes a
+    # dtype to JIT-build on a fresh machine, FA2's about 20 s; decode is the same either way
+    export KVPOOL_FLASHINFER_BACKEND="${KVPOOL_FLASHINFER_BACKEND:-fa2}"
+    # FlashInfer compiles its modules on first use: both dtypes at once, before the tests
+    for dt in fp16 bf16; do
+        PYTHONPATH="$PYP" python3 tests/gpu/flashinfer_warmup.py "$dt" > "$OUT/fi_warmup_$dt.log" 2>&1 &
+    done
+    wait
+    warm_ok=1
+    for dt in fp16 bf16; do
+        tail -1 "$OUT/fi_warmup_$dt.log" | cut -c1-300
+        tail -1 "$OUT/fi_warmup_$dt.log" | grep -q "warm:" || warm_ok=0
+    done
+fi
+if [ "$what" = hf ] && [ "$warm_ok" = 0 ]; then
+    echo "FlashInfer's modules did not build (fi_warmup_*.log): the hf tests are not run"; rc=1
+elif [ "$what" = hf ]; then
+    echo "== pytest tests/python/test_hf_gpu.py"
+    KVPOOL_HF_NEED_FLASHINFER=1 BUILD_DIR="$B" PYTHONPATH="$PYP" \
+        KVPOOL_LIB="$PWD/$B/client/libkvpool.so" PYTHONDONTWRITEBYTECODE=1 \
+        timeout "${HF_TEST_TIMEOUT:-900}" python3 -m pytest -q -s -p no:cacheprovider \
+        --maxfail=4 tests/python/test_hf_gpu.py > "$OUT/test_hf_gpu.log" 2>&1; r=$?
+    grep -E "largest logit|parts from|cross-process|passed|failed|Error" "$OUT/test_hf_gpu.log" | tail -30
+    echo "exit $r"; [ $r -eq 0 ] || rc=1
+fi
+if [ "$what" = hf-bench ]; then
+    # Llama-3.1-8B's geometry, bf16, random weights (tests/bench/bench_hf.py); ${HF_BENCH_ARGS}
+    # adds or overrides flags
+    echo "== bench_hf.py (Llama-3.1-8B geometry)"
+    sock="$OUT/hf.sock"
+    "$KVPOOLD" --socket "$sock" --backend cuda --num-layers 32 --num-kv-heads 8 --head-dim 128 \
+        --dtype bf16 --page-size 16 --num-pages 14000 > "$OUT/kvpoold_hf.log" 2>&1 &
+    dpid=$!
+    sleep 3
+    # shellcheck disable=SC2086 # extra flags
+    PYTHONPATH="$PYP" KVPOOL_LIB="$PWD/$B/client/libkvpool.so" PYTHONDONTWRITEBYTECODE=1 \
+        python3 tests/bench/bench_hf.py --socket "$sock" --device cuda --dtype bfloat16 \
+        --vocab 128256 ${HF_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_hf.txt"
+    [ "$(tail -1 "$OUT/bench_hf.txt" | cut -c1-6)" = decode ] || rc=1
+    kill "$dpid"; wait "$dpid"
 fi
 exit $rc

@@ -258,7 +258,11 @@ def _fake_flashinfer():
     import types
 
     fi = types.ModuleType("flashinfer")
-    fi.BatchPrefillWithPagedKVCacheWrapper = lambda ws, layout="NHD": _FakeWrapper(ws, layout)
+    def prefill(ws, layout="NHD", backend="auto"):
+        assert backend == "auto"  # KvpoolCache's default: FlashInfer picks
+        return _FakeWrapper(ws, layout)
+
+    fi.BatchPrefillWithPagedKVCacheWrapper = prefill
     fi.BatchDecodeWithPagedKVCacheWrapper = lambda ws, layout="NHD": _FakeWrapper(ws, layout,
                                                                                  True)
     return fi
@@ -406,12 +410,17 @@ def test_worker_killed_mid_generation(start):
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "client", "python"),
                                          os.path.dirname(os.path.abspath(__file__)),
                                          env.get("PYTHONPATH", "")])
+    import tempfile
+    errf = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it until the end
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--doomed", d.sock,
                           "hf-doomed", SCOPE, json.dumps([prompt])], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+                         stderr=errf, text=True, env=env)
     try:
         line = p.stdout.readline()
-        assert line.strip() == "READY", line + p.stderr.read()
+        if line.strip() != "READY":
+            p.wait(60)
+            errf.seek(0)
+            pytest.fail("the worker did not start generating:\n" + line + errf.read()[-4000:])
         time.sleep(0.5)  # a few decode steps further
         with d.client("hf-probe", cache_scope=SCOPE) as c:
             st = c.stats()

@@ -234,7 +234,7 @@ def make_cache(num_pages, page_size, layout, dtype, device, split):
     if split:
         return (torch.zeros(shape, dtype=dtype, device=device),
                 torch.zeros(shape, dtype=dtype, device=device))
-    return torch.zeros((num_pages, 2) + shape, dtype=dtype, device=device)
+    return torch.zeros((num_pages, 2) + shape[1:], dtype=dtype, device=device)
 
 
 def cache_bytes(cache):
@@ -376,6 +376,39 @@ def test_fused_append_in_a_cuda_graph_replays_new_page_tables(pdl):
     torch.cuda.synchronize(dev)
     assert int(err.item()) == KVP_ERANGE
     assert torch.count_nonzero(cache_bytes(out)) == 2 * (nnz - 1) * FUSED_HEADS * FUSED_DIM
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_fused_append_states_takes_model_layout(layout):
+    """FusedAppend.states: a model's [B, H, T, D] states (a [B, T, H, D] projection transposed)
+    appended as they are write what the one-shot fused append writes for the same rows
+    gathered to [B * T, H, D]; states whose tokens are not at one stride are refused, nothing
+    written."""
+    dev = torch.device("cuda", 0)
+    gen = np.random.default_rng(21)
+    B, T, ps, num_pages, dtype = 3, 5, 16, 64, torch.bfloat16
+    tab = make_table([0, 17, 3], [T] * B, ps, num_pages, gen)
+    td = {k: torch.from_numpy(v).to(dev) for k, v in tab.items()}
+    proj = rows(B * T * 2, dtype, dev).view(2, B, T, FUSED_HEADS, FUSED_DIM)
+    ks, vs = proj[0].transpose(1, 2), proj[1].transpose(1, 2)  # [B, H, T, D], not contiguous
+    ref = make_cache(num_pages, ps, layout, dtype, dev, True)
+    out = make_cache(num_pages, ps, layout, dtype, dev, True)
+    kvp_torch.append_paged_kv_cache_fused(
+        ks.transpose(1, 2).reshape(B * T, FUSED_HEADS, FUSED_DIM),
+        vs.transpose(1, 2).reshape(B * T, FUSED_HEADS, FUSED_DIM), td["append_indptr"], ref,
+        td["kv_indices"], td["kv_indptr"], td["kv_last_page_len"], kv_layout=layout,
+        check=True)
+    op = kvp_torch.FusedAppend(out, td["append_indptr"], td["kv_indices"], td["kv_indptr"],
+                               td["kv_last_page_len"], kv_layout=layout)
+    with pytest.raises(ValueError):  # [B, H, T, D] contiguous: tokens b*T+t not at one stride
+        op.states(ks.contiguous(), vs.contiguous(), *out)
+    torch.cuda.synchronize(dev)
+    assert torch.count_nonzero(cache_bytes(out)) == 0
+    op.states(ks, vs, *out)
+    torch.cuda.synchronize(dev)
+    assert torch.equal(cache_bytes(out), cache_bytes(ref))
+    assert torch.count_nonzero(cache_bytes(out)) == 2 * B * T * FUSED_HEADS * FUSED_DIM
 
 
 @needs_gpu

@@ -332,6 +332,154 @@ def _fused_fail(rc, lib):
                 + (lib.kvp_last_cuda_error() or b"").decode(errors="replace"))
 
 
+class FusedAppend:
+    """append_paged_kv_cache_fused prepared once for one page table and any number of caches of
+    one geometry (a model's layers): the page-table tensors, the cache geometry, the stream and
+    the C argument structs are checked and built here once; each call checks only what can
+    differ per layer (the sources, and that the cache has the geometry prepared) and launches.
+    One FusedAppend per forward step, one call per layer. states() takes a model's [B, H, T, D]
+    K/V states as they are (no transpose, reshape or gather: the row strides go to the kernel),
+    the least Python a layer.
+
+    paged_kv_cache: one of the caches (its shape, strides, dtype and device are the geometry
+    every call must have); the other arguments as append_paged_kv_cache_fused's, but stream
+    None means the current stream of the cache's device when this object is made (a step's
+    layers run on one stream). The index tensors are kept (not copied): update them in place
+    for a CUDA graph's replay.
+    """
+
+    __slots__ = ("_lib", "_kv", "_src", "_aip", "_err", "_flags", "_stream", "_dev", "_geom",
+                 "_row", "_heads", "_dim", "_layout", "_tensors", "_args", "_nnz", "_dtype",
+                 "_index", "_kptr", "_vptr")
+
+    def __init__(self, paged_kv_cache, append_indptr, kv_indices, kv_indptr, kv_last_page_len,
+                 kv_layout="NHD", *, err=None, stream=None, pdl=False):
+        from .paged import _split_cache  # the FlashInfer argument forms, shared with the checked
+
+        k_cache, v_cache, page_size, layout = _split_cache(paged_kv_cache, kv_layout)
+        if not (isinstance(k_cache, torch.Tensor) and k_cache.is_cuda):
+            raise TypeError("append_paged_kv_cache_fused needs CUDA tensors as the cache")
+        dev = k_cache.device
+        if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+            raise ValueError("rows must be contiguous and K/V caches share their strides")
+        if layout == "NHD":
+            heads, dim, s_n, s_h = k_cache.shape[2], k_cache.shape[3], k_cache.stride(1), \
+                k_cache.stride(2)
+        else:
+            heads, dim, s_n, s_h = k_cache.shape[1], k_cache.shape[3], k_cache.stride(2), \
+                k_cache.stride(1)
+        last = _dev_i32(kv_last_page_len, "kv_last_page_len", dev)
+        batch = last.numel()
+        indptr = _dev_i32(kv_indptr, "kv_indptr", dev, batch + 1)
+        aip = _dev_i32(append_indptr, "append_indptr", dev, batch + 1)
+        indices = _dev_i32(kv_indices, "kv_indices", dev)
+        if err is not None and not (isinstance(err, torch.Tensor) and err.device == dev and
+                                    err.dtype == torch.int32 and err.numel() >= 1):
+            raise TypeError("err must be an int32 tensor of at least one element on %s" % dev)
+        self._lib = _kernels(dev)
+        self._dev, self._layout, self._heads, self._dim = dev, layout, heads, dim
+        self._geom = (tuple(k_cache.shape), k_cache.stride(), k_cache.dtype)
+        self._row = (heads, dim)
+        self._kv = _lib.kvp_paged_kv_t(
+            k_data=0, v_data=0, elem_bytes=k_cache.element_size(), num_pages=k_cache.shape[0],
+            page_size=int(page_size), num_heads=heads, head_dim=dim,
+            stride_page=k_cache.stride(0), stride_n=s_n, stride_h=s_h, batch_size=batch,
+            kv_indptr=indptr.data_ptr(), kv_indices=indices.data_ptr(),
+            kv_last_page_len=last.data_ptr())
+        self._src = _lib.kvp_append_src_t()
+        self._aip = ctypes.c_void_p(aip.data_ptr())
+        self._err = ctypes.c_void_p(err.data_ptr() if err is not None else None)
+        self._flags = _lib.KVP_CLIENT_CUDA_APPEND_PDL if pdl else 0
+        self._stream = ctypes.c_void_p(stream_of(dev.index, stream))
+        self._tensors = (last, indptr, aip, indices, err)  # alive while this object is
+        self._dtype, self._index, self._nnz = k_cache.dtype, dev.index, None
+        self._kptr = self._vptr = None  # the cache of the previous states() call
+        self._args = (ctypes.byref(self._kv), ctypes.byref(self._src), self._aip)
+
+    def __call__(self, append_key, append_value, paged_kv_cache):
+        """Appends [nnz, H, D] rows to paged_kv_cache ((k, v) or combined) of the prepared
+        geometry, queued on the prepared stream (None: the device's current stream)."""
+        if isinstance(paged_kv_cache, (tuple, list)):
+            k_cache, v_cache = paged_kv_cache
+        else:
+            from .paged import _split_cache
+            k_cache, v_cache, _, _ = _split_cache(paged_kv_cache, self._layout)
+        key, value, dev = append_key, append_value, self._dev
+        if (tuple(k_cache.shape), k_cache.stride(), k_cache.dtype) != self._geom or \
+                v_cache.stride() != k_cache.stride() or tuple(v_cache.shape) != self._geom[0] or \
+                k_cache.device != dev or v_cache.device != dev:
+            raise ValueError("the cache's geometry is not the one this append was prepared for")
+        _check_rows(key, value, k_cache, v_cache, self._layout, dev)
+        nnz = key.shape[0]
+        if nnz == 0:
+            return
+        if self._kv.batch_size == 0:
+            raise ValueError("%d tokens to append to a batch of 0 requests" % nnz)
+        kv, src = self._kv, self._src
+        kv.k_data, kv.v_data = k_cache.data_ptr(), v_cache.data_ptr()
+        src.key, src.value = key.data_ptr(), value.data_ptr()
+        src.k_stride_n, src.k_stride_h = key.stride(0), key.stride(1)
+        src.v_stride_n, src.v_stride_h = value.stride(0), value.stride(1)
+        self._kptr = None  # states() re-checks its cache next time
+        self._launch(nnz)
+
+    def _launch(self, nnz):
+        # the C call launches on the calling thread's current device, which must be the stream's
+        prev = torch.cuda.current_device()
+        if prev != self._index:
+            torch.cuda.set_device(self._dev)
+        try:
+            rc = self._lib.kvp_client_cuda_append_fused(*self._args, nnz, self._err, self._flags,
+                                                        self._stream)
+        finally:
+            if prev != self._index:
+                torch.cuda.set_device(prev)
+        if rc:
+            _fused_fail(rc, self._lib)
+
+    def states(self, key_states, value_states, k_cache, v_cache):
+        """Appends a model layer's new K/V states, [B, H, T, D] tensors whose B * T tokens are
+        all new (a step with no padding), in batch order (token b * T + t), to (k_cache,
+        v_cache) of the prepared geometry. The states' tokens must lie at one stride (B == 1,
+        or stride(0) == T * stride(2): what a [B, T, H, D] projection transposed to [B, H, T,
+        D] is); anything else raises ValueError (gather the rows and call the object)."""
+        key, value = key_states, value_states
+        if key.dim() != 4 or key.shape != value.shape:
+            raise ValueError("states must both be [B, H, T, D], got %s and %s"
+                             % (tuple(key.shape), tuple(value.shape)))
+        B, H, T, D = key.shape
+        nnz = B * T
+        if self._nnz is None:  # the step's first layer: the rows' count against the table
+            self._nnz = nnz
+        if nnz != self._nnz or (H, D) != self._row or key.dtype != self._dtype or \
+                value.dtype != self._dtype or key.get_device() != self._index or \
+                value.get_device() != self._index:
+            raise ValueError("states %s %s on %s do not fit the step (%d rows of %s, %s on %s)"
+                             % (tuple(key.shape), key.dtype, key.device, self._nnz, self._row,
+                                self._dtype, self._dev))
+        ks, vs = key.stride(), value.stride()
+        if ks[3] != 1 or vs[3] != 1 or (B > 1 and (ks[0] != T * ks[2] or vs[0] != T * vs[2])):
+            raise ValueError("states with strides %s / %s: their tokens are not at one stride"
+                             % (ks, vs))
+        kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
+        if kp != self._kptr or vp != self._vptr:  # a layer's cache: its geometry, once
+            if (tuple(k_cache.shape), k_cache.stride(), k_cache.dtype) != self._geom or \
+                    v_cache.stride() != k_cache.stride() or \
+                    tuple(v_cache.shape) != self._geom[0] or \
+                    k_cache.get_device() != self._index or v_cache.get_device() != self._index:
+                raise ValueError("the cache's geometry is not the one this append was prepared "
+                                 "for")
+            self._kv.k_data, self._kv.v_data = kp, vp
+            self._kptr, self._vptr = kp, vp
+        if nnz == 0:
+            return
+        src = self._src
+        src.key, src.value = key.data_ptr(), value.data_ptr()
+        src.k_stride_n, src.k_stride_h = ks[2], ks[1]
+        src.v_stride_n, src.v_stride_h = vs[2], vs[1]
+        self._launch(nnz)
+
+
 def append_paged_kv_cache_fused(append_key, append_value, append_indptr, paged_kv_cache,
                                 kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", *,
                                 err=None, stream=None, pdl=False, check=False):
@@ -362,66 +510,21 @@ def append_paged_kv_cache_fused(append_key, append_value, append_indptr, paged_k
     which loads the kernels. check=True (not while capturing): synchronize `stream` and raise
     OutOfRange if a row was skipped (err, or a temporary word when err is None).
     """
-    from .paged import _split_cache  # the FlashInfer argument forms, shared with the checked path
-
-    k_cache, v_cache, page_size, layout = _split_cache(paged_kv_cache, kv_layout)
-    if not (isinstance(k_cache, torch.Tensor) and k_cache.is_cuda):
-        raise TypeError("append_paged_kv_cache_fused needs CUDA tensors as the cache")
-    dev = k_cache.device
-    key, value = append_key, append_value
-    for name, t in (("append_key", key), ("append_value", value)):
+    for name, t in (("append_key", append_key), ("append_value", append_value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError("%s must be a CUDA tensor" % name)
-    heads, dim, s_n, s_h = _check_rows(key, value, k_cache, v_cache, layout, dev)
-    last = _dev_i32(kv_last_page_len, "kv_last_page_len", dev)
-    batch = last.numel()
-    indptr = _dev_i32(kv_indptr, "kv_indptr", dev, batch + 1)
-    aip = _dev_i32(append_indptr, "append_indptr", dev, batch + 1)
-    indices = _dev_i32(kv_indices, "kv_indices", dev)
-    if err is not None:
-        if not (isinstance(err, torch.Tensor) and err.device == dev and err.dtype == torch.int32
-                and err.numel() >= 1):
-            raise TypeError("err must be an int32 tensor of at least one element on %s" % dev)
-    capturing = torch.cuda.is_current_stream_capturing()
-    if check and capturing:
+    if check and torch.cuda.is_current_stream_capturing():
         raise ValueError("check=True synchronizes: not while capturing a CUDA graph")
-    nnz = key.shape[0]
-    if nnz == 0:
-        return
-    if batch == 0:
-        raise ValueError("%d tokens to append to a batch of 0 requests" % nnz)
-    lib = _kernels(dev)
-    kv = _lib.kvp_paged_kv_t(
-        k_data=k_cache.data_ptr(), v_data=v_cache.data_ptr(), elem_bytes=k_cache.element_size(),
-        num_pages=k_cache.shape[0], page_size=int(page_size), num_heads=heads, head_dim=dim,
-        stride_page=k_cache.stride(0), stride_n=s_n, stride_h=s_h, batch_size=batch,
-        kv_indptr=indptr.data_ptr(), kv_indices=indices.data_ptr(),
-        kv_last_page_len=last.data_ptr())
-    src = _lib.kvp_append_src_t(key=key.data_ptr(), value=value.data_ptr(),
-                                k_stride_n=key.stride(0), k_stride_h=key.stride(1),
-                                v_stride_n=value.stride(0), v_stride_h=value.stride(1))
     word = err
     if check and word is None:
+        dev = (paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list))
+               else paged_kv_cache).device
         word = torch.zeros(1, dtype=torch.int32, device=dev)
-    flags = _lib.KVP_CLIENT_CUDA_APPEND_PDL if pdl else 0
-    s = stream_of(dev.index, stream)
-    # the C call launches on the calling thread's current device, which must be the stream's
-    switch = torch.cuda.current_device() != dev.index
-    prev = torch.cuda.current_device() if switch else None
-    if switch:
-        torch.cuda.set_device(dev)
-    try:
-        rc = lib.kvp_client_cuda_append_fused(
-            ctypes.byref(kv), ctypes.byref(src), ctypes.c_void_p(aip.data_ptr()), nnz,
-            ctypes.c_void_p(word.data_ptr() if word is not None else None), flags,
-            ctypes.c_void_p(s))
-    finally:
-        if switch:
-            torch.cuda.set_device(prev)
-    if rc:
-        _fused_fail(rc, lib)
+    op = FusedAppend(paged_kv_cache, append_indptr, kv_indices, kv_indptr, kv_last_page_len,
+                     kv_layout, err=word, stream=stream, pdl=pdl)
+    op(append_key, append_value, paged_kv_cache)
     if check:
-        torch.cuda.synchronize(dev)  # whatever stream it ran on
+        torch.cuda.synchronize(op._dev)  # whatever stream it ran on
         code = int(word[0].item())
         if code:
             raise error(code, "append_paged_kv_cache_fused: a token lies outside every request "

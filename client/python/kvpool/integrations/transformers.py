@@ -20,11 +20,14 @@ How a forward step runs (one step = one call of the model's forward):
     count of real tokens, with their token ids so that full pages are keyed for the prefix
     cache), Client.apply_copies (copy-on-write), and the step's batch indices / positions, on
     the pool's device.
-  * Cache.update(layer) packs the layer's new K/V rows of the real tokens ([nnz, Hkv, D], batch
-    order) and appends them in-process on the mapped pool (kvpool.append_paged_kv_cache: the
-    host backend's CPU views through NumPy, the cuda backend's views through libkvpool's CUDA
-    append kernel, queued on the current stream). It returns the new states unchanged: the
-    full K/V are never materialised in HF's [B, H, S, D] layout.
+  * Cache.update(layer) takes the layer's new K/V rows of the real tokens ([nnz, Hkv, D], batch
+    order: a view when the step has no padding, else a gather) and appends them in-process on
+    the mapped pool. The cuda backend uses libkvpool's fused append (one launch a layer, the
+    positions computed in it from the page table; kvpool._torch.FusedAppend, prepared once a
+    step), queued on the current stream; the host backend's CPU views go through NumPy
+    (kvpool.append_paged_kv_cache). It returns the new states unchanged: the full K/V are
+    never materialised in HF's [B, H, S, D] layout. host_seconds adds up the host time of the
+    steps' Reserves, appends and attention plans.
   * The attention function "kvpool" reads K/V from the pool through the step's page table:
     - FlashInfer (cuda backend, fp16/bf16, flashinfer importable): the step's page table is
       planned ONCE, at the first layer's call (sm_scale is known only then), on
@@ -67,6 +70,7 @@ cache.
 import inspect
 import os
 import threading
+import time
 
 import numpy as np
 import torch
@@ -74,7 +78,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_utils import AttentionInterface
 
-from .. import paged
+from .. import _torch, paged
 
 __all__ = ["ATTENTION_NAME", "KvpoolCache", "kvpool_attention_forward", "kvpool_generate",
            "flashinfer_available", "register"]
@@ -155,8 +159,17 @@ class _Layer(CacheLayerMixin):
 class _Step:
     """The state of one forward step: its page table and the indices derived from it."""
 
-    __slots__ = ("table", "rb", "rt", "rows", "bi", "pos", "kv_indices", "kv_indptr", "kv_last",
-                 "T", "counts", "old_lens", "gather", "plan", "wrapper")
+    __slots__ = ("table", "nnz", "rb", "rt", "rows", "dense", "bi", "pos", "aip", "append", "kv_indices",
+                 "kv_indptr", "kv_last", "T", "counts", "old_lens", "gather", "plan", "wrapper")
+
+
+def _rows_of(s, states):
+    """The step's new rows of a layer's [B, H, T, D] states as [nnz, H, D] in batch order: a
+    view when the step is dense (no padding), else a gather of the real tokens."""
+    x = states.transpose(1, 2)  # [B, T, H, D]
+    if s.dense:
+        return x.reshape(-1, x.shape[2], x.shape[3])
+    return x[s.rb, s.rt]
 
 
 def _host_tensor(a, dtype):
@@ -191,10 +204,11 @@ class KvpoolCache(Cache):
     separating this model's pages from others' of the same cache scope (e.g. the model's
     name and revision). attention: "auto" (FlashInfer when usable, else gather + SDPA),
     "flashinfer" (whenever flashinfer imports; raise if it does not), "sdpa" (always the
-    fallback)."""
+    fallback). flashinfer_backend: the prefill wrapper's backend ("auto": FlashInfer picks,
+    FA3 on sm_90 for fp16/bf16; "fa2"; $KVPOOL_FLASHINFER_BACKEND overrides the default)."""
 
     def __init__(self, model, client, *, seq_ids=None, keep=False, key_tokens=True, salt=None,
-                 attention="auto"):
+                 attention="auto", flashinfer_backend=None):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
             else model.config
         info = client.pool_info
@@ -246,6 +260,8 @@ class KvpoolCache(Cache):
             self.cuda and self.dtype in (torch.float16, torch.bfloat16)))
         if attention == "flashinfer" and not self.use_flashinfer:
             raise ValueError("attention='flashinfer' needs flashinfer importable")
+        self._fi_backend = flashinfer_backend or os.environ.get("KVPOOL_FLASHINFER_BACKEND",
+                                                                "auto")
         self._fi_workspace = None
         self._fi_prefill = self._fi_decode = None
         self.keep, self.key_tokens, self.salt = bool(keep), bool(key_tokens), salt
@@ -256,6 +272,10 @@ class KvpoolCache(Cache):
         self._prepared = None  # (table, new-token mask) of kvpool_generate's own prefill
         self.last_prefill = None
         self.reserves = 0  # Reserve calls made (one per forward step)
+        # host time spent in kvpool's part of the steps (perf_counter seconds, cumulative):
+        # "reserve" the step's Reserve + copy-on-write + page-table upload, "append" the layers'
+        # append launches, "attention_plan" FlashInfer's plan (once a step)
+        self.host_seconds = dict(reserve=0.0, append=0.0, attention_plan=0.0)
         self._model = model
         super().__init__(layers=[_Layer(self, i) for i in range(self.num_layers)])
         self._hook = model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
@@ -329,6 +349,7 @@ class KvpoolCache(Cache):
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         """Appends the step's new K/V of layer layer_idx ([B, Hkv, T, D], real tokens only) to
         the pool; returns the states unchanged (attention reads the pool)."""
+        t0 = time.perf_counter()
         s = self._step
         if s is None:
             raise RuntimeError("KvpoolCache.update outside a step: the model's forward pre-hook "
@@ -337,13 +358,22 @@ class KvpoolCache(Cache):
             raise TypeError("layer %d's K/V are %s on %s, the pool is %s on %s (no conversion)"
                             % (layer_idx, key_states.dtype, key_states.device, self.dtype,
                                self.device))
-        if s.rb.numel():
-            k = key_states.transpose(1, 2)[s.rb, s.rt]  # [nnz, Hkv, D], batch order
-            v = value_states.transpose(1, 2)[s.rb, s.rt]
-            paged.append_paged_kv_cache(k, v, s.bi, s.pos, (self._k[layer_idx],
-                                                            self._v[layer_idx]),
-                                        s.kv_indices, s.kv_indptr, s.kv_last,
-                                        kv_layout=self.layout)
+        if s.nnz:
+            cache = (self._k[layer_idx], self._v[layer_idx])
+            if s.append is not None and s.dense:
+                try:  # the states as they are: no transpose, reshape or gather
+                    s.append.states(key_states, value_states, *cache)
+                    self.host_seconds["append"] += time.perf_counter() - t0
+                    return key_states, value_states
+                except ValueError:  # strides it cannot take: the rows gathered below
+                    pass
+            k, v = _rows_of(s, key_states), _rows_of(s, value_states)  # [nnz, Hkv, D]
+            if s.append is not None:
+                s.append(k, v, cache)
+            else:
+                paged.append_paged_kv_cache(k, v, s.bi, s.pos, cache, s.kv_indices, s.kv_indptr,
+                                            s.kv_last, kv_layout=self.layout)
+            self.host_seconds["append"] += time.perf_counter() - t0
         return key_states, value_states
 
     # ---- the step ---------------------------------------------------------------------------
@@ -387,6 +417,7 @@ class KvpoolCache(Cache):
     def begin_step(self, input_ids, attention_mask, shape):
         """The step's one Reserve (the hook calls this): input_ids [B, T] (None with
         inputs_embeds: no keys), attention_mask [B, >= T] or None."""
+        t0 = time.perf_counter()
         B, T = int(shape[0]), int(shape[1])
         new = _mask_numpy(attention_mask, B, T)
         seqs = self._rows(B)
@@ -399,6 +430,7 @@ class KvpoolCache(Cache):
         self.reserves += 1
         self._hf_len += T
         self._start_step(table, new)
+        self.host_seconds["reserve"] += time.perf_counter() - t0
 
     def _start_step(self, table, new):
         B, T = new.shape
@@ -416,14 +448,32 @@ class KvpoolCache(Cache):
         nnz = int(rb.size)
         if int(table.nnz) != nnz:
             raise RuntimeError("Reserve appends %d tokens, the step has %d" % (table.nnz, nnz))
-        bi, pos = paged.get_batch_indices_positions(table.append_indptr, table.seq_lens, nnz)
+        # dense: every column of every row is a new token (no padding: a decode step of a
+        # batch, or a prefill of equal lengths), so a layer's rows are a view, not a gather
+        s.dense, s.nnz = nnz == B * T, nnz
+        if self.cuda:
+            # the fused append computes each token's position from the page table inside its
+            # one launch (libkvpool's kvp_client_cuda_append_fused): only append_indptr is sent
+            s.bi = s.pos = None
+            parts = (rb, rt, table.append_indptr, table.kv_indices, table.kv_indptr,
+                     table.kv_last_page_len)
+        else:
+            s.aip = None
+            bi, pos = paged.get_batch_indices_positions(table.append_indptr, table.seq_lens, nnz)
+            parts = (rb, rt, bi, pos, table.kv_indices, table.kv_indptr, table.kv_last_page_len)
         # the step's int32 arrays go to the pool's device in one copy, then are sliced
-        parts = (rb, rt, bi, pos, table.kv_indices, table.kv_indptr, table.kv_last_page_len)
         flat = torch.from_numpy(np.concatenate([np.asarray(a, np.int32) for a in parts]))
         if self.cuda:
             flat = flat.pin_memory().to(self.device, non_blocking=True)
-        s.rb, s.rt, s.bi, s.pos, s.kv_indices, s.kv_indptr, s.kv_last = torch.split(
-            flat, [len(a) for a in parts])
+        views = torch.split(flat, [len(a) for a in parts])
+        if self.cuda:
+            s.rb, s.rt, s.aip, s.kv_indices, s.kv_indptr, s.kv_last = views
+            # checked and built once a step; each layer's append then only launches
+            s.append = _torch.FusedAppend((self._k[0], self._v[0]), s.aip, s.kv_indices,
+                                          s.kv_indptr, s.kv_last, kv_layout=self.layout)
+        else:
+            s.rb, s.rt, s.bi, s.pos, s.kv_indices, s.kv_indptr, s.kv_last = views
+            s.append = None
         s.gather = s.plan = s.wrapper = None
         self._lens = got
         self._step = s
@@ -496,8 +546,8 @@ class KvpoolCache(Cache):
         if self._fi_workspace is None:
             self._fi_workspace = torch.zeros(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8,
                                              device=dev)
-            self._fi_prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self._fi_workspace,
-                                                                      self.layout)
+            self._fi_prefill = fi.BatchPrefillWithPagedKVCacheWrapper(
+                self._fi_workspace, self.layout, backend=self._fi_backend)
             self._fi_decode = fi.BatchDecodeWithPagedKVCacheWrapper(self._fi_workspace,
                                                                     self.layout)
         active = np.nonzero(s.counts > 0)[0]
@@ -526,13 +576,18 @@ class KvpoolCache(Cache):
 
     def _attend_flashinfer(self, s, layer, query, scaling, softcap):
         B, Hq, T, D = query.shape
-        out = torch.zeros(B, T, Hq, D, dtype=query.dtype, device=query.device)
         if not s.rb.numel():
-            return out
+            return torch.zeros(B, T, Hq, D, dtype=query.dtype, device=query.device)
         if s.plan != (scaling, softcap):
+            t0 = time.perf_counter()
             self._fi_plan(s, Hq, scaling, softcap)
-        q = query.transpose(1, 2)[s.rb, s.rt].contiguous()  # [nnz, Hq, D]
+            self.host_seconds["attention_plan"] += time.perf_counter() - t0
+        out = None if s.dense else torch.zeros(B, T, Hq, D, dtype=query.dtype,
+                                                device=query.device)
+        q = _rows_of(s, query).contiguous()  # [nnz, Hq, D]
         o = s.wrapper.run(q, (self._k[layer], self._v[layer]))
+        if s.dense:
+            return o.view(B, T, Hq, D)
         out[s.rb, s.rt] = o.to(query.dtype)
         return out
 
@@ -628,6 +683,7 @@ def _prefill(model, cache, prompts, reuse, pad, dev):
     seqs = cache._rows(B)
     heads = [p[:-1] for p in prompts]
     counts = np.array([h.size for h in heads], np.uint32)
+    t0 = time.perf_counter()
     table = cache.client.reserve(seqs, counts, token_ids=heads if cache.key_tokens else None,
                                  salts=cache.salt if cache.key_tokens else None, reuse=reuse)
     cache.reserves += 1
@@ -638,7 +694,8 @@ def _prefill(model, cache, prompts, reuse, pad, dev):
     rest = counts.astype(np.int64) - cached
     R = int(rest.max()) if B else 0
     cache.last_prefill = dict(cached_tokens=cached.tolist(), computed_tokens=(rest + 1).tolist(),
-                              page_size=cache.page_size)
+                              page_size=cache.page_size,
+                              reserve_ms=(time.perf_counter() - t0) * 1e3)
     # the cached prefix is already in the rows: count it as the rows' length before the step
     cache._lens = cached.copy()
     new = np.zeros((B, R), bool)
@@ -665,4 +722,6 @@ def _prefill(model, cache, prompts, reuse, pad, dev):
     cache._step = None
     cache._hf_len = L - 1
     if cache.key_tokens:
+        t0 = time.perf_counter()
         cache.client.commit(seqs)
+        cache.last_prefill["commit_ms"] = (time.perf_counter() - t0) * 1e3
