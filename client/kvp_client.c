@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_client.c - libkvpool (kvpool.h): one blocking connection to kvpoold per handle. Each
  * call encodes a Request into the handle's send buffer, sends it with kvp_sock, receives the

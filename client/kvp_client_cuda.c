@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_client_cuda.c - the CUDA section of libkvpool (kvpool.h): mapping the cuda backend's
  * pool into the worker with the VMM API, staging buffers shared with the daemon (a VMM fd, or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_client_internal.h - the message-building and reply-decoding steps of libkvpool, apart
  * from the socket, so unit tests can check the bytes the client puts on the wire against the

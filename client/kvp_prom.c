@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_prom.c - see kvp_prom.h. Lines are "name{labels} value" or "name value"; label values
  * may hold escaped quotes, so the closing brace is found by walking the quoted strings.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_prom.h - reading Prometheus text exposition (format 0.0.4) back, for `kvpoolctl top`:
  * a sample iterator over the text (no allocation, pointers into the caller's buffer), label

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_sock.c - framed blocking I/O over a Unix stream socket (see kvp_sock.h). Every read and
  * write is non-blocking (MSG_DONTWAIT) and waits in ppoll() for the time left to the caller's

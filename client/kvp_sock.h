@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_sock.h - blocking framed I/O on a connected Unix stream socket: connect to a path, send
  * one frame (4-byte little-endian length + payload) with file descriptors attached, receive

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpool.h - libkvpool, the C client of kvpoold. A model worker (or any tool) includes this one
  * header: connect, say hello, map the pool, register a staging buffer, and append / reserve /

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoolctl.c - the operator CLI of kvpoold: status, stats, pool, seqs, clients, audit,
  * metrics, health, top (kvpoolctl_top.c), cache. It is a plain libkvpool client (an observer:

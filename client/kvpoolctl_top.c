@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoolctl_top.c - `kvpoolctl top` (see kvpoolctl_top.h). Each refresh asks for the Metrics
  * text, parses it into a snapshot (kvp_prom), and draws the difference with the previous

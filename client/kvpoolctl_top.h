@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoolctl_top.h - `kvpoolctl top`: a live view of one daemon built from its Metrics text
  * (usage bars per device, the prefix cache's cached and pinned pages and hit rate, rates

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_error.c - names for the error codes of kvp_error.h. Pure table lookups; the negated
  * errno range falls through to the C library's strerror names.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_knob.c - checked parsing of knob values and the one environment read of knobs
  * (kvp_knob.h). strtoull alone accepts a sign, leading blanks and garbage after the digits;

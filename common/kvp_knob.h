@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_knob.h - the one parser of tuning values ("knobs"), shared by kvpoold's configuration
  * (server/kvp_config.c: its integer, size and boolean keys and the KVPOOL_* environment

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_layout.h - where an Append reads K and V in a registered buffer: one struct for the
  * client's request (kvpool.h kvp_source_t), the wire (kvp_wire_source_put / _layout, the only

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_limits.h - the limits that several layers must agree on, defined once. Headers that are
  * installed on their own (client/kvpool.h) restate a value and the code behind them asserts at

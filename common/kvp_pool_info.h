@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pool_info.h - the pool as the daemon describes it to a worker (PoolInfo, Hello): one
  * struct, filled by the daemon from its backend (kvp_backend_pool_info), carried by the wire

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_utf8.h - UTF-8 validation shared by the daemon's metrics text (Prometheus exposition is
  * UTF-8) and kvpoolctl's JSON output: names that clients choose (namespaces, client names)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_drv.c - see kvp_cuda_drv.h: the driver table filled once through
  * cudaGetDriverEntryPointByVersion. No logging here; a missing driver is noted in the calling

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_drv.h - the CUDA driver functions kvpool needs (the virtual memory API), reached
  * through the runtime's cudaGetDriverEntryPointByVersion and kept in one table filled once per

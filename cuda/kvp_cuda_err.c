@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_err.c - see kvp_cuda_err.h: the per-thread record of the last CUDA / NCCL failure,
  * the process's log hook, the formatting of a record and the one mapping of CUDA and NCCL

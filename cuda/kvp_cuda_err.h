@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_err.h - the one family of CUDA and NCCL check macros (STYLE.md rule 7, NCCL's
  * CUDACHECKGOTO), the per-thread record of the last failure, and the one mapping of CUDA and

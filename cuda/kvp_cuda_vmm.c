@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_vmm.c - see kvp_cuda_vmm.h: create / export / import / map / free of VMM
  * allocations through the driver table, every call checked with KVP_CU_TRY.

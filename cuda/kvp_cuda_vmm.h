@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_vmm.h - the CUDA virtual-memory steps kvpoold and libkvpool share: the granularity
  * both sides round to, an exportable device allocation mapped read/write, its export as a

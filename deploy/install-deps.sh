@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # install-deps.sh - installs the Debian packages kvpool needs to build and test, and only the
 # missing ones (idempotent: with everything present it runs no apt-get at all).
 #

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test.sh - THE test command of the README: on a fresh Debian 12 machine it installs what is
 # missing, configures, builds and runs the whole test suite, then builds everything again as
 # Release (build only, no test run, to keep CI time down: it is there because -O3 -DNDEBUG

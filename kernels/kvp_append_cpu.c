@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_append_cpu.c - the CPU form of every operation in kvp_kernels.h: FlashInfer's
  * append_paged_kv_cache, get_seq_lens and get_batch_indices_positions, and whole-page copies.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_append_cuda.cu - the CUDA forms of kvp_kernels.h (see kvp_kernels_cuda.h): the append
  * (checked, unchecked, fused with the positions), seq lens, batch indices and positions, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_bench_flashinfer.cu - FlashInfer's AppendPagedKVCache as the baseline of
  * bench_append_cuda (kvp_bench_flashinfer.h), compiled from flashinfer-python's headers when

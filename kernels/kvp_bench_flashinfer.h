@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_bench_flashinfer.h - benchmark-only (kvp_bench_flashinfer.cu, linked by
  * tests/bench/bench_append_cuda only): FlashInfer's own AppendPagedKVCache, compiled from the

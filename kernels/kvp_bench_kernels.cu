@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_bench_kernels.cu - kernels the benchmarks use to simulate a model step around the
  * append (not part of the kernel library's API): a compute stand-in that keeps every SM busy

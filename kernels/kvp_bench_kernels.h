@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_bench_kernels.h - benchmark-only kernels (kvp_bench_kernels.cu): a fixed-time compute
  * stand-in, a slow producer and a reader of the rows just appended. Not part of the kernel

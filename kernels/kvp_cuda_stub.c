@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_stub.c - the CUDA entry points of kvp_kernels_cuda.h for a build without CUDA:
  * kvp_cuda_available() says 0 and every operation returns KVP_EUNAVAIL, so callers link the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kvp_flashinfer.cmake - FlashInfer's AppendPagedKVCache as a column of bench_append_cuda
 # (issue #18), from the C++ headers of the flashinfer-python wheel, fetched at configure time on
 # the development machine; nothing of FlashInfer is in the tree or needed at run time.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_kernels.h - the append operation of FlashInfer's `append_paged_kv_cache` and its helpers,
  * as a C API. Public: model workers link it (through libkvpool) to run the append in their own

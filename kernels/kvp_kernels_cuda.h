@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_kernels_cuda.h - the CUDA forms of kvp_kernels.h: the same argument structs (device
  * pointers in them), the same meaning (FlashInfer's append_paged_kv_cache), an explicit stream.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pack_cpu.c - the packed transfer form of a sequence's KV on the CPU (kvp_kernels.h):
  * the reference the CUDA pack/unpack kernels are tested against, and the unit-tested

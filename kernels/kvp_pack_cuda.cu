@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pack_cuda.cu - the packed transfer form (kvp_kernels.h) on the device: one kernel moves
  * one layer of a sequence between its pages and the contiguous [K|V][token][head][D] stream,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_alloc.c - free-stack page allocator with refcounts. See kvp_alloc.h.
  *

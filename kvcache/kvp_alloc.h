@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_alloc.h - the page allocator: page ids 0..num_pages-1, a free stack, a refcount per page.
  *

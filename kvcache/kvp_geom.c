@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_geom.c - geometry validation and the derivation of every stride and offset.
  * See kvp_geom.h for the memory order. Pure functions, no allocation.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_geom.h - the geometry of a KV pool and every stride and byte offset derived from it.
  *

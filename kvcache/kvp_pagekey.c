@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pagekey.c - content keys of full pages (see kvp_pagekey.h). One XXH3-128 call per page
  * over a stack buffer holding the previous key and the page's token ids: a streaming state per

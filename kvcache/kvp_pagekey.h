@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pagekey.h - content keys of full pages (DESIGN.md §9, issue #16): a 128-bit chained hash
  * that names the KV a page holds, so that it can be found again and shared. The key of page i

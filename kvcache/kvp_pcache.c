@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pcache.c - the prefix cache (see kvp_pcache.h for the model, kvp_pcache_internal.h for
  * the hooks the allocator, the sequence table and the planner call).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pcache.h - the prefix cache (DESIGN.md §9, issue #16): content keys of full pages made
  * findable, cached pages kept after their last reference, eviction, pins.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pcache_internal.h - the prefix cache's hooks for the allocator, the sequence table and
  * the planner (kvcache/ only; see kvp_pcache.h for the model).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_plan.c - the batch planner (see kvp_plan.h).
  *

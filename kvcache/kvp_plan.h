@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_plan.h - the batch planner: turns a batch of (sequence, tokens to append) into pages and
  * a FlashInfer page table, all-or-nothing.

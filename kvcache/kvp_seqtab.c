@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_seqtab.c - sequence table: records in a fixed array (so pointers stay valid), an
  * open-addressing hash index with linear probing and backward-shift deletion (no tombstones,

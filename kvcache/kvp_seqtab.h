@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_seqtab.h - the sequence table: (namespace, seq_id) -> length in tokens + page vector.
  *

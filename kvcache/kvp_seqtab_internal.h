@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_seqtab_internal.h - the sequence table's hooks for the batch planner (kvp_plan.c).
  * Not part of the public API: only kvcache/ includes it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_wire.c - frame helpers, bulk-array callbacks and status mapping (see kvp_wire.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_wire.h - what both ends of the socket share besides the generated messages: the frame
  * header, nanopb callbacks that move bulk arrays (little-endian fixed-width integers in a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # kvp_server_infra: the daemon's standalone infrastructure - the logger (kvp_log), the
 # configuration (kvp_config, INI through libinih), the systemd integration (kvp_notify), and the
 # access policies and namespace names the configuration checks (kvp_access, kvp_ns).

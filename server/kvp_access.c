@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvp_access.c - the connection policy and the pool-memory policy (see kvp_access.h). */
 #include "kvp_access.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_access.h - who may connect to kvpoold: the policy of the [access] section
  * (kvp_config.h) as a pure function of the peer's credentials, so it is unit-tested without

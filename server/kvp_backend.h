@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_backend.h - where the pool lives, behind one small operations table (DESIGN.md §2):
  * create the pool, export it to workers, import a worker's buffer, run an append/copy plan,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_backend_choose.c - which backend kvpoold serves from ([pool] backend in kvp_config.h):
  * cuda on the configured devices, host, or auto (cuda when a GPU is usable, host otherwise).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_backend_cuda.c - the cuda backend (DESIGN.md §4): each device's pool is one allocation
  * of the CUDA virtual memory API (cuMemCreate, POSIX-fd handle type) mapped into the daemon

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_backend_host.c - the host backend: the pool lives in one memfd, mapped shared by the
  * daemon and by every worker that received the fd over SCM_RIGHTS; worker staging buffers are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_config.c - one table of settings (section, key, type, field, range, reloadable) drives
  * everything here: the INI handler, --set and the named flags, validation, the dump and the

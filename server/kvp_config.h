@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_config.h - the configuration of kvpoold: every setting with its default, loaded from an
  * INI file (libinih), then command-line flags over it, then validated as a whole.

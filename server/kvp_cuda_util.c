@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_util.c - see kvp_cuda_util.h: kvp_log as the CUDA layer's log hook, and the driver
  * table with its unavailability logged once.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_cuda_util.h - the daemon's side of the cuda/ layer: the log hook that sends every
  * failure the check macros record (kvp_cuda_err.h: KVP_CUDA_TRY, KVP_CU_TRY, KVP_LAUNCH_TRY,

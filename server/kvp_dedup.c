@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_dedup.c - retry windows (see kvp_dedup.h). A window is a ring of `window` entries with a
  * hash index of the slots in use by request id, allocated behind the ring: every mutating call

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_dedup.h - the retry windows that make mutating calls idempotent (kvpool.proto,
  * "Idempotency"): per namespace, the last `window` request ids with the call and a digest of

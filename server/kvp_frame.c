@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_frame.c - the frame reader (see kvp_frame.h). The buffer holds [head, len) unconsumed
  * bytes; frames are handed out in place (no copy) and the bytes before head are reclaimed only

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_frame.h - the daemon's frame reader: what one connection has received (bytes, and the
  * descriptors that came with them as SCM_RIGHTS), cut into frames (4-byte little-endian length

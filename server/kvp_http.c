@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_http.c - the Prometheus endpoint (see kvp_http.h): accept -> read the head into a fixed
  * buffer -> kvp__http_classify -> render and write one answer -> half-close and drain until the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_http.h - the optional Prometheus endpoint of kvpoold (server.metrics_listen): a minimal
  * HTTP/1.0 and HTTP/1.1 server on the daemon's own libuv loop that answers GET (and HEAD)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_jobs.c - worker threads with optional busy polling (see kvp_jobs.h for why). One FIFO
  * under a mutex feeds the threads; finished items go on a done list that the loop drains from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_jobs.h - the daemon's worker threads: the work a request cannot do on the event loop
  * (a backend's copy, which may wait on the GPU) runs here, and its completion is handed back

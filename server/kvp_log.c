@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_log.c - the process-wide logger: a level filter, an output fd and an output style, kept in
  * one static struct of atomics (STYLE.md rule 9 allows this one: there is one stderr).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_log.h - the one logger of kvpoold (STYLE.md rule 11): syslog levels, one line per event,
  * messages written as "event key=value key=value".

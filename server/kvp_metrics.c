@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_metrics.c - the Prometheus text from a snapshot (see kvp_metrics.h).
  */

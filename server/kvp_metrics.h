@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_metrics.h - the daemon's counters and the Prometheus text written from them. The rpc
  * layer counts into a kvp_counters_t and, for a scrape, fills a kvp_metrics_t snapshot (gauges

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_nccl.c - see kvp_nccl.h: dlopen of libnccl.so.2 (or [tuning] nccl_lib) into a function
  * table, once per process. Failed calls are checked with cuda/'s KVP_NCCL_TRY.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_nccl.h - NCCL loaded at run time (DESIGN.md §6): kvpoold never links libnccl. The first
  * kvp_nccl_get() dlopens the library kvp_nccl_set_library named ([tuning] nccl_lib), else

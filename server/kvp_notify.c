@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_notify.c - sd_notify(3), sd_watchdog_enabled(3) and sd_listen_fds(3) re-implemented on
  * plain sockets and environment variables (see kvp_notify.h). Values from the environment are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_notify.h - systemd integration without libsystemd: the sd_notify(3) protocol (READY=1,
  * STATUS=..., WATCHDOG=1, STOPPING=1 datagrams to $NOTIFY_SOCKET), the watchdog interval, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_ns.c - namespace table and leases (see kvp_ns.h): a linear table of max_namespaces
  * slots, looked up by name on Hello only (the hot calls carry the session's namespace id).

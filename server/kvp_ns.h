@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_ns.h - namespaces: name -> small id (the sequence table's namespace id), the uid that
  * owns it, live sessions, the lease that keeps its sequences after the last session leaves

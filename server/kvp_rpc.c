@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc.c - the daemon's state, the call table and the one entry point of the rpc layer
  * (see kvp_rpc.h and kvp_rpc_internal.h): the rules of a call's row, the retry protocol, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc.h - the daemon's state and its one entry point: a decoded Request in, a Response
  * (or the stored answer of a retry) out (STYLE.md rule 8). No sockets and no clock reads here:

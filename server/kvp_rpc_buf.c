@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc_buf.c - the buffer calls (RegisterBuffer, UnregisterBuffer: per connection, never
  * deduplicated) and the holds that keep a buffer alive while a job in flight reads it (see

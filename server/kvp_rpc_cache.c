@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc_cache.c - the prefix cache's part of the rpc layer (kvpool.proto, prefix cache;
  * DESIGN.md §9): scopes, the token ids and salts of Reserve and Append, Commit and the events

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc_info.c - the introspection calls (Ping, PoolInfo, Stats, ListSequences, ListClients,
  * Audit, Metrics) and the metrics snapshot (see kvp_rpc_internal.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc_internal.h - what the files of the rpc layer share and nothing outside it uses: the
  * daemon state, the job of an off-loop call, the call table's row type, and the handlers.

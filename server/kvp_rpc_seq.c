@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc_seq.c - the sequence calls: Reserve, Append and its off-loop job, Fork, Truncate,
  * Release, GetPageTable (see kvp_rpc_internal.h).

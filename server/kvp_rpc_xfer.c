@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_rpc_xfer.c - the transfer calls between daemons: ExportBegin (answered at once, the send as a
  * background job), Import (off the loop), ListTransfers (see kvp_rpc_internal.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_server.c - listening socket, connections, framing, fd passing and the write path of
  * kvpoold (see kvp_server.h). The read path reads like a sentence: on_readable -> read_some

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_server.h - the socket side of kvpoold: a Unix listening socket on a libuv loop,
  * connections read with our own recvmsg (SCM_RIGHTS fd passing, which libuv's pipes cannot

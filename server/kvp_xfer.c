@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_xfer.c - KV transfers between daemons over NCCL (see kvp_xfer.h for the contract).
  *

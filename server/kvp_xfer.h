@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_xfer.h - KV transfers between daemons over NCCL point-to-point (DESIGN.md §6, the
  * ExportBegin / Import calls of kvpool.proto). The dispatch (kvp_rpc.c) validates a request,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoold.c - the daemon's main: configuration (file, flags, --check-config), logging, the
  * backend, the RPC state and the socket server on one libuv loop, signals (SIGTERM/SIGINT

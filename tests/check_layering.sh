@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Enforces DESIGN.md §2: kvcache/ (pure core) and kernels/ include no libuv, nanopb, socket or
 # upper-layer header; kvcache/ includes no CUDA header; cuda/ (the CUDA layer the daemon, the
 # client library and the kernels share) includes nothing of server/ or client/; server/ and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # check_test_hooks.sh KVPOOLD KVPOOLD_TEST - the transfer test hooks (KVPOOL_XFER_TEST_*,
 # compiled only with KVP_TEST_HOOKS) are in the test daemon and nowhere in the production one.
 set -u

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # valgrind.sh [quick] - the unit and integration suites under valgrind memcheck, the daemon
 # process included: the harness prefixes every kvpoold it starts with the same valgrind
 # command (KVP_TEST_DAEMON_WRAPPER, tests/integration/kvp_harness.h), and a daemon with an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_alloc.c - page allocator microbenchmark: alloc+free operations per second on one
  * thread. One operation = one page reserved (kvp_alloc_reserve of 1 page) and freed again

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_append_cuda.c - the CUDA append kernels against the device-to-device copy ceiling
  * measured in the same run (METHOD.md: a large cudaMemcpyAsync counting bytes read + written)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_cuda_e2e.c - kvpool end to end on a GPU (DESIGN.md §7): a real kvpoold with the cuda
  * backend and this process as the worker (libkvpool, the pool mapped through the VMM fds).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """bench_hf.py - issue #17's benchmark: a Llama-architecture model (random weights, a given
 geometry; default Llama-3.1-8B's: 32 layers, hidden 4096, 32 heads, 8 KV heads, head_dim 128)
 on kvpool (kvpool.integrations.transformers) against transformers' own cache, in one run:

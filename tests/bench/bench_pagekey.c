@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_pagekey.c - content keys of full pages (kvcache/kvp_pagekey.h) on one core: the keys
  * of a 32K-token prompt (one kvp_pagekey_chain call) at page sizes 16, 32 and 64, in tokens

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_prefix.c - the prefix cache (issue #16, DESIGN.md §9): what a fully cached prompt
  * costs the daemon, in-process and over the socket, and what allocation costs when every page

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_rpc.c - RPC latency and throughput of a real kvpoold (host backend) over its Unix
  * socket, with Redis PING over a Unix socket measured in the same run as the yardstick

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_transfer.c - KV transfer between two kvpoold processes over NCCL (DESIGN.md §6) against
  * NCCL's own send/recv of the same bytes, measured in the same run. A sender daemon on GPU 0

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvp_redis.c - a redis-server to measure against and a PING client (see kvp_redis.h). */
 #include "kvp_redis.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_redis.h - the benchmarks' yardstick: a redis-server on a Unix socket in a private
  * directory, and a minimal RESP client that times PING (-> +PONG) the way the benchmarks time

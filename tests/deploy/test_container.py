@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Static checks of deploy/container (there is no Docker daemon in CI to build the image):
 the Dockerfile's stages and their references, every COPY source in the build context, every
 file the runtime stage copies out of the build stage's `cmake --install` tree (checked against

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_systemd.sh - the systemd integration files as installed, checked with systemd's own
 # tools, without a running systemd (CI has none as PID 1):
 #   - `cmake --install` into a temporary DESTDIR puts every file where Debian expects it and

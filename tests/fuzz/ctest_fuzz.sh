@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # ctest_fuzz.sh TARGET SECONDS WORKDIR CORPUS REGRESSIONS - CTest's fuzz run of one target:
 # first every crash reproducer in REGRESSIONS runs once (each must pass), then TARGET fuzzes
 # for SECONDS on a scratch copy (WORKDIR) of the checked-in CORPUS.

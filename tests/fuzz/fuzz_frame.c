@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_frame.c - libFuzzer target for the daemon's frame reader (server/kvp_frame.h), the
  * code that cuts a connection's byte stream into frames and hands each frame the fds that

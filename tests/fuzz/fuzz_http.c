@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_http.c - libFuzzer target for the metrics endpoint's request classifier
  * (kvp__http_classify, server/kvp_http.h): the bytes of a request head as the connection has

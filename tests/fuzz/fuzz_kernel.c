@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_kernel.c - libFuzzer target for the argument checks of the CPU kernel API
  * (kernels/kvp_kernels.h). The input chooses a small layer geometry (element size, pages,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_response.c - libFuzzer target for the client side decoder: the input is one frame
  * payload decoded as a kvpool_Response with kvp_wire_response_bind_decode bound to bounded

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_rpc.c - libFuzzer target: the input is a sequence of frames (4-byte little-endian
  * length, then the payload; stops at the first incomplete frame, at most 64 frames), each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * make_seeds.c - writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/):
  * nanopb-encoded requests cut into frames for fuzz_rpc (a Hello, then every other call),

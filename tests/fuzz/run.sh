@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run.sh [SECONDS] - configures build-fuzz/ (clang, KVP_FUZZ=ON, KVP_SANITIZE=ON, CUDA off),
 # builds the fuzz targets, runs each for SECONDS (default 20) on a scratch copy of its seed
 # corpus (after its regression inputs) and prints each target's exec count. Exit status: 0

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """flashinfer_warmup.py - builds FlashInfer's JIT modules that kvpool's transformers integration
 uses (the paged decode and the causal paged prefill wrappers, as KvpoolCache plans them) before
 the tests and benchmarks need them: FlashInfer compiles each module with nvcc on first use

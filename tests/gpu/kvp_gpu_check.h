@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_gpu_check.h - the checks of the GPU tests that run worker processes (test_hot_path,
  * test_prefix_gpu): print where and why, exit 1. Include after stdio.h, stdlib.h,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_gpu_test.c - see kvp_gpu_test.h.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_gpu_test.h - what the GPU tests share: counting the visible GPUs without initialising
  * CUDA in the calling process (CUDA does not survive fork, and the tests fork daemons and

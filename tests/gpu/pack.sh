@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # pack.sh - packs only the binaries a run on the GPU machine needs from a build folder (one
 # built with -DKVP_STATIC_DEPS=ON, so they run there without libuv, Check or inih) into a
 # tar.xz with the build folder's relative layout, and prints its size. A whole folder is ~90 MB,

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run_ab_e2e.sh A B [N] - bench_cuda_e2e of two builds alternating in one call on the GPU
 # machine (A, B: build folders holding server/kvpoold and tests/bench/bench_cuda_e2e, each
 # bench run against its own daemon), N rounds (default 3), under MPS with busy polling (200 us)

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run_device.sh - what one call on the GPU machine runs (build here with KVP_STATIC_DEPS=ON into
 # .devbuild/, carry it): the gpu-labelled tests and the CUDA benchmarks, logs under $OUT.
 #   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|python|torch|hf|hf-bench|all]

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run_mps.sh CMD... - runs CMD with an MPS control daemon of its own (private pipe and log
 # directories), then quits MPS. Two processes on one GPU then share it without time-slicing
 # (DESIGN.md §4).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run_multigpu.sh - the multigpu-labelled tests and the transfer benchmark on a machine with two
 # GPUs (build here with -DKVP_STATIC_DEPS=ON -DKVP_CUDA_ARCHS=90 into .devbuild/, carry it);
 # logs under $OUT. NCCL is loaded at run time: $KVPOOL_NCCL_LIB (the daemons' [tuning]

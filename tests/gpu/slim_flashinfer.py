@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """slim_flashinfer.py - a copy of the flashinfer-python wheel small enough to carry to the GPU
 machine (which has no network): only what the paged decode and prefill wrappers and page.cuh
 need. FlashInfer is a peer fetched from PyPI, never committed; this script only trims a wheel

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_append_cuda.c - the CUDA append against the CPU implementation, byte-exact, over the
  * foundation grid (page sizes x batch sizes x layouts x head_dim {64,128,256,512} x element

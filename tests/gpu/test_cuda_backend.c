@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_cuda_backend.c - the cuda backend and libkvpool's CUDA section on a real GPU, every
  * result compared byte-exact with the CPU reference (kvp_append_paged_kv_cache_cpu and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hot_path.c - the hot path of DESIGN.md §4 under load, on a real kvpoold (cuda backend):
  * worker A runs many multi-layer decode steps (one Reserve per step, then per layer an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_multigpu_tp.c - a tensor-parallel group of two GPUs on one kvpoold (devices = 0,1,
  * DESIGN.md §6), driven by two rank processes as an engine would: each rank maps the pool,

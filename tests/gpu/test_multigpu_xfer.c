@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_multigpu_xfer.c - KV transfers between two real kvpoold processes over NCCL (DESIGN.md
  * §6): senders on GPU 0, receivers on GPU 1, one daemon per pool geometry, every pairing of

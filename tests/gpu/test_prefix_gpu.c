@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_prefix_gpu.c - the prefix cache on the GPU hot path (issue #16, Tests: GPU), on a real
  * kvpoold (cuda backend) with two worker processes:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvp_harness.c - see kvp_harness.h. */
 #include "kvp_harness.h"
 

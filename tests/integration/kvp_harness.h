@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_harness.h - runs a real kvpoold process for integration, stress and benchmark programs:
  * a private directory holds its socket and log; start waits until it accepts connections;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvp_raw.c - see kvp_raw.h. */
 #include "kvp_raw.h"
 

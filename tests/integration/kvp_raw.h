@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_raw.h - a raw client for integration tests: it writes its own Request frames (any id,
  * any call, any fds) to a real kvpoold and decodes the answers, so a test controls exactly

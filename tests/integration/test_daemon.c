@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_daemon.c - integration: a real kvpoold process, real clients (libkvpool and raw frames)
  * over its Unix socket, real fd passing and a real shared pool. Each test starts its own

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hostile_conns.c - integration: hostile connections (issue #15 defects 3, 4 and 5, the
  * server's part) against a real kvpoold (host backend, small pool) with raw sockets: clients

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hostile_input.c - integration: what a hostile client writes into an Append's source and a
  * RegisterBuffer's descriptor (issue #15 defects 1 and 10), against a real kvpoold (host

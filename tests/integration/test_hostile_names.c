@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hostile_names.c - integration: what a hostile tenant may name and see (issue #15,
  * defects 2, 3 (per-uid quotas), 6, 7, 8) on a real kvpoold, driven by raw clients

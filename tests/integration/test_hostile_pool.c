@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hostile_pool.c - integration, issue #15 defect 11: the pool is one trust domain. Whoever
  * receives the pool fds (Hello or PoolInfo with want_pool_fds) can map all of the pool

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_idempotency.c - integration: the retry protocol of kvpool.proto against a real kvpoold,
  * with raw frames (tests/integration/kvp_raw.h) so the test chooses every request id.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Lifecycle of a real kvpoold process, driven from outside as an operator or systemd would:
 kvpoolctl (every command, --json, exit codes), --check-config, socket activation through
 LISTEN_FDS (our own harness and systemd's systemd-socket-activate), the notify protocol (READY,

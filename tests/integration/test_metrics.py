@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Metrics of a real kvpoold, read the way Prometheus and an operator read them: the HTTP
 endpoint (server.metrics_listen) scraped over TCP, the exposition parsed strictly (every sample
 has HELP and TYPE, names follow the conventions, histograms are cumulative), counters that only

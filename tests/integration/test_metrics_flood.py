@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The /metrics endpoint of a real kvpoold under a connection flood (issue #15, defect 9): a
 client holding 40 idle sockets from the scraper's own address (127.0.0.1) and reopening each one
 the moment the daemon cuts it must not make a scrape fail; a silent socket is cut at the head

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_prefix_cache.c - integration: the prefix cache (issue #16, kvpool.proto "the prefix
  * cache") on a real kvpoold (host backend) with real worker processes. Each worker is a forked

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_security.c - integration: access control and quotas on a real kvpoold. Each refusal is
  * checked for its exact status (as libkvpool maps it: PERMISSION_DENIED -> KVP_EPERM,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures of tests/python: the kvpool package (installed, or the source tree's copy) and
 real kvpoold processes on the host backend (the `start` factory, each daemon stopped at the end
 of its test). The daemon is $KVPOOLD, else $BUILD_DIR/server/kvpoold, else build/server/kvpoold.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run.sh - the Python package's tests (tests/python) against the built tree.
 #
 #   tests/python/run.sh            uses $BUILD_DIR (default: build/) of this source tree

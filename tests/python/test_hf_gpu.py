@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvpool.integrations.transformers on a GPU (issue #17's tests, label gpu): a real kvpoold on
 the cuda backend, a seeded random Llama-architecture model of the issue's shape (4 layers, 32
 query heads, 8 KV heads, head_dim 128) on the GPU, its K/V only in the daemon's pool (appended

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvpool.integrations.transformers against a real kvpoold (host backend, CPU): a seeded random
 Llama-architecture model (2 layers, hidden 64, 4 query heads, 2 KV heads: GQA) generates greedily
 for a batch of prompts of different lengths (left padded, as generate() takes them) with its K/V

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python package kvpool (client/python) against real kvpoold processes on the host backend.
 
 Needs numpy and pytest. The daemon is $KVPOOLD, else $BUILD_DIR/server/kvpoold, else

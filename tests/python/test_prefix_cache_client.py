@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python side of the prefix cache's client API (issue #16), without a daemon: how the
 keyword arguments of reserve() / append() / lookup() become libkvpool's kvp_cache_opts_t and
 arrays, and what is refused before anything is sent. The calls against a real kvpoold live

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The PyTorch side of the kvpool package (kvpool._torch) against real kvpoold processes.
 
 Needs PyTorch: skipped without it (CI has none: PyTorch's wheels are CUDA builds of about a

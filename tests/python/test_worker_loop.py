@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """client/python/examples/worker_loop.py against a real kvpoold (host backend): a small GQA
 attention stack keeping its KV only in kvpool (Reserve + in-process append, daemon Append every
 4th step, fork, truncate) matches a contiguous-cache reference. Its shared system prompt

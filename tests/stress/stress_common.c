@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stress_common.c - see stress_common.h. */
 #include "stress_common.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stress_common.h - what the stress and fault programs share: the geometry they start kvpoold
  * with, page-table arrays, a raw connection (Hello + one request, for clients that vanish

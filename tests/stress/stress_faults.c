@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stress_faults.c - faults on a real kvpoold (host backend), one scenario per daemon:
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stress_load.c - load and soak: a real kvpoold (host backend) and CLIENTS worker processes
  * (default 64) using libkvpool over its socket, each doing random Reserve / Append / Fork /

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvp_test_util.c - see kvp_test_util.h. splitmix64: tiny, fast, good enough for tests. */
 #include "kvp_test_util.h"
 

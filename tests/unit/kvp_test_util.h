@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_test_util.h - small helpers shared by the unit tests: a deterministic PRNG (so every
  * random test is reproducible from its printed seed) and byte-pattern helpers.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_access.c - the connection and pool-memory policies of [access] (server/kvp_access.h). */
 #include <check.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_alloc.c - the page allocator: order, all-or-nothing reservation, refcounts and the
  * shared counter, exhaustion and recovery, the audit catching corruption, and a long random

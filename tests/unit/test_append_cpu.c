@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_append_cpu.c - the CPU kernels of kvp_kernels.h against FlashInfer's semantics
  * (DESIGN.md §1): the seed example, a wide random grid checked byte for byte against a naive

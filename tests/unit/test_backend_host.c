@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_backend_host.c - the host backend (server/kvp_backend_host.c) through its operations
  * table (server/kvp_backend.h), without the dispatch: the pool memfd it exports (size, seals,

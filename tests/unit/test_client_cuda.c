@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_client_cuda.c - the host-side argument checks of kvpool.h's kvp_client_cuda_append_fused,
  * without a GPU: every refused argument returns KVP_EINVAL before anything is queued and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_client_wire.c - libkvpool against the daemon's side of the wire. First the pure steps:
  * a Request built the way the client builds it decodes exactly with the server's decoder, and a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_config.c - the daemon configuration: documented defaults, INI files (written to
  * temporary files), every error with a message naming file:line, the key and the value,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_cuda_err.c - cuda/kvp_cuda_err.h without a GPU: the check macros fed with fake calls
  * that return a chosen error, the exact text they record ("FILE:LINE CALL: TEXT (NAME)"), the

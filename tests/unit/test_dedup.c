@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_dedup.c - the retry windows (server/kvp_dedup.h): what a window remembers and for how
  * long, which slot a new id takes, the byte budgets per namespace and for the daemon (oldest

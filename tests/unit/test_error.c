@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_error.c - every code has a distinct name and text; errno codes fall through. */
 #include <check.h>
 #include <errno.h>

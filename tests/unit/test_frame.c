@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_frame.c - the daemon's frame reader (server/kvp_frame.h): frames cut from a stream that
  * arrives in any pieces, each frame with exactly the fds sent with it, oversize headers, fd
  * floods and the bound on the buffer. Fds here are made-up numbers; "dropped" ones are

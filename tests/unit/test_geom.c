@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_geom.c - geometry validation (every bad field gets its own code and a message naming
  * it), name parsing, and the derived strides and offsets for both layouts and storages,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_http.c - the Prometheus endpoint's request classifier (kvp__http_classify): which
  * request heads are answered 200, 400, 404, 405 or 505, and that an incomplete head waits for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_jobs.c - the daemon's worker threads (server/kvp_jobs.c): every item runs once on a
  * pool thread and completes once on the loop thread, with and without busy polling, under

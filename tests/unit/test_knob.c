@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_knob.c - the one parser of knob values (common/kvp_knob.h): whole-string decimal
  * integers with a range, byte counts with suffixes, booleans, the KVPOOL_ environment names,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_log.c - the logger: level filtering, the journal's "<N>" prefix when $JOURNAL_STREAM
  * names the output, the RFC 3339 UTC timestamp of plain lines (checked against gmtime_r),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_metrics_text.c - the Prometheus text of kvp_metrics_text written from a hand-made
  * snapshot (no daemon): the prefix cache's families, exact line by line, only when the snapshot

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_notify.c - the sd_notify protocol against real datagram sockets (a path and an abstract
  * name), the no-op without $NOTIFY_SOCKET, the watchdog variables, and socket activation with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_ns.c - the namespace table of kvpoold (server/kvp_ns.h), its bookkeeping only: attach
  * (new, existing, ownership, root, bad names, a full table, when the lease is taken), find,

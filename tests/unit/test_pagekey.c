@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_pagekey.c - content keys of full pages (kvcache/kvp_pagekey.h): the root key of a salt
  * is XXH3-128 of it (the published test vector of "abc"), a page's key is XXH3-128 of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_pcache.c - the prefix cache (kvp_pcache.h) through the planner and the sequence table:
  * exact results for keying, publishing, reuse, release into the eviction order, eviction under

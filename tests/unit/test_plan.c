@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_plan.c - the batch planner: exact page tables, copy-on-write, all-or-nothing failure,
  * and a long random run (append / fork / truncate / release / exhaustion) executed on a real

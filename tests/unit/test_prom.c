@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_prom.c - reading the Prometheus text back (client/kvp_prom, used by kvpoolctl top):
  * samples with and without labels, escaped label values, skipped comments and malformed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_rpc.c - the pure dispatch of kvpoold, without a socket: Hello first, every call's happy
  * path with exact answers, a daemon-run Append landing byte-exact in the host pool (read back

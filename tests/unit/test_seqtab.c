@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_seqtab.c - the sequence table: fork shares pages, truncate frees exactly the pages no
  * longer needed, release returns them, namespaces are separate, per-namespace counters and

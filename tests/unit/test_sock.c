@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_sock.c - kvp_sock, the client's framed socket I/O: frames of every size round-trip over
  * a socketpair, also when they trickle in one byte at a time; descriptors travel with their

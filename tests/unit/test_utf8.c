@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_utf8.c - kvp_utf8_len (common/kvp_utf8.h), the UTF-8 check behind the metrics text and
  * kvpoolctl's JSON: the length of every valid form at the edges of its range, 0 for every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_xfer.c - the CPU side of transfers between daemons: the packed stream format
  * ([layer][K|V][token][head][D]) and its pack/unpack between pools of every pairing of layout,

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """hf_generate.py - generate with a Llama-architecture model whose KV cache lives in kvpool
 (kvpool.integrations.transformers), and time it with and without a warm prefix.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """worker_loop.py - a tiny decoder worker that keeps its KV cache ONLY in kvpool.
 
 A small attention stack (no MLP): L layers, hidden 64, 4 query heads, 2 KV heads (GQA), head_dim

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """worker_loop_torch.py - worker_loop.py on PyTorch: a tiny decoder whose KV lives only in kvpool.
 
 The same model and step logic as worker_loop.py (read its docstring): L layers, hidden 64, 4

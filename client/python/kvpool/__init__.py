@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvpool: Python client of the kvpoold KV-cache daemon, over libkvpool (ctypes).
 
 The host backend's pool is exposed as per-layer NumPy views that alias the daemon's memory; the

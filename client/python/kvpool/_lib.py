@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Locating and loading libkvpool.so, and ctypes declarations mirroring client/kvpool.h.
 
 The structures below must match kvpool.h field for field; tests/python checks their sizes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cuda backend's Python side, on PyTorch: the mapped pool as device tensors (no copy),
 staging tensors the daemon reads, and FlashInfer's paged-KV helpers on CUDA tensors through the
 kernels libkvpool exports (kernels/kvp_kernels_cuda.h).

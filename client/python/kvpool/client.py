@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Client: one libkvpool handle (one connection, one session of one namespace)."""
 import ctypes
 import dataclasses

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exceptions: one class per KVP_E* code of common/kvp_error.h, all under KvpoolError.
 
 Every exception carries .code (the negative KVP_E* integer, or -errno for a failed connect),

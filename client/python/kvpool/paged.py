@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashInfer's paged-KV helpers (DESIGN.md §1), for the Reserve path: append_paged_kv_cache,
 get_batch_indices_positions, get_seq_lens.
 

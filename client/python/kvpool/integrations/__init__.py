@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Optional integrations of kvpool with other libraries, each in its own module and imported only
 on request: `import kvpool` never imports them (nor torch, nor transformers).
 

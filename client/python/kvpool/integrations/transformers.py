@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvpool.integrations.transformers: a Hugging Face transformers Cache whose K/V live only in the
 kvpool daemon's pool, the "kvpool" attention function reading them through the page table, and
 kvpool_generate() (prefix reuse through the daemon's prefix cache). Needs torch and
