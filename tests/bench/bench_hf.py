@@ -117,10 +117,11 @@ def _criteria(clock):
     return {} if clock is None else {"stopping_criteria": StoppingCriteriaList([clock])}
 
 
-def kv_generate(model, client, prompts, new, salt=None, clock=None, cache_out=None):
+def kv_generate(model, client, prompts, new, salt=None, clock=None, cache_out=None,
+                graphs=False):
     from kvpool.integrations.transformers import KvpoolCache, kvpool_generate
     model.set_attn_implementation("kvpool")
-    cache = KvpoolCache(model, client, salt=salt)
+    cache = KvpoolCache(model, client, salt=salt, cuda_graphs=graphs)
     if cache_out is not None:
         cache_out.append(cache)
     out = kvpool_generate(model, client, prompts, cache=cache, max_new_tokens=new,
@@ -204,6 +205,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="also decode with KvpoolCache(cuda_graphs=True)")
     ap.add_argument("--prefill-only", default=None, help=argparse.SUPPRESS)  # the other process
     args = ap.parse_args()
     if args.prefill_only is not None:
@@ -263,7 +266,7 @@ def main():
         cuda = args.device.startswith("cuda")
         for B in [int(b) for b in args.batches.split(",")]:
             prompts = prompts_of(B, args.context, vocab, args.seed + 2 + B)
-            per = {"kvpool": [], "hf": []}
+            per = {"kvpool": [], "hf": [], "graphs": []}
             host = dict(reserve=0.0, append=0.0, attention_plan=0.0)
             for r in range(args.repeat):
                 clock, caches = StepClock(cuda), []
@@ -274,6 +277,12 @@ def main():
                 clock = StepClock(cuda)
                 hf_generate(model, prompts, args.new_tokens + 1, clock=clock)
                 per["hf"] += clock.decode_steps()
+                if args.cuda_graphs:
+                    clock = StepClock(cuda)
+                    kv_generate(model, c, prompts, args.new_tokens + 1,
+                                salt=b"dec-g-%d-%d-%d" % (os.getpid(), B, r), clock=clock,
+                                graphs=True)
+                    per["graphs"] += clock.decode_steps()
             # kvpool's own host time in the decode steps: one more generation, the counters
             # read after its prefill and at its end
             clock, caches = StepClock(cuda), []
@@ -288,6 +297,7 @@ def main():
             kv_generate(model, c, prompts, args.new_tokens + 1, salt=b"dec-h-%d-%d" % (
                 os.getpid(), B), clock=mark, cache_out=caches)
             steps = sum(mark.decode_steps())
+            figures["decode_b%d_append_fallbacks" % B] = caches[0].append_fallbacks
             for key in host:
                 host[key] = (caches[0].host_seconds[key] - mark.first[key]) / steps
             k = statistics.median(per["kvpool"]) * 1e3
@@ -295,6 +305,12 @@ def main():
             figures["decode_b%d_kvpool_ms" % B] = k
             figures["decode_b%d_hf_ms" % B] = h
             figures["decode_b%d_ratio" % B] = k / h
+            if per["graphs"]:
+                gk = statistics.median(per["graphs"]) * 1e3
+                figures["decode_b%d_kvpool_graphs_ms" % B] = gk
+                figures["decode_b%d_graphs_ratio" % B] = gk / h
+                print("decode, batch %d: kvpool with CUDA graphs %.2f ms/token (%.2fx "
+                      "transformers)" % (B, gk, gk / h))
             figures["decode_b%d_host_reserve_share" % B] = host["reserve"]
             figures["decode_b%d_host_append_share" % B] = host["append"]
             figures["decode_b%d_host_attention_plan_share" % B] = host["attention_plan"]

@@ -194,6 +194,7 @@ def test_generate_matches_transformers(start, dtype, layout, page_size):
                 out = model.generate(ids, attention_mask=mask, past_key_values=cache,
                                      **gen_kwargs(NEW_TOKENS))
             assert cache.reserves == NEW_TOKENS  # one Reserve a forward step
+            assert cache.append_fallbacks == 0  # decode steps: the states as they are
             lens = [n + NEW_TOKENS - 1 for n in PROMPT_LENS]
             assert cache.seq_lens.tolist() == lens
             st = c.stats()
@@ -214,6 +215,39 @@ def test_generate_matches_transformers(start, dtype, layout, page_size):
         st = c.stats()
         assert st.num_seqs == 0 and st.num_tokens == 0 and st.used_pages == 0
         c.audit()
+
+
+@pytest.mark.skipif(SMOKE, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("dtype,layout,page_size", [("fp16", "nhd", 16), ("bf16", "hnd", 1)])
+def test_cuda_graph_decode_matches_eager(start, dtype, layout, page_size):
+    """KvpoolCache(cuda_graphs=True): every decode step replayed from the batch's graph gives
+    the tokens and logits of the eager kvpool run, bit for bit (the same kernels on the same
+    bytes), and the pool ends as the eager run leaves it."""
+    total = sum(PROMPT_LENS) + len(PROMPT_LENS) * NEW_TOKENS
+    d = start(*geometry(page_size, layout, dtype, num_pages=2 * total // page_size + 64))
+    model = model_of(dtype)
+    prompts = prompts_of(PROMPT_LENS)
+    ids, mask = left_pad(prompts)
+    model.set_attn_implementation("kvpool")
+    outs = []
+    with d.client("hf-graph", lease_ms=0) as c:
+        for graphs in (False, True):
+            with KvpoolCache(model, c, cuda_graphs=graphs) as cache:
+                with torch.no_grad():
+                    outs.append(model.generate(ids, attention_mask=mask, past_key_values=cache,
+                                               **gen_kwargs(NEW_TOKENS)))
+                assert cache.graph_steps == (NEW_TOKENS - 1 if graphs else 0)
+                assert cache.seq_lens.tolist() == [n + NEW_TOKENS - 1 for n in PROMPT_LENS]
+                c.audit()
+            assert "forward" not in model.__dict__  # the model's own forward again
+        eager, graph = outs
+        assert graph.sequences.tolist() == eager.sequences.tolist()
+        assert all(torch.equal(a, b) for a, b in zip(eager.logits, graph.logits))
+        st = c.stats()
+        assert st.num_seqs == 0 and st.used_pages == 0
+        c.audit()
+    print("\n%s %s page %d: %d decode steps from CUDA graphs, tokens and logits identical to "
+          "the eager steps" % (dtype, layout, page_size, NEW_TOKENS - 1))
 
 
 # ---- cross-process prefix reuse (processes: this file with --worker) ----------------------

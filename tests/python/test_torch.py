@@ -410,6 +410,22 @@ def test_fused_append_states_takes_model_layout(layout):
     torch.cuda.synchronize(dev)
     assert torch.equal(cache_bytes(out), cache_bytes(ref))
     assert torch.count_nonzero(cache_bytes(out)) == 2 * B * T * FUSED_HEADS * FUSED_DIM
+    # a decode step (T == 1) of [B, H, 1, D] contiguous states: stride(2) says nothing there,
+    # the tokens lie at stride(0)
+    tab = make_table([5, 16, 40], [1] * B, ps, num_pages, gen)
+    td = {k: torch.from_numpy(v).to(dev) for k, v in tab.items()}
+    kd = rows(B, dtype, dev).view(B, FUSED_HEADS, 1, FUSED_DIM).contiguous()
+    vd = (-kd).contiguous()
+    ref = make_cache(num_pages, ps, layout, dtype, dev, True)
+    out = make_cache(num_pages, ps, layout, dtype, dev, True)
+    kvp_torch.append_paged_kv_cache_fused(kd[:, :, 0], vd[:, :, 0], td["append_indptr"], ref,
+                                          td["kv_indices"], td["kv_indptr"],
+                                          td["kv_last_page_len"], kv_layout=layout, check=True)
+    kvp_torch.FusedAppend(out, td["append_indptr"], td["kv_indices"], td["kv_indptr"],
+                          td["kv_last_page_len"], kv_layout=layout).states(kd, vd, *out)
+    torch.cuda.synchronize(dev)
+    assert torch.equal(cache_bytes(out), cache_bytes(ref))
+    assert torch.count_nonzero(cache_bytes(out)) == 2 * B * FUSED_HEADS * FUSED_DIM
 
 
 @needs_gpu

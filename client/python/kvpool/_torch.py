@@ -441,9 +441,10 @@ class FusedAppend:
     def states(self, key_states, value_states, k_cache, v_cache):
         """Appends a model layer's new K/V states, [B, H, T, D] tensors whose B * T tokens are
         all new (a step with no padding), in batch order (token b * T + t), to (k_cache,
-        v_cache) of the prepared geometry. The states' tokens must lie at one stride (B == 1,
-        or stride(0) == T * stride(2): what a [B, T, H, D] projection transposed to [B, H, T,
-        D] is); anything else raises ValueError (gather the rows and call the object)."""
+        v_cache) of the prepared geometry. The states' tokens must lie at one stride (T == 1,
+        B == 1, or stride(0) == T * stride(2): what a [B, T, H, D] projection transposed to
+        [B, H, T, D] is); anything else raises ValueError (gather the rows and call the
+        object)."""
         key, value = key_states, value_states
         if key.dim() != 4 or key.shape != value.shape:
             raise ValueError("states must both be [B, H, T, D], got %s and %s"
@@ -459,7 +460,16 @@ class FusedAppend:
                              % (tuple(key.shape), key.dtype, key.device, self._nnz, self._row,
                                 self._dtype, self._dev))
         ks, vs = key.stride(), value.stride()
-        if ks[3] != 1 or vs[3] != 1 or (B > 1 and (ks[0] != T * ks[2] or vs[0] != T * vs[2])):
+        # token b * T + t lies at b * stride(0) + t * stride(2): one stride when T == 1
+        # (stride(0); a size-1 dimension's stride means nothing), B == 1 (stride(2)), or
+        # stride(0) == T * stride(2)
+        if T == 1:
+            kn, vn = ks[0], vs[0]
+        elif B == 1 or (ks[0] == T * ks[2] and vs[0] == T * vs[2]):
+            kn, vn = ks[2], vs[2]
+        else:
+            kn = None
+        if ks[3] != 1 or vs[3] != 1 or kn is None:
             raise ValueError("states with strides %s / %s: their tokens are not at one stride"
                              % (ks, vs))
         kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
@@ -476,8 +486,8 @@ class FusedAppend:
             return
         src = self._src
         src.key, src.value = key.data_ptr(), value.data_ptr()
-        src.k_stride_n, src.k_stride_h = ks[2], ks[1]
-        src.v_stride_n, src.v_stride_h = vs[2], vs[1]
+        src.k_stride_n, src.k_stride_h = kn, ks[1]
+        src.v_stride_n, src.v_stride_h = vn, vs[1]
         self._launch(nnz)
 
 

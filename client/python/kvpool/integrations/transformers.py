@@ -68,6 +68,7 @@ Not supported (raise): beam search / reorder_cache, batch_select / repeat, crop 
 a pool dtype other than the model's, and any attention implementation but "kvpool" with this
 cache.
 """
+import functools
 import inspect
 import os
 import threading
@@ -206,10 +207,14 @@ class KvpoolCache(Cache):
     name and revision). attention: "auto" (FlashInfer when usable, else gather + SDPA),
     "flashinfer" (whenever flashinfer imports; raise if it does not), "sdpa" (always the
     fallback). flashinfer_backend: the prefill wrapper's backend ("auto": FlashInfer picks,
-    FA3 on sm_90 for fp16/bf16; "fa2"; $KVPOOL_FLASHINFER_BACKEND overrides the default)."""
+    FA3 on sm_90 for fp16/bf16; "fa2"; $KVPOOL_FLASHINFER_BACKEND overrides the default).
+    cuda_graphs: run decode steps (every row adds one token, no padding) from a CUDA graph
+    captured once per batch size (_DecodeGraph): the step's Reserve, page-table copy and
+    FlashInfer plan stay on the host, the whole forward (every layer's append and attention)
+    is one replay. Needs the cuda backend and FlashInfer; opt-in (False by default)."""
 
     def __init__(self, model, client, *, seq_ids=None, keep=False, key_tokens=True, salt=None,
-                 attention="auto", flashinfer_backend=None):
+                 attention="auto", flashinfer_backend=None, cuda_graphs=False):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
             else model.config
         info = client.pool_info
@@ -277,9 +282,25 @@ class KvpoolCache(Cache):
         # "reserve" the step's Reserve + copy-on-write + page-table upload, "append" the layers'
         # append launches, "attention_plan" FlashInfer's plan (once a step)
         self.host_seconds = dict(reserve=0.0, append=0.0, attention_plan=0.0)
+        # dense steps whose states the fused append could not take as they are (gathered)
+        self.append_fallbacks = 0
         self._model = model
         super().__init__(layers=[_Layer(self, i) for i in range(self.num_layers)])
         self._hook = model.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        self.cuda_graphs = bool(cuda_graphs)
+        self._graphs = {}  # batch size -> _DecodeGraph
+        self._fi_scaling = None  # (scaling, softcap) the model's layers attend with
+        self.graph_steps = 0  # decode steps run from a graph
+        self._orig_forward = None
+        if self.cuda_graphs:
+            if not (self.cuda and self.use_flashinfer):
+                raise ValueError("cuda_graphs=True needs the cuda backend and FlashInfer")
+            self._orig_forward = model.forward
+
+            def forward(*args, **kwargs):  # generate() reads the model's signature: wraps
+                return self._forward(*args, **kwargs)
+
+            model.forward = functools.wraps(self._orig_forward)(forward)
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -320,13 +341,17 @@ class KvpoolCache(Cache):
             self._seq_ids = None if self._auto_ids else self._seq_ids
 
     def close(self):
-        """finish(), then removes the forward pre-hook from the model."""
+        """finish(), then removes the forward pre-hook (and the graph wrapper) from the model."""
         try:
             self.finish()
         finally:
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
+            if self._orig_forward is not None:
+                self._model.__dict__.pop("forward", None)  # the class's forward again
+                self._orig_forward = None
+            self._graphs.clear()
 
     # ---- transformers' Cache interface --------------------------------------------------------
 
@@ -367,7 +392,7 @@ class KvpoolCache(Cache):
                     self.host_seconds["append"] += time.perf_counter() - t0
                     return key_states, value_states
                 except ValueError:  # strides it cannot take: the rows gathered below
-                    pass
+                    self.append_fallbacks += 1
             k, v = _rows_of(s, key_states), _rows_of(s, value_states)  # [nnz, Hkv, D]
             if s.append is not None:
                 s.append(k, v, cache)
@@ -393,6 +418,45 @@ class KvpoolCache(Cache):
         elif self._lens.size != B:
             raise ValueError("the batch has %d rows, the cache %d" % (B, self._lens.size))
         return self._seq_ids
+
+    def _forward(self, *args, **kwargs):
+        """model.forward under cuda_graphs: a decode step from its batch size's graph, anything
+        else the model's own forward (the pre-hook has run the step's Reserve either way)."""
+        s = self._step
+        ids, pos = kwargs.get("input_ids"), kwargs.get("position_ids")
+        if args or s is None or kwargs.get("past_key_values") is not self or ids is None or \
+                pos is None or not s.dense or s.T != 1 or self._fi_scaling is None or \
+                any(v for k, v in kwargs.items() if k not in _GRAPH_KWARGS and v is not None
+                    and v is not False):
+            return self._orig_forward(*args, **kwargs)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        B = int(ids.shape[0])
+        g = self._graphs.get(B)
+        if g is None:
+            g = self._graphs[B] = _DecodeGraph(self, B)
+        t0 = time.perf_counter()
+        g.load(self, s, self.num_q_heads)
+        self.host_seconds["attention_plan"] += time.perf_counter() - t0
+        g.ids.copy_(ids)
+        g.pos.copy_(pos)
+        kw = dict(input_ids=g.ids, position_ids=g.pos, past_key_values=self, use_cache=True)
+        if g.graph is None:
+            dev = self.device
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):  # once for real: kernels chosen, workspaces made
+                s.append = g.fused(self, side)
+                self._orig_forward(**kw)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                s.append = g.fused(self, torch.cuda.current_stream(dev))
+                out = self._orig_forward(**kw)
+            g.graph, g.logits = graph, out.logits
+        g.graph.replay()
+        self.graph_steps += 1
+        return CausalLMOutputWithPast(logits=g.logits.clone(), past_key_values=self)
 
     def _pre_hook(self, module, args, kwargs):
         if kwargs.get("past_key_values") is not self:
@@ -580,9 +644,12 @@ class KvpoolCache(Cache):
         if not s.rb.numel():
             return torch.zeros(B, T, Hq, D, dtype=query.dtype, device=query.device)
         if s.plan != (scaling, softcap):
+            if self.cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("kvpool attention: a plan inside a CUDA graph capture")
             t0 = time.perf_counter()
             self._fi_plan(s, Hq, scaling, softcap)
             self.host_seconds["attention_plan"] += time.perf_counter() - t0
+            self._fi_scaling = (scaling, softcap)
         out = None if s.dense else torch.zeros(B, T, Hq, D, dtype=query.dtype,
                                                 device=query.device)
         q = _rows_of(s, query).contiguous()  # [nnz, Hq, D]
@@ -591,6 +658,72 @@ class KvpoolCache(Cache):
             return o.view(B, T, Hq, D)
         out[s.rb, s.rt] = o.to(query.dtype)
         return out
+
+
+class _DecodeGraph:
+    """KvpoolCache(cuda_graphs=True)'s decode step of batch B in a CUDA graph.
+
+    Static device buffers: the step's page table ([append_indptr | kv_indptr |
+    kv_last_page_len | kv_indices], capacity: the pool's pages) for the fused appends, the input
+    ids and positions, and FlashInfer's decode wrapper in its CUDA-graph mode over buffers of
+    its own. Each step copies the Reserve's table in (one copy from a pinned buffer), plans
+    FlashInfer (host), copies the step's ids and positions, and replays; the graph's logits are
+    copied out (the next replay overwrites them). The first step of a batch size runs the
+    forward once on a side stream (kernels chosen, workspaces made; it writes the same K/V the
+    replay writes), captures it, then replays it."""
+
+    def __init__(self, cache, B):
+        dev, cap = cache.device, int(cache.info.num_pages)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.B, self.cap = B, cap
+        self.buf = torch.zeros(3 * B + 2 + cap, **i32)
+        self.host = torch.zeros(3 * B + 2 + cap, dtype=torch.int32).pin_memory()
+        self.aip, self.indptr = self.buf[: B + 1], self.buf[B + 1: 2 * B + 2]
+        self.last, self.indices = self.buf[2 * B + 2: 3 * B + 2], self.buf[3 * B + 2:]
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        fi = _flashinfer()
+        if cache._fi_workspace is None:
+            cache._fi_workspace = torch.zeros(_FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8,
+                                              device=dev)
+        self.wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+            cache._fi_workspace, cache.layout, use_cuda_graph=True,
+            paged_kv_indptr_buffer=torch.zeros(B + 1, **i32),
+            paged_kv_indices_buffer=torch.zeros(cap, **i32),
+            paged_kv_last_page_len_buffer=torch.zeros(B, **i32))
+        self.graph = None
+        self.logits = None
+
+    def load(self, cache, s, Hq):
+        """The step's table into the static buffers, FlashInfer planned on it (host)."""
+        t = s.table
+        B, n = self.B, int(t.kv_indices.size)
+        if n > self.cap:
+            raise RuntimeError("a page table of %d pages, the graph holds %d" % (n, self.cap))
+        h = self.host.numpy()
+        h[: B + 1] = t.append_indptr
+        h[B + 1: 2 * B + 2] = t.kv_indptr
+        h[2 * B + 2: 3 * B + 2] = t.kv_last_page_len
+        h[3 * B + 2: 3 * B + 2 + n] = t.kv_indices
+        used = 3 * B + 2 + n
+        self.buf[:used].copy_(self.host[:used], non_blocking=True)
+        scaling, softcap = cache._fi_scaling
+        self.wrapper.plan(torch.from_numpy(np.asarray(t.kv_indptr, np.int32)), self.indices[:n],
+                          torch.from_numpy(np.asarray(t.kv_last_page_len, np.int32)), Hq,
+                          cache.num_kv_heads, cache.head_dim, cache.page_size,
+                          pos_encoding_mode="NONE", sm_scale=scaling,
+                          logits_soft_cap=float(softcap) if softcap else None,
+                          q_data_type=cache.dtype, kv_data_type=cache.dtype)
+        s.wrapper, s.plan = self.wrapper, (scaling, softcap)
+
+    def fused(self, cache, stream):
+        return _torch.FusedAppend((cache._k[0], cache._v[0]), self.aip, self.indices,
+                                  self.indptr, self.last, kv_layout=cache.layout, stream=stream)
+
+
+# forward() keywords a graph step takes (anything else truthy: the step runs eagerly)
+_GRAPH_KWARGS = frozenset(("input_ids", "position_ids", "attention_mask", "past_key_values",
+                           "use_cache", "cache_position", "logits_to_keep", "return_dict"))
 
 
 def kvpool_attention_forward(module, query, key, value, attention_mask, scaling=None,
