@@ -594,6 +594,16 @@ char *kvp_client_default_socket(char *buf, size_t len)
     return buf;
 }
 
+const char *kvp_client_version(void)
+{
+    return KVP_VERSION_STRING;
+}
+
+unsigned kvp_client_abi_version(void)
+{
+    return KVP_ABI_VERSION;
+}
+
 size_t kvp_client_sizeof(const char *type_name)
 {
 #define T(t)                                                                                       \

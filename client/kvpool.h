@@ -14,6 +14,11 @@
  *
  * Page tables come back in caller-owned int32 arrays laid out exactly as FlashInfer's plan()
  * and append_paged_kv_cache take them.
+ *
+ * Installed (`cmake --install`) as <prefix>/include/kvpool.h beside the headers it includes and
+ * kvpool_version.h, with no kvpool/ folder (libuv's habit: #include <kvpool.h>); link
+ * libkvpool.so through `pkg-config --cflags --libs kvpool` or CMake's find_package(kvpool) and
+ * kvpool::kvpool (kvpool::kvpool_static for the self-contained libkvpool.a).
  */
 #ifndef KVPOOL_H
 #define KVPOOL_H
@@ -25,6 +30,7 @@
 #include "kvp_kernels.h" /* kvp_paged_kv_t, kvp_append_src_t (kvp_client_cuda_append_fused) */
 #include "kvp_layout.h"
 #include "kvp_pool_info.h"
+#include "kvpool_version.h" /* KVP_VERSION_*, KVP_ABI_VERSION */
 
 #ifdef __cplusplus
 extern "C" {
@@ -151,6 +157,16 @@ typedef struct {
  * 0 for any other name: bindings that mirror the structs (the Python package's ctypes) check
  * their copies against it. */
 size_t kvp_client_sizeof(const char *type_name);
+
+/* The version of the libkvpool that is running: KVP_VERSION_STRING of the library's own build
+ * ("1.2.3"), static storage, any thread. A program compares it with the KVP_VERSION_STRING it
+ * was compiled with to tell a newer or older library loaded at run time. */
+const char *kvp_client_version(void);
+
+/* The running library's ABI number, KVP_ABI_VERSION of its build (its SONAME major:
+ * libkvpool.so.0 answers 0). A binding that mirrors the structs (ctypes) refuses a library whose
+ * number differs from the one it was written for, then checks kvp_client_sizeof. Any thread. */
+unsigned kvp_client_abi_version(void);
 
 /* Default socket: $KVPOOL_SOCKET; else /run/kvpool/kvpool.sock for root, else
  * $XDG_RUNTIME_DIR/kvpool/kvpool.sock (or /tmp/kvpool-<uid>/kvpool.sock without it).

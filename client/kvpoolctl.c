@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoolctl.c - the operator CLI of kvpoold: status, stats, pool, seqs, clients, audit,
- * metrics, health, top (kvpoolctl_top.c), cache. It is a plain libkvpool client (an observer:
- * attached to no namespace unless --namespace names one, pool not mapped) that reads through
- * kvp_client_call_raw and prints aligned tables for people or one JSON object (--json) for scripts.
- * It changes nothing in the daemon but for `cache flush`, a mutating call observers may not make:
- * that one joins a namespace (--namespace, default "kvpoolctl", which only operators may
- * attach). Exit codes: 0 ok, 1 the daemon answered with an error, 2 usage error, 3 daemon
- * unreachable or timed out; `health` answers only 0 or 1, as container and service health checks
- * expect.
+ * metrics, health, top (kvpoolctl_top.c), cache, help. It is a plain libkvpool client (an
+ * observer: attached to no namespace unless --join names one, pool not mapped) that reads through
+ * kvp_client_call_raw and prints aligned tables for people (-o table, -o wide with more columns,
+ * --no-headers for scripts) or one JSON object (-o json, --json). As in kubectl, -n NS is the
+ * namespace a command acts on or filters by, in every command that has one. It changes nothing
+ * in the daemon but for `cache flush`, a mutating call observers may not make: that one joins a
+ * namespace (-n, default "kvpoolctl", which only operators may attach). The command and option
+ * tables below also drive `help CMD`, `CMD --help` and the hidden `__complete` that the bash
+ * completion (deploy/completion/kvpoolctl.bash) asks, so the three cannot drift apart. Exit
+ * codes: 0 ok, 1 the daemon answered with an error, 2 usage error, 3 daemon unreachable or timed
+ * out; `health` answers only 0 or 1, as container and service health checks expect.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -26,10 +29,6 @@
 #include "kvp_wire.h"
 #include "kvpool.h"
 #include "kvpoolctl_top.h"
-
-#ifndef KVP_VERSION
-#define KVP_VERSION "unknown"
-#endif
 
 enum {
     EXIT_OK = 0,
@@ -49,10 +48,15 @@ enum {
 typedef struct {
     const char *socket_path;
     char socket_buf[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    const char *ns;
+    const char *ns;   /* -n: the namespace the command acts on or filters by; NULL = all */
+    const char *join; /* the namespace the session joins (--join; cache flush: -n); NULL =
+                         an observer */
     uint32_t timeout_ms;
-    int json;
-    const char *list_ns;     /* seqs: one namespace, NULL = every namespace */
+    int timeout_set;
+    int json;                /* -o json, --json */
+    int wide;                /* -o wide */
+    int output_set;          /* -o, --json or --no-headers given */
+    int no_headers;          /* --no-headers: tables without their title row */
     uint32_t limit;          /* seqs: most rows, 0 = all */
     uint32_t interval_ms;    /* top: between refreshes; cache: between its two reads */
     int interval_set;        /* --interval / --watch given */
@@ -76,54 +80,196 @@ typedef struct {
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/* ---- commands, options and their help ------------------------------------------------------
+ * One table of commands and one of options drive the help (`kvpoolctl --help`, `help CMD`,
+ * `CMD --help`), getopt's long options and the hidden `__complete` the bash completion asks.
+ * An option's mask says which commands take it; one taken before the command (global) is
+ * checked against the command once it is known. */
+
+enum {
+    C_STATUS,
+    C_STATS,
+    C_POOL,
+    C_SEQS,
+    C_CLIENTS,
+    C_TRANSFERS,
+    C_AUDIT,
+    C_METRICS,
+    C_HEALTH,
+    C_TOP,
+    C_CACHE,
+    C_HELP,
+    NUM_CMDS
+};
+
+#define M(c)  (1u << (c))
+#define M_ALL ((1u << NUM_CMDS) - 1)
+/* -n: the commands that act on or filter by a namespace */
+#define M_NS (M(C_STATS) | M(C_SEQS) | M(C_CLIENTS) | M(C_TRANSFERS) | M(C_TOP) | M(C_CACHE))
+/* -o, --json, --no-headers: every command that prints a table or a record */
+#define M_OUT    (M_ALL & ~(M(C_TOP) | M(C_HELP)))
+#define M_DAEMON (M_ALL & ~M(C_HELP))
+
+static const struct {
+    const char *name;
+    const char *doc; /* its lines of the command list */
+} cmd_doc[NUM_CMDS] = {
+    [C_STATUS] = {"status",
+                  "  status                 daemon, backend, geometry, usage and round-trip time\n"
+                  "                         (wide: every device, also the only one)\n"},
+    [C_STATS] = {"stats",
+                 "  stats [-n NS]          pool and per-namespace statistics (-n: namespace NS\n"
+                 "                         only; wide: dedup columns, the cache's scopes)\n"},
+    [C_POOL] = {"pool", "  pool                   pool description (geometry, strides, sizes)\n"},
+    [C_SEQS] = {"seqs",
+                "  seqs [-n NS] [--limit N]\n"
+                "                         sequences of namespace NS (default: every namespace;\n"
+                "                         wide: IDLE_MS)\n"},
+    [C_CLIENTS] = {"clients",
+                   "  clients [-n NS]        connected sessions (-n: those attached to NS; wide:\n"
+                   "                         CONNECTED_MS)\n"},
+    [C_TRANSFERS] =
+        {"transfers",
+         "  transfers [-n NS]      KV transfers between daemons: in flight, then recent\n"
+         "                         (-n: those of NS; wide: NUM_SEQS, ELAPSED_MS)\n"},
+    [C_AUDIT] = {"audit", "  audit                  run the daemon's invariant audit\n"},
+    [C_METRICS] = {"metrics", "  metrics                Prometheus metrics text\n"},
+    [C_HEALTH] =
+        {"health",
+         "  health                 exit 0 when the daemon answers and its audit is clean\n"},
+    [C_TOP] =
+        {"top",
+         "  top [--interval SEC] [--count N] [-n NS]\n"
+         "                         live view: usage per device, rates, latency percentiles,\n"
+         "                         top namespaces (-n: NS only; 'q' or Ctrl-C quits); one\n"
+         "                         key=value line per refresh when stdout is not a terminal\n"},
+    [C_CACHE] =
+        {"cache",
+         "  cache [--interval SEC | -w, --watch SEC]\n"
+         "                         prefix cache: cached, pinned and indexed pages, pins,\n"
+         "                         hit rate (over SEC seconds between two reads; without\n"
+         "                         it since start), evictions by reason, one row per scope\n"
+         "                         (-n: the row of NS's private scope ns:NS, or of the\n"
+         "                         --cache-scope named; wide: the scopes' lifetime totals)\n"
+         "  cache flush [--scope S | --all]\n"
+         "                         drop every cached page nobody holds (pinned and held\n"
+         "                         pages stay) in scope S, in every scope (--all), or, with\n"
+         "                         neither, in the scope of namespace NS of -n; prints the\n"
+         "                         pages dropped. A mutating call: it joins namespace NS of\n"
+         "                         -n (default \"kvpoolctl\", which only root and the\n"
+         "                         daemon's uid may join; others name their own with -n,\n"
+         "                         and --cache-scope when it shares a scope); --scope and\n"
+         "                         --all are for those operators\n"},
+    [C_HELP] = {"help",
+                "  help [CMD]             the command list, or the usage of command CMD (the\n"
+                "                         same as kvpoolctl CMD --help)\n"},
+};
+
+enum {
+    OPT_JSON = 256,
+    OPT_VERSION,
+    OPT_LIMIT,
+    OPT_INTERVAL,
+    OPT_COUNT,
+    OPT_SCOPE,
+    OPT_ALL,
+    OPT_CACHE_SCOPE,
+    OPT_NO_HEADERS,
+    OPT_JOIN,
+};
+
+static const struct {
+    const char *name; /* the long option */
+    int has_arg;
+    int val;         /* the short letter, or OPT_* */
+    int global;      /* also taken before the command */
+    unsigned cmds;   /* the commands that take it */
+    const char *doc; /* its lines of the help */
+} opt_doc[] = {
+    {"socket", required_argument, 's', 1, M_ALL,
+     "  -s, --socket PATH      daemon socket (default: $KVPOOL_SOCKET, else the\n"
+     "                         standard path)\n"},
+    {"timeout", required_argument, 't', 1, M_ALL,
+     "  -t, --timeout MS       per-call timeout in milliseconds (default 10000)\n"},
+    {"namespace", required_argument, 'n', 1, M_NS,
+     "  -n, --namespace NS     the namespace the command acts on or filters by (stats,\n"
+     "                         seqs, clients, transfers, top: its rows only; cache: its\n"
+     "                         private scope's row; cache flush: joins NS, flushes its\n"
+     "                         scope); daemon-wide commands refuse it\n"},
+    {"output", required_argument, 'o', 1, M_OUT,
+     "  -o, --output FORMAT    json (the same as --json), table (the default) or wide\n"
+     "                         (the table with the command's extra columns)\n"},
+    {"json", no_argument, OPT_JSON, 1, M_OUT,
+     "      --json             print one JSON object instead of tables (-o json)\n"},
+    {"no-headers", no_argument, OPT_NO_HEADERS, 1, M_OUT,
+     "      --no-headers       tables without their title row (for scripts)\n"},
+    {"join", required_argument, OPT_JOIN, 1, M_DAEMON,
+     "      --join NS          join namespace NS instead of reading as an observer (a\n"
+     "                         Hello that creates NS when absent, its lease unchanged)\n"},
+    {"cache-scope", required_argument, OPT_CACHE_SCOPE, 1, M_DAEMON,
+     "      --cache-scope NAME the cache scope the joined namespace names in Hello (with\n"
+     "                         --join, or cache flush -n NS; default its private scope)\n"},
+    {"limit", required_argument, OPT_LIMIT, 0, M(C_SEQS),
+     "      --limit N          seqs: at most N rows\n"},
+    {"interval", required_argument, OPT_INTERVAL, 0, M(C_TOP) | M(C_CACHE),
+     "      --interval SEC     top: between refreshes (default 2); cache: between its\n"
+     "                         two reads\n"},
+    {"watch", required_argument, 'w', 0, M(C_CACHE),
+     "  -w, --watch SEC        cache: the same as --interval\n"},
+    {"count", required_argument, OPT_COUNT, 0, M(C_TOP),
+     "      --count N          top: refreshes before it exits (default: until 'q')\n"},
+    {"scope", required_argument, OPT_SCOPE, 0, M(C_CACHE),
+     "      --scope S          cache flush: the scope to flush\n"},
+    {"all", no_argument, OPT_ALL, 0, M(C_CACHE),
+     "      --all              cache flush: every scope\n"},
+    {"help", no_argument, 'h', 1, M_ALL,
+     "  -h, --help             this help (after a command: that command's usage)\n"},
+    {"version", no_argument, OPT_VERSION, 1, M_ALL, "      --version          print the version\n"},
+};
+#define NUM_OPTS (sizeof(opt_doc) / sizeof(opt_doc[0]))
+
+/* The values of -o, in the order the completion offers them. */
+static const char *const output_formats[] = {"json", "wide", "table"};
+
+static const char usage_exit[] =
+    "exit status: 0 ok, 1 the daemon answered with an error, 2 usage error,\n"
+    "3 daemon unreachable or timed out (health: 0 healthy, 1 anything else)\n";
+
+/* Index of command name, or -1. */
+static int cmd_index(const char *name)
+{
+    for (int i = 0; i < NUM_CMDS; i++)
+        if (strcmp(name, cmd_doc[i].name) == 0)
+            return i;
+    return -1;
+}
+
+/* The whole help: every command, every option. */
 static void usage(FILE *f)
 {
-    fputs("usage: kvpoolctl [options] <command> [command options]\n"
-          "\n"
-          "commands:\n"
-          "  status                 daemon, backend, geometry, usage and round-trip time\n"
-          "  stats                  pool and per-namespace statistics\n"
-          "  pool                   pool description (geometry, strides, sizes)\n"
-          "  seqs [-n NS] [--limit N]\n"
-          "                         sequences of namespace NS (default: every namespace)\n"
-          "  clients                connected sessions\n"
-          "  transfers              KV transfers between daemons: in flight, then recent\n"
-          "  audit                  run the daemon's invariant audit\n"
-          "  metrics                Prometheus metrics text\n"
-          "  health                 exit 0 when the daemon answers and its audit is clean\n"
-          "  top [--interval SEC] [--count N]\n"
-          "                         live view: usage per device, rates, latency percentiles,\n"
-          "                         top namespaces ('q' or Ctrl-C quits); one key=value line\n"
-          "                         per refresh when stdout is not a terminal\n"
-          "  cache [--interval SEC | -w, --watch SEC]\n"
-          "                         prefix cache: cached, pinned and indexed pages, pins,\n"
-          "                         hit rate (over SEC seconds between two reads; without\n"
-          "                         it since start), evictions by reason, one row per scope\n"
-          "  cache flush [--scope S | --all]\n"
-          "                         drop every cached page nobody holds (pinned and held\n"
-          "                         pages stay) in scope S, in every scope (--all), or, with\n"
-          "                         neither, in the scope of the namespace joined with -n;\n"
-          "                         prints the pages dropped. A mutating call: it joins\n"
-          "                         namespace NS of -n (default \"kvpoolctl\", which only\n"
-          "                         root and the daemon's uid may join; others name their\n"
-          "                         own with -n, and --cache-scope when it shares a scope);\n"
-          "                         --scope and --all are for those operators\n"
-          "\n"
-          "options:\n"
-          "  -s, --socket PATH      daemon socket (default: $KVPOOL_SOCKET, else the\n"
-          "                         standard path)\n"
-          "  -n, --namespace NS     join namespace NS (default: none, an observer session;\n"
-          "                         seqs: the namespace to list)\n"
-          "      --cache-scope NAME the cache scope the joined namespace names in Hello\n"
-          "                         (with -n, or cache flush; default its private scope)\n"
-          "  -t, --timeout MS       per-call timeout in milliseconds (default 10000)\n"
-          "      --json             print one JSON object instead of tables\n"
-          "  -h, --help             this help\n"
-          "      --version          print the version\n"
-          "\n"
-          "exit status: 0 ok, 1 the daemon answered with an error, 2 usage error,\n"
-          "3 daemon unreachable or timed out (health: 0 healthy, 1 anything else)\n",
+    fputs("usage: kvpoolctl [options] <command> [command options]\n\ncommands:\n", f);
+    for (int i = 0; i < NUM_CMDS; i++)
+        fputs(cmd_doc[i].doc, f);
+    fputs("\noptions (those marked with a command name go after the command; the others\n"
+          "also before it):\n",
           f);
+    for (size_t i = 0; i < NUM_OPTS; i++)
+        fputs(opt_doc[i].doc, f);
+    fputc('\n', f);
+    fputs(usage_exit, f);
+}
+
+/* One command's help: its lines of the command list and the options it takes. */
+static void cmd_usage(FILE *f, int ci)
+{
+    fprintf(f, "usage: kvpoolctl [options] %s [command options]\n\n", cmd_doc[ci].name);
+    fputs(cmd_doc[ci].doc, f);
+    fputs("\noptions:\n", f);
+    for (size_t i = 0; i < NUM_OPTS; i++)
+        if (opt_doc[i].cmds & M(ci))
+            fputs(opt_doc[i].doc, f);
+    fputc('\n', f);
+    fputs(usage_exit, f);
 }
 
 static void die_usage(const char *fmt, ...)
@@ -366,7 +512,8 @@ static void table_add(table_t *t, char *const *cells)
     t->rows++;
 }
 
-static void table_print(const table_t *t, FILE *f)
+/* The table on f, its title row first unless no_headers. */
+static void table_print(const table_t *t, FILE *f, int no_headers)
 {
     size_t width[32] = {0};
     for (unsigned i = 0; i < t->ncols; i++)
@@ -377,7 +524,7 @@ static void table_print(const table_t *t, FILE *f)
             if (n > width[i])
                 width[i] = n;
         }
-    for (size_t r = 0; r <= t->rows; r++) {
+    for (size_t r = no_headers ? 1 : 0; r <= t->rows; r++) {
         for (unsigned i = 0; i < t->ncols; i++) {
             const char *cell = r == 0 ? t->header[i] : t->cells[(r - 1) * t->ncols + i];
             int w = (int)width[i];
@@ -406,7 +553,8 @@ static void table_free(table_t *t)
  * A list record (a namespace of stats, a sequence, a client, a transfer) is described once, as
  * an array of columns: the table's title, the JSON key, how the table shows the value and
  * where the value comes from (a field of the record, its type taken from the field itself, or
- * a function for what is not one field). The table shows the columns that have a title, the
+ * a function for what is not one field). The table shows the columns that have a title (those
+ * marked wide with -o wide only: they come last, table-only, so the JSON stays as it was), the
  * JSON the ones that have a key, each in array order; adding a field is one row. */
 
 typedef enum { COL_U32, COL_U64, COL_I32, COL_STR, COL_BOOL, COL_F64 } col_type_t;
@@ -442,6 +590,7 @@ typedef struct {
     /* computed columns; ctx is the command's (e.g. the own session id) */
     void (*get)(const void *rec, const void *ctx, col_val_t *v);
     void (*cell)(const void *rec, const void *ctx, char *buf, size_t len); /* SHOW_CUSTOM */
+    int wide; /* the table shows it with -o wide only */
 } col_t;
 
 /* .offset and .type of field m of record type T; a field of another type does not compile. */
@@ -572,15 +721,17 @@ static void json_records(json_t *j, const char *key, const record_t *r, const vo
     j_close(j, ']');
 }
 
-/* n records as an aligned table on f, the title row first. */
-static void table_records(FILE *f, const record_t *r, const void *recs, size_t n, const void *ctx)
+/* n records as an aligned table on f, the title row first unless o->no_headers; the wide
+ * columns with o->wide only. */
+static void table_records(FILE *f, const opts_t *o, const record_t *r, const void *recs, size_t n,
+                          const void *ctx)
 {
     const char *hdr[MAX_COLS];
     char align[MAX_COLS + 1];
     const col_t *cols[MAX_COLS];
     unsigned nc = 0;
     for (size_t i = 0; i < r->ncols; i++)
-        if (r->cols[i].header) {
+        if (r->cols[i].header && (!r->cols[i].wide || o->wide)) {
             if (nc == MAX_COLS) {
                 fputs("kvpoolctl: too many columns\n", stderr); /* our bug */
                 abort();
@@ -601,7 +752,7 @@ static void table_records(FILE *f, const record_t *r, const void *recs, size_t n
         }
         table_add(&t, cells);
     }
-    table_print(&t, f);
+    table_print(&t, f, o->no_headers);
     table_free(&t);
 }
 
@@ -629,8 +780,8 @@ static int ctl_connect(ctl_t *x, char *err, size_t err_len)
 {
     kvp_client_opts_t co = {
         .socket_path = x->o->socket_path,
-        .ns = x->o->ns,
-        .observer = x->o->ns == NULL, /* reads without owning a namespace (kvpool.proto) */
+        .ns = x->o->join,
+        .observer = x->o->join == NULL, /* reads without owning a namespace (kvpool.proto) */
         .cache_scope = x->o->cache_scope,
         .client_name = "kvpoolctl",
         .lease_ms = KVP_LEASE_DEFAULT, /* never change the lease of the namespace it joins */
@@ -783,8 +934,8 @@ static int cmd_status(ctl_t *x)
         printf("usage        %u/%u pages used (%.1f%%), %u free, %u shared\n", s->used_pages,
                s->num_pages, s->num_pages ? 100.0 * s->used_pages / s->num_pages : 0.0,
                s->free_pages, s->shared_pages);
-        for (uint32_t g = 0; p->num_devices > 1 && g < p->num_devices && g < KVP_CLIENT_MAX_DEVICES;
-             g++) {
+        const int each_device = p->num_devices > 1 || x->o->wide;
+        for (uint32_t g = 0; each_device && g < p->num_devices && g < KVP_CLIENT_MAX_DEVICES; g++) {
             char c[16] = "";
             if (p->backend == 1)
                 snprintf(c, sizeof(c), " (cuda %d)", p->device_ids[g]);
@@ -834,6 +985,8 @@ static const col_t scope_cols[] = {
     {"QUERY", "query_tokens", 'r', SHOW_PLAIN, FIELD(scope_row_t, query)},
     {"HIT", "hit_tokens", 'r', SHOW_PLAIN, FIELD(scope_row_t, hit)},
     {"HIT%", "hit_rate", 'r', SHOW_PERCENT, .type = COL_F64, .get = scope_hit_rate},
+    {"QUERY_TOTAL", NULL, 'r', SHOW_PLAIN, FIELD(scope_row_t, s.query_tokens), .wide = 1},
+    {"HIT_TOTAL", NULL, 'r', SHOW_PLAIN, FIELD(scope_row_t, s.hit_tokens), .wide = 1},
 };
 static const record_t scope_record = RECORD(scope_cols, scope_row_t);
 
@@ -930,7 +1083,7 @@ static int cmd_cache_flush(ctl_t *x)
         j_u64(&j, "pages", pages);
         j_str(&j, "scope", x->o->flush_scope ? x->o->flush_scope : "");
         j_bool(&j, "all", x->o->flush_all);
-        j_str(&j, "namespace", x->o->ns);
+        j_str(&j, "namespace", x->o->join);
         j_close(&j, '}');
     } else if (x->o->flush_all) {
         printf("flushed %u page%s (every scope)\n", pages, pages == 1 ? "" : "s");
@@ -939,9 +1092,25 @@ static int cmd_cache_flush(ctl_t *x)
                kvp_ctl_safe(x->o->flush_scope, b1, sizeof(b1)));
     } else {
         printf("flushed %u page%s (the scope of namespace %s)\n", pages, pages == 1 ? "" : "s",
-               kvp_ctl_safe(x->o->ns, b1, sizeof(b1)));
+               kvp_ctl_safe(x->o->join, b1, sizeof(b1)));
     }
     return EXIT_OK;
+}
+
+/* cache -n NS: only the scope of NS, its private one ns:NS (or the one --cache-scope names);
+ * an observer cannot learn which shared scope a namespace is in. */
+static void keep_ns_scope(const opts_t *o, kvpool_CacheStats *c)
+{
+    char want[sizeof(c->scopes[0].name) + 8];
+    if (o->cache_scope)
+        snprintf(want, sizeof(want), "%s", o->cache_scope);
+    else
+        snprintf(want, sizeof(want), "ns:%s", o->ns);
+    pb_size_t n = 0;
+    for (pb_size_t i = 0; i < c->scopes_count; i++)
+        if (strcmp(c->scopes[i].name, want) == 0)
+            c->scopes[n++] = c->scopes[i];
+    c->scopes_count = n;
 }
 
 static int cmd_cache(ctl_t *x)
@@ -970,6 +1139,12 @@ static int cmd_cache(ctl_t *x)
         free(first);
         return report(x, rc, "stats");
     }
+    const int all_scopes_listed = s->cache.scopes_count == MAX_SCOPES;
+    if (x->o->ns) {
+        keep_ns_scope(x->o, &s->cache);
+        if (first)
+            keep_ns_scope(x->o, &first->cache);
+    }
     const kvpool_CacheStats *c = &s->cache, *p = first ? &first->cache : NULL;
     if (x->o->json) {
         json_t j = {.f = stdout};
@@ -997,11 +1172,14 @@ static int cmd_cache(ctl_t *x)
         static scope_row_t rows[MAX_SCOPES];
         scope_rows(c, p, rows);
         putchar('\n');
-        table_records(stdout, &scope_record, rows, c->scopes_count, NULL);
+        table_records(stdout, x->o, &scope_record, rows, c->scopes_count, NULL);
     }
     fflush(stdout); /* the notes come after the table */
-    if (c->scopes_count == MAX_SCOPES)
-        fprintf(stderr, "(the daemon lists at most %u scopes)\n", (unsigned)c->scopes_count);
+    if (all_scopes_listed)
+        fprintf(stderr, "(the daemon lists at most %u scopes)\n", (unsigned)MAX_SCOPES);
+    if (x->o->ns && !c->scopes_count)
+        fprintf(stderr, "(no scope %s%s visible here)\n", x->o->cache_scope ? "" : "ns:",
+                kvp_ctl_safe(x->o->cache_scope ? x->o->cache_scope : x->o->ns, b2, sizeof(b2)));
     if (!s->has_cache)
         fprintf(stderr, "(the daemon sent no prefix cache figures)\n");
     free(s);
@@ -1029,6 +1207,9 @@ static const col_t ns_cols[] = {
     {"LEASE", "lease_ms", 'r', SHOW_DURATION, FIELD(kvpool_NamespaceStats, lease_ms)},
     {"EXPIRES_IN", "lease_expires_in_ms", 'r', SHOW_CUSTOM,
      FIELD(kvpool_NamespaceStats, lease_expires_in_ms), .cell = ns_expires_cell},
+    {"DEDUP_BYTES", NULL, 'r', SHOW_PLAIN, FIELD(kvpool_NamespaceStats, dedup_bytes), .wide = 1},
+    {"DEDUP_ENTRIES", NULL, 'r', SHOW_PLAIN, FIELD(kvpool_NamespaceStats, dedup_entries),
+     .wide = 1},
 };
 static const record_t ns_record = RECORD(ns_cols, kvpool_NamespaceStats);
 
@@ -1044,6 +1225,28 @@ static int cmd_stats(ctl_t *x)
     if (rc) {
         free(s);
         return report(x, rc, "stats");
+    }
+    if (x->o->ns) { /* namespace NS only: the one row of it, or no such namespace */
+        pb_size_t k = 0;
+        while (k < s->namespaces_count && strcmp(s->namespaces[k].name, x->o->ns) != 0)
+            k++;
+        if (k == s->namespaces_count) {
+            char b[160];
+            if (s->namespaces_truncated)
+                fprintf(stderr,
+                        "kvpoolctl: stats: namespace '%s' is not among the %u the daemon lists "
+                        "(of %u)\n",
+                        kvp_ctl_safe(x->o->ns, b, sizeof(b)), (unsigned)s->namespaces_count,
+                        (unsigned)ns_total(s));
+            else
+                fprintf(stderr, "kvpoolctl: stats: no namespace '%s'\n",
+                        kvp_ctl_safe(x->o->ns, b, sizeof(b)));
+            free(s);
+            return EXIT_SERVER;
+        }
+        s->namespaces[0] = s->namespaces[k];
+        s->namespaces_count = 1;
+        s->namespaces_truncated = false; /* the answer about NS is complete */
     }
     char b1[64];
     if (x->o->json) {
@@ -1086,9 +1289,19 @@ static int cmd_stats(ctl_t *x)
                c->cached_pages, c->pinned_pages, c->indexed_pages,
                fmt_hit_rate(c->hit_tokens_total, c->query_tokens_total, b2, sizeof(b2)));
     }
+    if (x->o->wide)
+        printf("dedup        %s kept for retries, %llu evicted\n",
+               fmt_bytes(s->dedup_bytes, b1, sizeof(b1)),
+               (unsigned long long)s->dedup_evictions_total);
     if (s->namespaces_count) {
         putchar('\n');
-        table_records(stdout, &ns_record, s->namespaces, s->namespaces_count, NULL);
+        table_records(stdout, x->o, &ns_record, s->namespaces, s->namespaces_count, NULL);
+    }
+    if (x->o->wide && s->has_cache && s->cache.scopes_count) { /* the cache's scopes */
+        static scope_row_t rows[MAX_SCOPES];
+        scope_rows(&s->cache, NULL, rows);
+        putchar('\n');
+        table_records(stdout, x->o, &scope_record, rows, s->cache.scopes_count, NULL);
     }
     if (s->namespaces_truncated) {
         fflush(stdout); /* the note comes after the table */
@@ -1180,6 +1393,7 @@ static const col_t seq_cols[] = {
     {"PAGES", "num_pages", 'r', SHOW_PLAIN, FIELD(seq_row_t, info.num_pages)},
     {"SHARED", "shared_pages", 'r', SHOW_PLAIN, FIELD(seq_row_t, info.shared_pages)},
     {"IDLE", "idle_ms", 'r', SHOW_DURATION, FIELD(seq_row_t, info.idle_ms)},
+    {"IDLE_MS", NULL, 'r', SHOW_PLAIN, FIELD(seq_row_t, info.idle_ms), .wide = 1},
 };
 static const record_t seq_record = RECORD(seq_cols, seq_row_t);
 
@@ -1192,8 +1406,8 @@ static int cmd_seqs(ctl_t *x)
     kvpool_Stats *s = calloc(1, sizeof(*s));
     if (!s)
         return report(x, KVP_ENOMEM, "seqs");
-    if (x->o->list_ns) {
-        snprintf(s->namespaces[0].name, sizeof(s->namespaces[0].name), "%s", x->o->list_ns);
+    if (x->o->ns) {
+        snprintf(s->namespaces[0].name, sizeof(s->namespaces[0].name), "%s", x->o->ns);
         s->namespaces_count = 1;
     } else {
         rc = get_stats(x, s);
@@ -1263,10 +1477,10 @@ static int cmd_seqs(ctl_t *x)
         j_bool(&j, "namespaces_truncated", ns_truncated);
         j_close(&j, '}');
     } else if (nrows == 0) {
-        fprintf(stderr, "no sequences%s%s\n", x->o->list_ns ? " in namespace " : "",
-                x->o->list_ns ? kvp_ctl_safe(x->o->list_ns, b1, sizeof(b1)) : "");
+        fprintf(stderr, "no sequences%s%s\n", x->o->ns ? " in namespace " : "",
+                x->o->ns ? kvp_ctl_safe(x->o->ns, b1, sizeof(b1)) : "");
     } else {
-        table_records(stdout, &seq_record, rows, nrows, NULL);
+        table_records(stdout, x->o, &seq_record, rows, nrows, NULL);
         if (truncated) {
             fflush(stdout); /* the note comes after the table, also on a shared terminal */
             fprintf(stderr, "(stopped at --limit %u)\n", x->o->limit);
@@ -1309,6 +1523,7 @@ static const col_t client_cols[] = {
     {"BUFFERS", "buffers", 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, buffers)},
     {"AGE", NULL, 'r', SHOW_DURATION, FIELD(kvpool_ClientInfo, connected_ms)},
     {NULL, "self", 'l', SHOW_PLAIN, .type = COL_BOOL, .get = client_self},
+    {"CONNECTED_MS", NULL, 'r', SHOW_PLAIN, FIELD(kvpool_ClientInfo, connected_ms), .wide = 1},
 };
 static const record_t client_record = RECORD(client_cols, kvpool_ClientInfo);
 
@@ -1321,7 +1536,14 @@ static int cmd_clients(ctl_t *x)
     rc = ctl_call(x, kvpool_Response_list_clients_tag, NULL);
     if (rc)
         return report(x, rc, "list clients");
-    const kvpool_ListClientsResponse *l = &x->resp->body.list_clients;
+    kvpool_ListClientsResponse *l = &x->resp->body.list_clients;
+    if (x->o->ns) { /* the sessions attached to NS */
+        pb_size_t n = 0;
+        for (pb_size_t i = 0; i < l->clients_count; i++)
+            if (strcmp(l->clients[i].namespace, x->o->ns) == 0)
+                l->clients[n++] = l->clients[i];
+        l->clients_count = n;
+    }
     uint64_t self = kvp_client_session_id(x->c);
     if (x->o->json) {
         json_t j = {.f = stdout};
@@ -1330,7 +1552,7 @@ static int cmd_clients(ctl_t *x)
         j_close(&j, '}');
         return EXIT_OK;
     }
-    table_records(stdout, &client_record, l->clients, l->clients_count, &self);
+    table_records(stdout, x->o, &client_record, l->clients, l->clients_count, &self);
     return EXIT_OK;
 }
 
@@ -1358,6 +1580,8 @@ static const col_t transfer_cols[] = {
     {"BYTES", "bytes", 'r', SHOW_BYTES, FIELD(kvpool_TransferInfo, bytes)},
     {"ELAPSED", "elapsed_ms", 'r', SHOW_DURATION, FIELD(kvpool_TransferInfo, elapsed_ms)},
     {"MESSAGE", "message", 'l', SHOW_OR_DASH, FIELD(kvpool_TransferInfo, message)},
+    {"NUM_SEQS", NULL, 'r', SHOW_PLAIN, FIELD(kvpool_TransferInfo, num_seqs), .wide = 1},
+    {"ELAPSED_MS", NULL, 'r', SHOW_PLAIN, FIELD(kvpool_TransferInfo, elapsed_ms), .wide = 1},
 };
 static const record_t transfer_record = RECORD(transfer_cols, kvpool_TransferInfo);
 
@@ -1370,7 +1594,14 @@ static int cmd_transfers(ctl_t *x)
     rc = ctl_call(x, kvpool_Response_list_transfers_tag, NULL);
     if (rc)
         return report(x, rc, "list transfers");
-    const kvpool_ListTransfersResponse *l = &x->resp->body.list_transfers;
+    kvpool_ListTransfersResponse *l = &x->resp->body.list_transfers;
+    if (x->o->ns) { /* the transfers of NS */
+        pb_size_t n = 0;
+        for (pb_size_t i = 0; i < l->transfers_count; i++)
+            if (strcmp(l->transfers[i].namespace, x->o->ns) == 0)
+                l->transfers[n++] = l->transfers[i];
+        l->transfers_count = n;
+    }
     if (x->o->json) {
         json_t j = {.f = stdout};
         j_open(&j, NULL, '{');
@@ -1378,7 +1609,7 @@ static int cmd_transfers(ctl_t *x)
         j_close(&j, '}');
         return EXIT_OK;
     }
-    table_records(stdout, &transfer_record, l->transfers, l->transfers_count, NULL);
+    table_records(stdout, x->o, &transfer_record, l->transfers, l->transfers_count, NULL);
     return EXIT_OK;
 }
 
@@ -1449,6 +1680,7 @@ static int cmd_top(ctl_t *x)
         .socket_path = x->o->socket_path,
         .interval_ms = x->o->interval_ms,
         .count = x->o->count,
+        .ns = x->o->ns,
     };
     return kvp_ctl_top(x->c, &t);
 }
@@ -1488,42 +1720,11 @@ static int cmd_health(ctl_t *x)
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-static const struct {
-    const char *name;
-    int (*run)(ctl_t *x);
-} commands[] = {
-    {"status", cmd_status},       {"stats", cmd_stats},     {"pool", cmd_pool},
-    {"seqs", cmd_seqs},           {"clients", cmd_clients}, {"audit", cmd_audit},
-    {"metrics", cmd_metrics},     {"health", cmd_health},   {"top", cmd_top},
-    {"transfers", cmd_transfers}, {"cache", cmd_cache},
-};
-
-enum {
-    OPT_JSON = 256,
-    OPT_VERSION,
-    OPT_LIMIT,
-    OPT_INTERVAL,
-    OPT_COUNT,
-    OPT_SCOPE,
-    OPT_ALL,
-    OPT_CACHE_SCOPE
-};
-
-static const struct option long_opts[] = {
-    {"socket", required_argument, NULL, 's'},
-    {"namespace", required_argument, NULL, 'n'},
-    {"timeout", required_argument, NULL, 't'},
-    {"json", no_argument, NULL, OPT_JSON},
-    {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, OPT_VERSION},
-    {"limit", required_argument, NULL, OPT_LIMIT},
-    {"interval", required_argument, NULL, OPT_INTERVAL},
-    {"count", required_argument, NULL, OPT_COUNT},
-    {"watch", required_argument, NULL, 'w'},
-    {"scope", required_argument, NULL, OPT_SCOPE},
-    {"all", no_argument, NULL, OPT_ALL},
-    {"cache-scope", required_argument, NULL, OPT_CACHE_SCOPE},
-    {NULL, 0, NULL, 0},
+static int (*const commands[NUM_CMDS])(ctl_t *x) = {
+    [C_STATUS] = cmd_status, [C_STATS] = cmd_stats,     [C_POOL] = cmd_pool,
+    [C_SEQS] = cmd_seqs,     [C_CLIENTS] = cmd_clients, [C_TRANSFERS] = cmd_transfers,
+    [C_AUDIT] = cmd_audit,   [C_METRICS] = cmd_metrics, [C_HEALTH] = cmd_health,
+    [C_TOP] = cmd_top,       [C_CACHE] = cmd_cache,     [C_HELP] = NULL, /* in main */
 };
 
 /* --interval SEC: seconds with an optional fraction, 0.1 .. 86400; returns milliseconds. */
@@ -1537,32 +1738,59 @@ static uint32_t parse_interval(const char *what, const char *s)
     return (uint32_t)(v * 1000 + 0.5);
 }
 
-/* Parses options from argv[optind]. cmd NULL: the options before the command (stops at the
- * first operand, takes no command's own option); else those of command cmd. In seqs' own
- * options -n/--namespace names the namespace to list. */
-static void parse_opts(int argc, char **argv, opts_t *o, const char *cmd)
+/* -o FORMAT: one of output_formats. */
+static void parse_output(opts_t *o, const char *v)
 {
-    const int is_seqs = cmd && strcmp(cmd, "seqs") == 0;
-    const int is_top = cmd && strcmp(cmd, "top") == 0;
-    const int is_cache = cmd && strcmp(cmd, "cache") == 0;
+    o->output_set = 1;
+    if (strcmp(v, "json") == 0) {
+        o->json = 1;
+        o->wide = 0;
+    } else if (strcmp(v, "wide") == 0) {
+        o->json = 0;
+        o->wide = 1;
+    } else if (strcmp(v, "table") == 0) {
+        o->json = 0;
+        o->wide = 0;
+    } else {
+        die_usage("-o/--output: '%s' is not one of json, wide, table", v);
+    }
+}
+
+/* Parses options from argv[optind]. ci -1: the options before the command (stops at the
+ * first operand, takes no command's own option); else those of command ci. */
+static void parse_opts(int argc, char **argv, opts_t *o, int ci, const struct option *long_opts)
+{
+    const int is_seqs = ci == C_SEQS;
+    const int is_top = ci == C_TOP;
+    const int is_cache = ci == C_CACHE;
     int c;
-    const char *shortopts = cmd ? ":s:n:t:hw:" : "+:s:n:t:hw:";
+    const char *shortopts = ci >= 0 ? ":s:n:t:ho:w:" : "+:s:n:t:ho:w:";
     while ((c = getopt_long(argc, argv, shortopts, long_opts, NULL)) != -1) {
         switch (c) {
         case 's':
             o->socket_path = optarg;
             break;
         case 'n':
-            if (is_seqs)
-                o->list_ns = optarg;
-            else
-                o->ns = optarg;
+            o->ns = optarg;
             break;
         case 't':
             o->timeout_ms = parse_u32("--timeout", optarg, 1, 86400000);
+            o->timeout_set = 1;
+            break;
+        case 'o':
+            parse_output(o, optarg);
             break;
         case OPT_JSON:
             o->json = 1;
+            o->wide = 0;
+            o->output_set = 1;
+            break;
+        case OPT_NO_HEADERS:
+            o->no_headers = 1;
+            o->output_set = 1;
+            break;
+        case OPT_JOIN:
+            o->join = optarg;
             break;
         case OPT_LIMIT:
             if (!is_seqs)
@@ -1600,10 +1828,13 @@ static void parse_opts(int argc, char **argv, opts_t *o, const char *cmd)
             o->cache_scope = optarg;
             break;
         case 'h':
-            usage(stdout);
+            if (ci >= 0)
+                cmd_usage(stdout, ci);
+            else
+                usage(stdout);
             exit(EXIT_OK);
         case OPT_VERSION:
-            printf("kvpoolctl %s (protocol %u)\n", KVP_VERSION, KVP_PROTOCOL_VERSION);
+            printf("kvpoolctl %s (protocol %u)\n", KVP_VERSION_STRING, KVP_PROTOCOL_VERSION);
             exit(EXIT_OK);
         case ':':
             die_usage("option '%s' needs a value", argv[optind - 1]);
@@ -1615,63 +1846,169 @@ static void parse_opts(int argc, char **argv, opts_t *o, const char *cmd)
     }
 }
 
+static void resolve_socket(opts_t *o)
+{
+    if (!o->socket_path) {
+        o->socket_path = kvp_client_default_socket(o->socket_buf, sizeof(o->socket_buf));
+        if (!o->socket_path)
+            die_usage("the default socket path ($KVPOOL_SOCKET or $XDG_RUNTIME_DIR) is too long");
+    } else if (!*o->socket_path || strlen(o->socket_path) >= sizeof(o->socket_buf)) {
+        die_usage("socket path must be 1..%zu bytes", sizeof(o->socket_buf) - 1);
+    }
+}
+
+/* The hidden `kvpoolctl [-s PATH] [-t MS] __complete WHAT [CMD]` that the bash completion asks,
+ * one word a line: `commands`; `options [CMD]` (without CMD those taken before a command);
+ * `valued` (the options that take a value); `words CMD` (its operands: cache's flush, help's
+ * command names); `formats` (the values of -o); `namespaces` (those
+ * the daemon lists to this uid, asked with a 1 s timeout unless -t says otherwise; nothing when
+ * no daemon answers). Exit 0, or 2 for a WHAT it does not know. */
+static int complete(opts_t *o, int argc, char **argv)
+{
+    const char *what = argc > 0 ? argv[0] : "";
+    if (strcmp(what, "commands") == 0) {
+        for (int i = 0; i < NUM_CMDS; i++)
+            puts(cmd_doc[i].name);
+    } else if (strcmp(what, "options") == 0) {
+        int ci = argc > 1 ? cmd_index(argv[1]) : -1;
+        if (argc > 1 && ci < 0)
+            return EXIT_OK; /* an unknown command takes nothing */
+        for (size_t i = 0; i < NUM_OPTS; i++) {
+            if (ci >= 0 ? !(opt_doc[i].cmds & M(ci)) : !opt_doc[i].global)
+                continue;
+            printf("--%s\n", opt_doc[i].name);
+            if (opt_doc[i].val < 256)
+                printf("-%c\n", opt_doc[i].val);
+        }
+    } else if (strcmp(what, "valued") == 0) {
+        for (size_t i = 0; i < NUM_OPTS; i++) {
+            if (opt_doc[i].has_arg != required_argument)
+                continue;
+            printf("--%s\n", opt_doc[i].name);
+            if (opt_doc[i].val < 256)
+                printf("-%c\n", opt_doc[i].val);
+        }
+    } else if (strcmp(what, "words") == 0) { /* the operands of command argv[1] */
+        const int ci = argc > 1 ? cmd_index(argv[1]) : -1;
+        if (ci == C_CACHE)
+            puts("flush");
+        for (int i = 0; ci == C_HELP && i < NUM_CMDS; i++)
+            puts(cmd_doc[i].name);
+    } else if (strcmp(what, "formats") == 0) {
+        for (size_t i = 0; i < sizeof(output_formats) / sizeof(output_formats[0]); i++)
+            puts(output_formats[i]);
+    } else if (strcmp(what, "namespaces") == 0) {
+        ctl_t x;
+        memset(&x, 0, sizeof(x));
+        x.o = o;
+        o->join = NULL; /* an observer: completing never joins a namespace */
+        o->cache_scope = NULL;
+        if (!o->timeout_set)
+            o->timeout_ms = 1000;
+        resolve_socket(o);
+        kvpool_Stats *s = malloc(sizeof(*s));
+        x.resp = calloc(1, sizeof(*x.resp));
+        char why[256];
+        if (s && x.resp && ctl_connect(&x, why, sizeof(why)) == 0 && get_stats(&x, s) == 0)
+            for (pb_size_t i = 0; i < s->namespaces_count; i++)
+                puts(s->namespaces[i].name);
+        kvp_client_close(x.c);
+        free(x.resp);
+        free(s);
+    } else {
+        die_usage("__complete: '%s' is not one of commands, options, valued, words, formats, "
+                  "namespaces",
+                  what);
+    }
+    return EXIT_OK;
+}
+
+static void check_name(const char *what, const char *v, size_t size)
+{
+    if (v && (!*v || strlen(v) >= size))
+        die_usage("%s: a name of 1..%zu bytes", what, size - 1);
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
     memset(&o, 0, sizeof(o));
     opterr = 0;
     o.interval_ms = 2000;
-    parse_opts(argc, argv, &o, NULL);
+    struct option long_opts[NUM_OPTS + 1];
+    for (size_t i = 0; i < NUM_OPTS; i++)
+        long_opts[i] = (struct option){opt_doc[i].name, opt_doc[i].has_arg, NULL, opt_doc[i].val};
+    long_opts[NUM_OPTS] = (struct option){NULL, 0, NULL, 0};
+    parse_opts(argc, argv, &o, -1, long_opts);
     if (optind >= argc)
         die_usage("no command given");
     const char *cmd = argv[optind];
-    int (*run)(ctl_t *) = NULL;
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (strcmp(cmd, commands[i].name) == 0)
-            run = commands[i].run;
-    if (!run)
+    if (strcmp(cmd, "__complete") == 0) {
+        int code = complete(&o, argc - optind - 1, argv + optind + 1);
+        return fflush(stdout) == 0 ? code : EXIT_SERVER;
+    }
+    const int ci = cmd_index(cmd);
+    if (ci < 0)
         die_usage("unknown command '%s'", cmd);
 
     /* the command's own options: argv[optind] plays argv[0] */
     int sub_argc = argc - optind;
     char **sub_argv = argv + optind;
     optind = 0; /* glibc: restart scanning */
-    parse_opts(sub_argc, sub_argv, &o, cmd);
-    if (strcmp(cmd, "cache") == 0 && optind < sub_argc && strcmp(sub_argv[optind], "flush") == 0) {
+    parse_opts(sub_argc, sub_argv, &o, ci, long_opts);
+    if (ci == C_HELP) {
+        if (o.ns || o.output_set || o.join || o.cache_scope)
+            die_usage("help takes a command name and no other option");
+        if (optind >= sub_argc) {
+            usage(stdout);
+        } else {
+            const int hi = cmd_index(sub_argv[optind]);
+            if (hi < 0)
+                die_usage("help: unknown command '%s'", sub_argv[optind]);
+            if (optind + 1 < sub_argc)
+                die_usage("unexpected argument '%s'", sub_argv[optind + 1]);
+            cmd_usage(stdout, hi);
+        }
+        return fflush(stdout) == 0 ? EXIT_OK : EXIT_SERVER;
+    }
+    if (ci == C_CACHE && optind < sub_argc && strcmp(sub_argv[optind], "flush") == 0) {
         o.flush = 1;
         optind++;
     }
     if (optind < sub_argc)
         die_usage("unexpected argument '%s'", sub_argv[optind]);
+    if (o.ns && !(M_NS & M(ci)))
+        die_usage("-n/--namespace does not apply to %s, which is daemon-wide (--join NS joins "
+                  "a namespace)",
+                  cmd);
+    if (o.output_set && !(M_OUT & M(ci)))
+        die_usage("-o, --json and --no-headers do not apply to %s: it draws a live view, or "
+                  "prints key=value lines when stdout is not a terminal",
+                  cmd);
     if (o.flush) {
         if (o.interval_set)
             die_usage("--interval and --watch apply to cache, not to cache flush");
         if (o.flush_scope && o.flush_all)
             die_usage("cache flush: --scope and --all exclude each other");
-        if (!o.ns && !o.flush_scope && !o.flush_all)
+        if (o.ns && o.join && strcmp(o.ns, o.join) != 0)
+            die_usage("cache flush: -n and --join name two namespaces");
+        if (!o.join)
+            o.join = o.ns; /* the namespace it acts on: flushing its scope joins it */
+        if (!o.join && !o.flush_scope && !o.flush_all)
             die_usage("cache flush: name --scope S or --all (root and the daemon's uid), or "
-                      "join your namespace with -n NS to flush its scope");
-        if (!o.ns)
-            o.ns = FLUSH_NS; /* a mutating call: not as an observer */
+                      "your namespace with -n NS to flush its scope");
+        if (!o.join)
+            o.join = FLUSH_NS; /* a mutating call: not as an observer */
     } else if (o.flush_scope || o.flush_all) {
         die_usage("--scope and --all apply to cache flush only");
     }
-    if (o.cache_scope && !o.ns)
-        die_usage("--cache-scope needs a namespace to join (-n NS)");
+    if (o.cache_scope && !o.join)
+        die_usage("--cache-scope needs a namespace to join (--join NS, or cache flush -n NS)");
 
-    if (!o.socket_path) {
-        o.socket_path = kvp_client_default_socket(o.socket_buf, sizeof(o.socket_buf));
-        if (!o.socket_path)
-            die_usage("the default socket path ($KVPOOL_SOCKET or $XDG_RUNTIME_DIR) is too long");
-    } else if (!*o.socket_path || strlen(o.socket_path) >= sizeof(o.socket_buf)) {
-        die_usage("socket path must be 1..%zu bytes", sizeof(o.socket_buf) - 1);
-    }
-    if (o.ns && strlen(o.ns) >= sizeof(((kvpool_HelloRequest *)0)->namespace))
-        die_usage("namespace longer than %zu bytes",
-                  sizeof(((kvpool_HelloRequest *)0)->namespace) - 1);
-    if (o.list_ns && strlen(o.list_ns) >= sizeof(((kvpool_ListSequencesRequest *)0)->namespace))
-        die_usage("namespace longer than %zu bytes",
-                  sizeof(((kvpool_ListSequencesRequest *)0)->namespace) - 1);
+    resolve_socket(&o);
+    check_name("-n/--namespace", o.ns, sizeof(((kvpool_HelloRequest *)0)->namespace));
+    check_name("-n/--namespace", o.ns, sizeof(((kvpool_ListSequencesRequest *)0)->namespace));
+    check_name("--join", o.join, sizeof(((kvpool_HelloRequest *)0)->namespace));
     if (o.flush_scope && strlen(o.flush_scope) >= sizeof(((kvpool_CacheFlushRequest *)0)->scope))
         die_usage("scope longer than %zu bytes",
                   sizeof(((kvpool_CacheFlushRequest *)0)->scope) - 1);
@@ -1688,7 +2025,7 @@ int main(int argc, char **argv)
         fputs("kvpoolctl: out of memory\n", stderr);
         return EXIT_SERVER;
     }
-    int code = run(&x);
+    int code = commands[ci](&x);
     kvp_client_close(x.c);
     free(x.resp);
     if (fflush(stdout) != 0 && code == EXIT_OK)

@@ -166,7 +166,8 @@ static hist_t *call_slot(snap_t *sn, const char *name)
     return h;
 }
 
-static void parse_snapshot(const char *text, size_t len, snap_t *sn)
+/* The snapshot of one Metrics text; with ns, of namespace ns only among the namespaces. */
+static void parse_snapshot(const char *text, size_t len, const char *ns, snap_t *sn)
 {
     memset(sn, 0, sizeof(*sn));
     sn->t = now_s();
@@ -205,7 +206,8 @@ static void parse_snapshot(const char *text, size_t len, snap_t *sn)
                 sn->dev[d][st] = s.value;
         } else if (kvp_prom_is(&s, "kvpool_sequences") || kvp_prom_is(&s, "kvpool_tokens")) {
             int i;
-            if (kvp_prom_label(&s, "namespace", a, sizeof(a)) == 0 && (i = ns_slot(sn, a)) >= 0) {
+            if (kvp_prom_label(&s, "namespace", a, sizeof(a)) == 0 && (!ns || !strcmp(a, ns)) &&
+                (i = ns_slot(sn, a)) >= 0) {
                 if (kvp_prom_is(&s, "kvpool_sequences"))
                     sn->ns[i].seqs = s.value;
                 else
@@ -405,7 +407,7 @@ static void draw_screen(const kvp_top_opts_t *o, const snap_t *cur, const snap_t
 }
 
 /* One line per refresh for pipes and logs: key=value, rates "-" on the first line. */
-static void draw_line(const snap_t *cur, const snap_t *prev)
+static void draw_line(const kvp_top_opts_t *o, const snap_t *cur, const snap_t *prev)
 {
     int have = prev != NULL;
     double dt = have ? cur->t - prev->t : 0;
@@ -466,12 +468,19 @@ static void draw_line(const snap_t *cur, const snap_t *prev)
         printf(" cache_cached_pages=%.0f cache_pinned_pages=%.0f", cur->cache_cached,
                cur->cache_pinned);
         if (isnan(hr))
-            printf(" cache_hit_rate=-\n");
+            printf(" cache_hit_rate=-");
         else
-            printf(" cache_hit_rate=%.4f\n", hr);
+            printf(" cache_hit_rate=%.4f", hr);
     } else {
-        printf(" cache_cached_pages=- cache_pinned_pages=- cache_hit_rate=-\n");
+        printf(" cache_cached_pages=- cache_pinned_pages=- cache_hit_rate=-");
     }
+    if (o->ns) { /* -n NS: its figures last (0 while it holds no sequence) */
+        char b[160];
+        printf(" namespace=%s namespace_sequences=%.0f namespace_tokens=%.0f",
+               kvp_ctl_safe(o->ns, b, sizeof(b)), cur->nns ? cur->ns[0].seqs : 0,
+               cur->nns ? cur->ns[0].tokens : 0);
+    }
+    putchar('\n');
     fflush(stdout);
 }
 
@@ -558,11 +567,11 @@ int kvp_ctl_top(kvp_client_t *c, const kvp_top_opts_t *o)
             code = (rc == KVP_ECLOSED || rc == KVP_ETIMEDOUT || (rc < 0 && rc > -1000)) ? 3 : 1;
             goto out;
         }
-        parse_snapshot(text, len, cur);
+        parse_snapshot(text, len, o->ns, cur);
         if (tty)
             draw_screen(o, cur, prev);
         else
-            draw_line(cur, prev);
+            draw_line(o, cur, prev);
         prev = cur;
         cur = cur == &snaps[0] ? &snaps[1] : &snaps[0];
         if (o->count && n + 1 == o->count)

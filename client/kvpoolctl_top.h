@@ -18,6 +18,7 @@ typedef struct {
     const char *socket_path; /* shown in the header */
     uint32_t interval_ms;    /* between refreshes, >= 100 */
     uint32_t count;          /* refreshes before exiting; 0: until 'q' or a signal */
+    const char *ns;          /* -n: namespace ns only among the namespaces; NULL: all */
 } kvp_top_opts_t;
 
 /* A copy of s safe for a terminal, in buf (len bytes): control characters become '?'. */

@@ -31,8 +31,13 @@ static inline const uint64_t *kvp_src_layout_words(const kvp_src_layout_t *l)
 {
     return &l->k_offset;
 }
+#ifdef __cplusplus /* an installed header: C++ programs include it through kvpool.h */
+static_assert(sizeof(kvp_src_layout_t) == KVP_SRC_LAYOUT_WORDS * sizeof(uint64_t),
+              "kvp_src_layout_t is its uint64_t fields, nothing else");
+#else
 _Static_assert(sizeof(kvp_src_layout_t) == KVP_SRC_LAYOUT_WORDS * sizeof(uint64_t),
                "kvp_src_layout_t is its uint64_t fields, nothing else");
+#endif
 
 /* The member a struct embeds: `KVP_SRC_LAYOUT_MEMBER;` gives it .layout and the fields. */
 #define KVP_SRC_LAYOUT_MEMBER                                                                      \

@@ -9,11 +9,13 @@
 # systemd provides systemd-analyze, systemd-sysusers and systemd-tmpfiles for the deploy
 # tests (nothing runs it as PID 1). The CUDA toolkit is not installed here: CMake finds it under /usr/local/cuda when present
 # and builds everything else without it.
+# scdoc renders the man pages (docs/man); file is what CPack's DEB generator needs for
+# CPACK_DEBIAN_PACKAGE_SHLIBDEPS (dpkg-shlibdeps comes with build-essential's dpkg-dev).
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev nanopb libnanopb-dev python3-protobuf libxxhash-dev
 check libsubunit-dev libinih-dev clang valgrind procps redis-server
-python3-numpy python3-pytest python3-venv systemd ${KVP_DEPS_EXTRA:-}"
+python3-numpy python3-pytest python3-venv systemd scdoc file ${KVP_DEPS_EXTRA:-}"
 
 missing=""
 for p in $PKGS; do

@@ -7,7 +7,10 @@
 # tests again under AddressSanitizer + UndefinedBehaviorSanitizer and runs them (with the
 # stress tests), then a bounded valgrind memcheck run (tests/valgrind.sh quick: the daemon
 # under valgrind too) and the fuzzers. The Python package's pytest suite (tests/python) runs
-# against the default build.
+# against the default build; ctest's package tests build a program outside the tree against the
+# installed library (tests/install) and install the wheel in a fresh virtualenv
+# (tests/python/test_wheel.sh); the .deb is built, installed, removed and purged here
+# (tests/deb/test_deb.sh: root only, skipped otherwise).
 #
 #   deploy/test.sh              everything (what .ci/run calls)
 #   KVP_TEST_QUICK=1 deploy/test.sh   skip the Release and sanitizer builds, valgrind and the
@@ -31,6 +34,12 @@ echo "== tests (default) =="
 ctest --test-dir "$root/build" --output-on-failure -j "$jobs"
 echo "== tests (python package, host backend) =="
 BUILD_DIR="$root/build" sh "$root/tests/python/run.sh"
+# (the installed C library built against outside the tree, test_install, and the Python wheel
+# in a fresh virtualenv, test_wheel, ran in ctest above: label package)
+echo "== Debian package (tests/deb/test_deb.sh: build-deb/, dpkg -i, -r, -P on this machine) =="
+rc=0
+sh "$root/tests/deb/test_deb.sh" "$root/build-deb" || rc=$?
+[ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || exit "$rc"
 
 if [ "${KVP_TEST_QUICK:-0}" != "1" ]; then
     echo "== build (release, build only: no tests run) =="

@@ -419,7 +419,7 @@ KVP_RPC_HANDLER(hello)
         kvp__rpc_ok(io, id);
         kvpool_HelloResponse *hr = &resp->body.hello;
         hr->protocol_version = KVP_PROTOCOL_VERSION;
-        snprintf(hr->server_version, sizeof(hr->server_version), "%s", KVP_VERSION);
+        snprintf(hr->server_version, sizeof(hr->server_version), "%s", KVP_VERSION_STRING);
         hr->session_id = s->id;
         hr->has_pool = true;
         kvp__rpc_fill_pool_info(r, &hr->pool);
@@ -510,7 +510,7 @@ KVP_RPC_HANDLER(hello)
     kvp__rpc_ok(io, id);
     kvpool_HelloResponse *hr = &resp->body.hello;
     hr->protocol_version = KVP_PROTOCOL_VERSION;
-    snprintf(hr->server_version, sizeof(hr->server_version), "%s", KVP_VERSION);
+    snprintf(hr->server_version, sizeof(hr->server_version), "%s", KVP_VERSION_STRING);
     hr->session_id = s->id;
     hr->has_pool = true;
     kvp__rpc_fill_pool_info(r, &hr->pool);

@@ -252,7 +252,7 @@ size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms
             buf[0] = '\0';
         return 0;
     }
-    kvp_metrics_t m = {.version = KVP_VERSION,
+    kvp_metrics_t m = {.version = KVP_VERSION_STRING,
                        .backend = be->ops->name,
                        .up = kvp_rpc_healthy(r),
                        .uptime_ms = now_ms - r->start_ms,

@@ -26,10 +26,7 @@
 #include "kvp_pcache.h"
 #include "kvp_rpc.h"
 #include "kvp_xfer.h"
-
-#ifndef KVP_VERSION
-#define KVP_VERSION "0.1.0"
-#endif
+#include "kvpool_version.h" /* KVP_VERSION_STRING: Hello, kvpool_build_info */
 
 /* The largest metrics text a Metrics call answers (truncated at a whole line beyond). */
 #define KVP_RPC_METRICS_CAP (1u << 20)

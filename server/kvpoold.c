@@ -29,10 +29,7 @@
 #include "kvp_notify.h"
 #include "kvp_rpc.h"
 #include "kvp_server.h"
-
-#ifndef KVP_VERSION
-#define KVP_VERSION "0.1.0"
-#endif
+#include "kvpool_version.h"
 
 #define EXIT_UNHEALTHY 70 /* EX_SOFTWARE: restart me */
 
@@ -386,9 +383,9 @@ static int run(daemon_t *d)
     kvp_log(KVP_LOG_NOTICE,
             "ready version=%s backend=%s pages=%u page_size=%u layers=%u heads=%u head_dim=%u "
             "dtype=%s layout=%s storage=%s",
-            KVP_VERSION, kvp_rpc_backend(d->rpc)->ops->name, g.num_pages, g.page_size, g.num_layers,
-            g.num_kv_heads, g.head_dim, kvp_dtype_name(g.dtype), kvp_layout_name(g.layout),
-            kvp_storage_name(g.storage));
+            KVP_VERSION_STRING, kvp_rpc_backend(d->rpc)->ops->name, g.num_pages, g.page_size,
+            g.num_layers, g.num_kv_heads, g.head_dim, kvp_dtype_name(g.dtype),
+            kvp_layout_name(g.layout), kvp_storage_name(g.storage));
     char status[256];
     snprintf(status, sizeof(status), "READY=1\nSTATUS=serving %u pages on %s\nMAINPID=%d",
              g.num_pages, kvp_rpc_backend(d->rpc)->ops->name, (int)getpid());
@@ -440,7 +437,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (action == KVP_CONFIG_VERSION) {
-        printf("kvpoold %s\n", KVP_VERSION);
+        printf("kvpoold %s\n", KVP_VERSION_STRING);
         return 0;
     }
     if (kvp_config_validate(&d.cfg, err, sizeof(err))) {

@@ -7,7 +7,7 @@
 # Python: /usr/bin/python3 when it has numpy and pytest (Debian: python3-numpy python3-pytest),
 # with client/python on PYTHONPATH (Debian's Python is externally managed: no pip install into
 # it). Otherwise a virtual environment in $BUILD_DIR/pyvenv (python3 -m venv: python3-venv),
-# with numpy and pytest from PyPI and the package installed by `pip install ./client/python`.
+# with numpy and pytest from PyPI, client/python on PYTHONPATH too.
 # Exits with pytest's status; "no tests collected" (5) is a failure too.
 set -eu
 
@@ -41,12 +41,10 @@ else
     if ! has_deps "$PY"; then
         "$PY" -m pip install -q --disable-pip-version-check numpy pytest
     fi
-    # a fresh copy of the package each run (no stale install); build files go to a temp dir
-    TMPB=$(mktemp -d)
-    trap 'rm -rf "$TMPB"' EXIT
-    cp -r "$ROOT/client/python" "$TMPB/src"
-    "$PY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$TMPB/src"
-    echo "run.sh: $VENV with kvpool installed by pip"
+    # the source tree's package on the build's library ($KVPOOL_LIB): `pip install` builds a
+    # wheel with its own libkvpool (CMake), which tests/python/test_wheel.sh tests
+    export PYTHONPATH="$ROOT/client/python${PYTHONPATH:+:$PYTHONPATH}"
+    echo "run.sh: $VENV with client/python on PYTHONPATH"
 fi
 
 set +e

@@ -4,10 +4,11 @@
 The host backend's pool is exposed as per-layer NumPy views that alias the daemon's memory; the
 cuda backend's as PyTorch CUDA tensors over the pool mapped in this process (kvpool._torch,
 imported only then: `import kvpool` needs NumPy, never PyTorch). libkvpool.so is loaded on
-first use ($KVPOOL_LIB, next to the package, the source tree's build/client/, or the
-system's), so the NumPy helpers work without it.
+first use ($KVPOOL_LIB when set; else the copy the wheel carries next to the package, the
+source tree's build/client/, or the system's) and checked then (its version and ABI must be
+this package's: LibraryMismatch otherwise), so the NumPy helpers work without it.
 """
-from ._lib import KVP_LEASE_DEFAULT, library_path
+from ._lib import ABI_VERSION, KVP_LEASE_DEFAULT, PACKAGE_VERSION, LibraryMismatch, library_path
 from .client import (
     CacheStats,
     Client,
@@ -45,12 +46,14 @@ from .errors import (
 )
 from .paged import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 
-__version__ = "0.1.0"
+# the project() line of CMakeLists.txt, through the wheel's generated kvpool/_version.py (or,
+# for the source tree's copy, that line itself); libkvpool must report the same (load time)
+__version__ = PACKAGE_VERSION
 
 __all__ = [
     "Client", "PageTable", "PoolInfo", "Stats", "Ticket", "TransferInfo", "default_socket",
     "CacheStats", "Commit", "Pin",
-    "library_path",
+    "library_path", "LibraryMismatch", "ABI_VERSION",
     "KVP_LEASE_DEFAULT", "append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
     "KvpoolError", "InvalidArgument", "OutOfMemory", "ResourceExhausted", "NotFound",
     "AlreadyExists", "LimitExceeded", "OutOfRange", "AuditFailed", "DuplicateSequence", "Busy",

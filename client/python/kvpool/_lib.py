@@ -1,14 +1,76 @@
 # SPDX-License-Identifier: Apache-2.0
 """Locating and loading libkvpool.so, and ctypes declarations mirroring client/kvpool.h.
 
-The structures below must match kvpool.h field for field; tests/python checks their sizes
-against what the library itself fills (pool_info) and the page-table round trips.
+The structures below must match kvpool.h field for field. load() checks the library it found
+before declaring anything: its kvp_client_version() must be this package's version, its
+kvp_client_abi_version() ABI_VERSION, and kvp_client_sizeof() must give every mirrored struct
+the size ctypes computes; otherwise it raises LibraryMismatch naming the library, its version
+and the expected one. tests/python also checks the page-table round trips.
 """
 import ctypes
 import ctypes.util
 import glob
 import os
+import re
 import threading
+from typing import List, Optional
+
+# kvp_client_abi_version() of the libkvpool these declarations mirror (KVP_ABI_VERSION of
+# CMakeLists.txt: libkvpool.so.N); raised together with it when a struct or prototype changes.
+ABI_VERSION = 0
+
+
+def _package_version() -> str:
+    """This package's version, from the project() line of CMakeLists.txt (the only place it is
+    written): kvpool/_version.py, generated into the wheel by scikit-build-core; else, for the
+    source tree's copy (PYTHONPATH=client/python), that line itself; else the installed
+    distribution's metadata."""
+    try:
+        from ._version import __version__ as v  # type: ignore[import-not-found]
+
+        return str(v)
+    except ImportError:
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    top = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(here))), "CMakeLists.txt")
+    try:
+        with open(top, encoding="utf-8") as f:
+            m = re.search(r"^project\(kvpool\s+VERSION\s+([0-9]+\.[0-9]+\.[0-9]+)", f.read(),
+                          re.MULTILINE)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    try:
+        from importlib import metadata
+
+        return metadata.version("kvpool")
+    except Exception:  # not installed either
+        return "0+unknown"
+
+
+PACKAGE_VERSION = _package_version()
+
+
+class LibraryMismatch(ImportError):
+    """The libkvpool.so found is not the one this package mirrors (another version, another ABI,
+    a struct of another size, or a library without kvp_client_version: an older build).
+    .path: the library; .found: its version ("unknown" without kvp_client_version);
+    .expected: this package's version."""
+
+    def __init__(self, path: str, found: str, reason: str) -> None:
+        self.path = path
+        self.found = found
+        self.expected = PACKAGE_VERSION
+        super().__init__(
+            "%s (libkvpool version %s) is not the library the kvpool package %s needs "
+            "(libkvpool %s, ABI %d): %s. Reinstall the package (pip install --force-reinstall "
+            "./client/python: the wheel carries its libkvpool), or set KVPOOL_LIB to a "
+            "libkvpool.so of version %s (build/client/libkvpool.so of the same source tree, "
+            "rebuilt)"
+            % (path, found, PACKAGE_VERSION, PACKAGE_VERSION, ABI_VERSION, reason,
+               PACKAGE_VERSION),
+            path=path)
 
 KVP_CLIENT_MAX_DEVICES = 16
 KVP_LEASE_DEFAULT = 0xFFFFFFFF  # UINT32_MAX: the Hello carries no lease (daemon's default)
@@ -324,12 +386,23 @@ _OPTIONAL_PROTOTYPES = {
     "kvp_get_batch_indices_positions_cuda": (_int, [_v, _v, _u32, _u32, _v, _v, _v]),
 }
 
+# The structs checked against kvp_client_sizeof at load time (every one declared above that
+# the library knows by name).
+_CHECKED_STRUCTS = (
+    kvp_client_opts_t, kvp_pool_info_t, kvp_page_table_t, kvp_source_t, kvp_stats_summary_t,
+    kvp_transfer_ticket_t, kvp_transfer_info_t, kvp_cache_opts_t, kvp_pin_t, kvp_cache_stats_t,
+)
+
 _lock = threading.Lock()
-_lib = None
-_lib_path = None
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
 
 
-def _candidates():
+def _candidates() -> List[str]:
+    """Where libkvpool is looked for: $KVPOOL_LIB alone when set (an explicit choice, also over
+    the bundled copy: a bad path is an error, never silently replaced); else the libkvpool.so
+    the wheel carries next to this file; the source tree's build/client/ ($BUILD_DIR/client);
+    the system's (ctypes.util.find_library)."""
     env = os.environ.get("KVPOOL_LIB")
     if env:
         return [env]  # explicit: only this one
@@ -347,14 +420,42 @@ def _candidates():
     return out
 
 
-def library_path():
+def _check_abi(lib: ctypes.CDLL, path: str) -> None:
+    """Raises LibraryMismatch unless `lib` is the libkvpool this package mirrors."""
+    if not hasattr(lib, "kvp_client_version") or not hasattr(lib, "kvp_client_abi_version"):
+        raise LibraryMismatch(path, "unknown", "it has no kvp_client_version() (an older "
+                              "libkvpool, or not libkvpool at all)")
+    lib.kvp_client_version.restype = ctypes.c_char_p
+    lib.kvp_client_version.argtypes = []
+    lib.kvp_client_abi_version.restype = ctypes.c_uint
+    lib.kvp_client_abi_version.argtypes = []
+    found = (lib.kvp_client_version() or b"").decode("utf-8", "replace")
+    abi = int(lib.kvp_client_abi_version())
+    if found != PACKAGE_VERSION:
+        raise LibraryMismatch(path, found, "the versions differ")
+    if abi != ABI_VERSION:
+        raise LibraryMismatch(path, found, "its ABI is %d" % abi)
+    sizeof = lib.kvp_client_sizeof
+    sizeof.restype = ctypes.c_size_t
+    sizeof.argtypes = [ctypes.c_char_p]
+    for st in _CHECKED_STRUCTS:
+        n = int(sizeof(st.__name__.encode()))
+        if n != ctypes.sizeof(st):
+            raise LibraryMismatch(path, found, "its %s is %d bytes, the package's %d"
+                                  % (st.__name__, n, ctypes.sizeof(st)))
+
+
+def library_path() -> str:
     """The path of the loaded libkvpool (loads it if needed)."""
     load()
+    assert _lib_path is not None
     return _lib_path
 
 
-def load():
-    """Loads libkvpool once and declares its functions. Raises OSError when none is found."""
+def load() -> ctypes.CDLL:
+    """Loads libkvpool once, checks it (_check_abi) and declares its functions. Raises OSError
+    when none is found, LibraryMismatch (an ImportError) when the one found is not the library
+    this package mirrors."""
     global _lib, _lib_path
     if _lib is not None:
         return _lib
@@ -371,6 +472,7 @@ def load():
             except OSError as e:
                 tried.append("%s (%s)" % (path, e))
                 continue
+            _check_abi(lib, path)
             for name, (res, args) in _PROTOTYPES.items():
                 fn = getattr(lib, name)
                 fn.restype = res
@@ -383,11 +485,12 @@ def load():
             _lib, _lib_path = lib, path
             return lib
         raise OSError(
-            "libkvpool.so not found; build it (cmake --build build) or set KVPOOL_LIB. Tried: "
+            "libkvpool.so not found; install the package with pip (pip install ./client/python: "
+            "the wheel carries it), build it (cmake --build build) or set KVPOOL_LIB. Tried: "
             + "; ".join(tried))
 
 
-def has_symbol(name):
+def has_symbol(name: str) -> bool:
     """Whether the loaded libkvpool exports `name`."""
     try:
         getattr(load(), name)

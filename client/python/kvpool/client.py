@@ -1,15 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Client: one libkvpool handle (one connection, one session of one namespace)."""
+import builtins
 import ctypes
 import dataclasses
 import os
 import struct
 import threading
-from typing import NamedTuple, Optional, Tuple
+from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    Union)
 
 import numpy as np
 
 from . import _lib
+from ._types import Array, IntArray, Salts, Stream, TokenIds
 from .errors import KVP_EPRECOND, error
 
 DTYPE_NAMES = {1: "fp8_e4m3", 2: "fp8_e5m2", 3: "fp16", 4: "bf16", 5: "fp32"}
@@ -48,23 +51,23 @@ class PoolInfo:
     device_ids: Tuple[int, ...]
 
     @property
-    def dtype_name(self):
+    def dtype_name(self) -> str:
         return DTYPE_NAMES.get(self.dtype, "unknown")
 
     @property
-    def layout_name(self):
+    def layout_name(self) -> str:
         return LAYOUT_NAMES.get(self.layout, "unknown")
 
     @property
-    def storage_name(self):
+    def storage_name(self) -> str:
         return STORAGE_NAMES.get(self.storage, "unknown")
 
     @property
-    def backend_name(self):
+    def backend_name(self) -> str:
         return BACKEND_NAMES.get(self.backend, "unknown")
 
     @property
-    def numpy_dtype(self):
+    def numpy_dtype(self) -> np.dtype:
         return np.dtype(NUMPY_DTYPES[self.dtype])
 
     @classmethod
@@ -95,11 +98,11 @@ class PageTable(NamedTuple):
     cached_tokens: np.ndarray = _NO_CACHED
 
     @property
-    def batch_size(self):
+    def batch_size(self) -> int:
         return int(self.kv_last_page_len.size)
 
     @property
-    def nnz(self):
+    def nnz(self) -> int:
         """Tokens appended by the call (append_indptr[-1]; 0 for page_table)."""
         return int(self.append_indptr[-1]) if self.append_indptr.size else 0
 
@@ -174,10 +177,10 @@ class Ticket:
     _HEAD = struct.Struct("<4sI128sQIIQIII")  # magic, version, then the fields, num_seqs
 
     @property
-    def num_seqs(self):
+    def num_seqs(self) -> int:
         return len(self.seq_tokens)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self) -> builtins.bytes:  # `bytes` is a field here
         """A portable form (little-endian, versioned) to carry between engines."""
         n = len(self.seq_tokens)
         return self._HEAD.pack(self._MAGIC, 1, self.nccl_id, self.transfer_id, self.num_tokens,
@@ -185,7 +188,7 @@ class Ticket:
                                n) + struct.pack("<%dI" % n, *self.seq_tokens)
 
     @classmethod
-    def from_bytes(cls, b: bytes) -> "Ticket":
+    def from_bytes(cls, b: Union[builtins.bytes, bytearray, memoryview]) -> "Ticket":
         b = bytes(b)
         h = cls._HEAD
         if len(b) < h.size:
@@ -331,12 +334,14 @@ class Client:
     close() unmaps them, after which they must not be touched.
     """
 
-    def __init__(self, socket=None, namespace=None, lease_ms=None, *, client_name=None,
-                 timeout_ms=0, map_pool=True, observer=False, cache_scope=None):
+    def __init__(self, socket: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 namespace: Optional[str] = None, lease_ms: Optional[int] = None, *,
+                 client_name: Optional[str] = None, timeout_ms: int = 0, map_pool: bool = True,
+                 observer: bool = False, cache_scope: Optional[str] = None) -> None:
         self._lib = _lib.load()
         self._h = None
         self._lock = threading.Lock()
-        self._staging = {}
+        self._staging: Dict[int, Any] = {}  # buffer id -> its array or tensor
         opts = _lib.kvp_client_opts_t()
         enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
         opts.socket_path = enc(socket)
@@ -356,12 +361,13 @@ class Client:
         self.socket = socket
         self.namespace = namespace or "default"
         self._info = PoolInfo._from_c(self._lib.kvp_client_pool_info(h).contents)
-        self._pool_arrays = {}
-        self._cuda_buffers = {}  # buffer id -> group device, for CUDA staging buffers
+        self._pool_arrays: Dict[int, np.ndarray] = {}
+        # buffer id -> group device, for CUDA staging buffers
+        self._cuda_buffers: Dict[int, int] = {}
 
     # ---- handle --------------------------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Closes the connection, unmaps the pool and the staging buffers. Idempotent."""
         with self._lock:
             if self._h is not None:
@@ -370,20 +376,20 @@ class Client:
                 self._pool_arrays.clear()
                 self._staging.clear()
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._h is None
 
     def _handle(self):
@@ -418,7 +424,7 @@ class Client:
         self._call(self._lib.kvp_client_ping, ctypes.byref(rtt))
         return int(rtt.value)
 
-    def audit(self):
+    def audit(self) -> None:
         """Runs the daemon's audit; raises AuditFailed (KVP_EAUDIT) with the violation."""
         self._call(self._lib.kvp_client_audit)
 
@@ -453,7 +459,7 @@ class Client:
         self._pool_arrays[device] = arr
         return arr
 
-    def pool_bytes_view(self, device=0):
+    def pool_bytes_view(self, device: int = 0) -> Array:
         """The whole mapped pool of a device as a writable uint8 array (no copy); on the cuda
         backend a uint8 CUDA tensor."""
         p = self._pool(device)
@@ -482,7 +488,7 @@ class Client:
             strides = (info.stride_page * e, info.stride_h * e, info.stride_n * e, e)
         return np.ndarray(shape, dtype=dt, buffer=pool, offset=off, strides=strides)
 
-    def k_view(self, layer, device=0) -> np.ndarray:
+    def k_view(self, layer: int, device: int = 0) -> Array:
         """Layer `layer`'s K cache as a writable NumPy array over the mapped pool (no copy):
         [num_pages, page_size, H, D] (NHD) or [num_pages, H, page_size, D] (HND), dtype
         float16/float32, or uint16 (bf16) / uint8 (fp8) raw. With combined storage the page
@@ -491,11 +497,12 @@ class Client:
         daemon's pool (kvp_client_cuda_map_pool on first use)."""
         return self._kv_view(layer, 0, device)
 
-    def v_view(self, layer, device=0) -> np.ndarray:
+    def v_view(self, layer: int, device: int = 0) -> Array:
         """Layer `layer`'s V cache; see k_view."""
         return self._kv_view(layer, 1, device)
 
-    def paged_kv_cache(self, layer, device=0):
+    def paged_kv_cache(self, layer: int,
+                       device: int = 0) -> Union[Array, Tuple[Array, Array]]:
         """Layer `layer` as FlashInfer's paged_kv_cache argument: combined storage -> one array
         [num_pages, 2, ...] ([:, 0] K, [:, 1] V); split storage -> the tuple (k, v)."""
         if self._info.backend == 1:
@@ -511,7 +518,7 @@ class Client:
             k, shape=(k.shape[0], 2) + k.shape[1:],
             strides=(k.strides[0], vstride) + k.strides[1:], writeable=True)
 
-    def apply_copies(self, table: PageTable, device=0, stream=None):
+    def apply_copies(self, table: PageTable, device: int = 0, stream: Stream = None) -> None:
         """Runs a Reserve answer's copy-on-write copies on the mapped pool (K and V, every
         layer), as the Reserve caller must before its own appends. cuda backend: queued on
         `stream` (default: the current torch stream of the device)."""
@@ -528,7 +535,7 @@ class Client:
 
     # ---- staging buffers -----------------------------------------------------------------
 
-    def alloc_staging(self, nbytes, device=0):
+    def alloc_staging(self, nbytes: int, device: int = 0) -> Tuple[Array, int]:
         """Creates and registers a staging buffer of nbytes; returns (a writable uint8 array
         over it, its buffer id). Host backend: a sealed memfd, as a NumPy array. cuda backend:
         GPU memory of device_ids[device] (CUDA VMM, shared with the daemon by fd, with
@@ -547,7 +554,7 @@ class Client:
         self._staging[bid.value] = arr
         return arr, int(bid.value)
 
-    def register_tensor(self, tensor, device=0) -> int:
+    def register_tensor(self, tensor: Any, device: int = 0) -> int:
         """cuda backend: registers a contiguous CUDA tensor (PyTorch's cudaMalloc'd memory;
         not expandable segments) as a staging buffer through a legacy IPC handle, with
         events; source offsets are then relative to tensor.data_ptr(). The tensor must
@@ -559,7 +566,7 @@ class Client:
         self._cuda_buffers[bid] = int(device)
         return bid
 
-    def register_fd(self, fd, size_bytes, kind=0) -> int:
+    def register_fd(self, fd: int, size_bytes: int, kind: int = 0) -> int:
         """Registers a buffer given as an fd (kind 0: memfd sealed against shrinking); the fd
         stays the caller's. Returns the buffer id."""
         bid = ctypes.c_uint32()
@@ -567,7 +574,7 @@ class Client:
                    ctypes.byref(bid))
         return int(bid.value)
 
-    def unregister_buffer(self, buffer_id):
+    def unregister_buffer(self, buffer_id: int) -> None:
         """Unregisters a buffer (and unmaps it if alloc_staging made it: its array must not be
         used afterwards)."""
         bid = int(buffer_id)
@@ -655,9 +662,11 @@ class Client:
         o.skip_tokens = int(skip_tokens)
         return o, keep
 
-    def append(self, seq_ids, num_tokens, source, stream=None, *, token_ids=None, salts=None,
-               reuse=False, leave_last=False, priority=None, retention_ms=0,
-               skip_tokens=0) -> PageTable:
+    def append(self, seq_ids: IntArray, num_tokens: IntArray,
+               source: Union[Mapping[str, int], "_lib.kvp_source_t"], stream: Stream = None, *,
+               token_ids: Optional[TokenIds] = None, salts: Optional[Salts] = None,
+               reuse: bool = False, leave_last: bool = False, priority: Optional[int] = None,
+               retention_ms: int = 0, skip_tokens: int = 0) -> PageTable:
         """Daemon-run append: grows each sequence by num_tokens[i] tokens (an int applies to
         all), the daemon copies K/V from a registered buffer and answers once the data is in
         the pool. source: dict with buffer_id, k_offset, v_offset (bytes) and optionally
@@ -697,8 +706,10 @@ class Client:
         return self._table_call(self._lib.kvp_client_append, seq,
                                 (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src)))
 
-    def reserve(self, seq_ids, num_tokens, token_ids=None, salts=None, reuse=False,
-                leave_last=False, priority=None, retention_ms=0) -> PageTable:
+    def reserve(self, seq_ids: IntArray, num_tokens: IntArray,
+                token_ids: Optional[TokenIds] = None, salts: Optional[Salts] = None,
+                reuse: bool = False, leave_last: bool = False, priority: Optional[int] = None,
+                retention_ms: int = 0) -> PageTable:
         """Reserve: the allocation and page table of an append, without the copy. Run
         apply_copies(table) and then append_paged_kv_cache on the views yourself.
 
@@ -723,7 +734,7 @@ class Client:
 
     # ---- the prefix cache ------------------------------------------------------------------
 
-    def commit(self, seq_ids, stream=None) -> Commit:
+    def commit(self, seq_ids: IntArray, stream: Stream = None) -> Commit:
         """Makes the keyed pages of the sequences findable (after a reserve() whose tokens you
         appended yourself, every layer). Host backend (stream None): the writes are taken as
         complete. cuda backend, or a stream given (a torch.cuda.Stream or a raw cudaStream_t;
@@ -749,7 +760,8 @@ class Client:
                        ctypes.byref(pages), ctypes.byref(published))
         return Commit(int(pages.value), int(published.value))
 
-    def lookup(self, prompts, salts=None):
+    def lookup(self, prompts: Iterable[Union[Sequence[int], np.ndarray]],
+               salts: Optional[Salts] = None) -> List[int]:
         """How many leading tokens of each prompt (a list of sequences of token ids) are
         cached in this namespace's scope, with no side effect; salts as in reserve(). Returns
         a list of ints (whole pages: multiples of the page size)."""
@@ -764,7 +776,8 @@ class Client:
                    _ptr(out, ctypes.c_uint32))
         return [int(x) for x in out[: len(prompts)]]
 
-    def pin(self, token_ids, salt=b"", ttl_ms=0) -> Pin:
+    def pin(self, token_ids: Union[Sequence[int], np.ndarray], salt: Optional[bytes] = b"",
+            ttl_ms: int = 0) -> Pin:
         """Keeps the cached prefix of the prompt token_ids (with salt) resident for ttl_ms (0:
         the daemon's limits.pin_max_ttl_ms), counted against the namespace's pinned-page
         quota (ResourceExhausted over it; NotFound when nothing of it is cached)."""
@@ -776,14 +789,15 @@ class Client:
         return Pin(int(out.pin_id), int(out.pinned_tokens), int(out.pinned_pages),
                    int(out.expires_in_ms))
 
-    def unpin(self, pin_id) -> int:
+    def unpin(self, pin_id: Union[int, Pin]) -> int:
         """Drops a pin of this namespace; returns the pages it held."""
         pages = ctypes.c_uint32()
-        self._call(self._lib.kvp_client_unpin, int(getattr(pin_id, "pin_id", pin_id)),
+        self._call(self._lib.kvp_client_unpin,
+                   int(getattr(pin_id, "pin_id", pin_id)),  # type: ignore[arg-type]
                    ctypes.byref(pages))
         return int(pages.value)
 
-    def cache_flush(self, scope=None, all=False) -> int:
+    def cache_flush(self, scope: Optional[str] = None, all: bool = False) -> int:
         """Drops every cached page nobody holds in this namespace's scope (an operator may name
         another scope, or all=True for every scope); pinned and held pages stay. Returns the
         pages dropped."""
@@ -799,7 +813,7 @@ class Client:
         return CacheStats(**{f.name: int(getattr(st, f.name))
                              for f in dataclasses.fields(CacheStats)})
 
-    def page_table(self, seq_ids) -> PageTable:
+    def page_table(self, seq_ids: IntArray) -> PageTable:
         """The current page table of the sequences (append_indptr all zeros: nothing appended)."""
         seq = _u64_array(seq_ids, "seq_ids")
         try:
@@ -813,15 +827,15 @@ class Client:
                                         n_indices=exact)
             raise
 
-    def fork(self, parent, child):
+    def fork(self, parent: int, child: int) -> None:
         """Creates `child` sharing all of `parent`'s pages (copy-on-write)."""
         self._call(self._lib.kvp_client_fork, int(parent), int(child))
 
-    def truncate(self, seq_id, num_tokens):
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Shortens a sequence to num_tokens tokens."""
         self._call(self._lib.kvp_client_truncate, int(seq_id), int(num_tokens))
 
-    def release(self, seq_ids) -> int:
+    def release(self, seq_ids: IntArray) -> int:
         """Releases sequences; returns how many of them existed."""
         seq = _u64_array(seq_ids, "seq_ids")
         released = ctypes.c_uint32()
@@ -831,7 +845,7 @@ class Client:
 
     # ---- transfers between daemons (ExportBegin / Import, over NCCL) -----------------------
 
-    def export_begin(self, seq_ids, peer, timeout_ms=0) -> Ticket:
+    def export_begin(self, seq_ids: IntArray, peer: str, timeout_ms: int = 0) -> Ticket:
         """Starts sending seq_ids (one id, or a set: a list of up to 64 distinct ids, moved as
         one stream) to the daemon named `peer`; returns the ticket at once. The outcome is in
         list_transfers(). Needs the cuda backend and NCCL on both daemons."""
@@ -839,7 +853,8 @@ class Client:
             raise TypeError("peer must be a str")
         t = _lib.kvp_transfer_ticket_t()
         if np.ndim(seq_ids) == 0:
-            self._call(self._lib.kvp_client_export_begin, int(seq_ids), peer.encode(),
+            self._call(self._lib.kvp_client_export_begin, int(seq_ids),  # type: ignore[arg-type]
+                       peer.encode(),
                        int(timeout_ms), ctypes.byref(t))
         else:
             seq = _u64_array(seq_ids, "seq_ids")
@@ -847,7 +862,8 @@ class Client:
                        seq.size, peer.encode(), int(timeout_ms), ctypes.byref(t))
         return Ticket._from_c(t)
 
-    def import_transfer(self, ticket: Ticket, seq_ids, timeout_ms=0) -> int:
+    def import_transfer(self, ticket: Union[Ticket, bytes, bytearray, memoryview],
+                        seq_ids: IntArray, timeout_ms: int = 0) -> int:
         """Receives the ticket's sequences as the new seq_ids of this namespace (one id, or a
         list in the exporter's order, one per ticket sequence), all or none; returns once the
         data is in the pool, with the number of pages they took."""
@@ -856,7 +872,8 @@ class Client:
         t = ticket._to_c()
         pages = ctypes.c_uint32()
         if np.ndim(seq_ids) == 0 and ticket.num_seqs == 1:
-            self._call(self._lib.kvp_client_import, ctypes.byref(t), int(seq_ids),
+            self._call(self._lib.kvp_client_import, ctypes.byref(t),
+                       int(seq_ids),  # type: ignore[arg-type]
                        int(timeout_ms), ctypes.byref(pages))
         else:
             seq = _u64_array(seq_ids, "seq_ids")
@@ -867,7 +884,7 @@ class Client:
                        _ptr(seq, ctypes.c_uint64), int(timeout_ms), ctypes.byref(pages))
         return int(pages.value)
 
-    def list_transfers(self):
+    def list_transfers(self) -> List[TransferInfo]:
         """Transfers in flight, then the newest finished ones (at most 32)."""
         out = (_lib.kvp_transfer_info_t * 32)()
         n = ctypes.c_uint32()

@@ -5,6 +5,7 @@ Every exception carries .code (the negative KVP_E* integer, or -errno for a fail
 .name (kvp_errname: "KVP_ENOSPC", "ECONNREFUSED") and the message of kvp_client_last_error.
 """
 import errno as _errno
+from typing import Optional, Type
 
 # The codes of common/kvp_error.h (kept equal by tests/python: every one is checked against
 # kvp_errname of the loaded library).
@@ -44,13 +45,13 @@ _NAMES = {v: k for k, v in CODES.items()}
 class KvpoolError(Exception):
     """A failed libkvpool call. .code: the KVP_E* code (or -errno); .name: its symbolic name."""
 
-    def __init__(self, code, message="", name=None):
+    def __init__(self, code: int, message: str = "", name: Optional[str] = None) -> None:
         self.code = int(code)
         self.name = name or errname(self.code)
         self.message = message or ""
         super().__init__(self.code, self.message)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "%s (%d): %s" % (self.name, self.code, self.message or strerror(self.code))
 
 
@@ -151,7 +152,7 @@ _BY_CODE = {
 }
 
 
-def exception_class(code):
+def exception_class(code: int) -> Type[KvpoolError]:
     """The KvpoolError subclass for a code."""
     code = int(code)
     if code in _BY_CODE:
@@ -163,7 +164,7 @@ def exception_class(code):
     return KvpoolError
 
 
-def error(code, message=""):
+def error(code: int, message: str = "") -> KvpoolError:
     """The exception (not raised) for a code and message."""
     return exception_class(code)(code, message)
 
@@ -173,11 +174,11 @@ def _lib_or_none():
 
     try:
         return _lib.load()
-    except OSError:
+    except (OSError, ImportError):  # none found, or LibraryMismatch: the table's names
         return None
 
 
-def errname(code):
+def errname(code: int) -> str:
     """kvp_errname of the library when it is loadable, else the same names from this table."""
     lib = _lib_or_none()
     if lib is not None:
@@ -189,7 +190,7 @@ def errname(code):
     return "UNKNOWN"
 
 
-def strerror(code):
+def strerror(code: int) -> str:
     lib = _lib_or_none()
     if lib is not None:
         return lib.kvp_strerror(int(code)).decode()

@@ -13,7 +13,11 @@ kernels libkvpool exports (kvpool._torch: the checked append, which writes nothi
 entry is out of range, queued on the current stream; pass check=True to wait and raise); CPU
 tensors are handled by the NumPy code on their memory (bf16/fp8 as raw integers).
 """
+from typing import Sequence, Tuple, Union
+
 import numpy as np
+
+from ._types import Array
 
 __all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
 
@@ -56,7 +60,7 @@ def _from_np(a, like):
     return torch.from_numpy(a)
 
 
-def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
+def get_seq_lens(kv_indptr: Array, kv_last_page_len: Array, page_size: int) -> Array:
     """seq_len[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b],
     0 for a request without pages. int32."""
     if _torch_cuda(kv_indptr):
@@ -76,7 +80,8 @@ def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
     return out.astype(np.int32)
 
 
-def get_batch_indices_positions(append_indptr, seq_lens, nnz):
+def get_batch_indices_positions(append_indptr: Array, seq_lens: Array,
+                                nnz: int) -> Tuple[Array, Array]:
     """(batch_indices, positions), int32 arrays of nnz entries: the j-th appended token of
     request b gets batch index b and position seq_lens[b] - append_len[b] + j (seq_lens already
     count the appended tokens). Entries past append_indptr[-1] are padding: batch index -1,
@@ -138,9 +143,11 @@ def _split_cache(paged_kv_cache, kv_layout):
     return k, v, page_size, layout
 
 
-def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache,
-                          kv_indices, kv_indptr, kv_last_page_len, kv_layout="NHD", *,
-                          check=False):
+def append_paged_kv_cache(append_key: Array, append_value: Array, batch_indices: Array,
+                          positions: Array,
+                          paged_kv_cache: Union[Array, Tuple[Array, Array], Sequence[Array]],
+                          kv_indices: Array, kv_indptr: Array, kv_last_page_len: Array,
+                          kv_layout: str = "NHD", *, check: bool = False) -> None:
     """FlashInfer's append_paged_kv_cache on NumPy arrays, in place.
 
     append_key, append_value: [nnz, H, D] (any row strides). batch_indices, positions: [nnz]
