@@ -77,7 +77,11 @@ fi
 PY="$PWD/.gpu/py"
 export FLASHINFER_WORKSPACE_BASE="$PWD/.gpu/fi-ws"
 if [ "$what" = hf ] || [ "$what" = hf-bench ]; then
-    if [ -n "${KVP_WHEELS:-}" ] && [ ! -d "$PY/flashinfer" ]; then
+    # installed unless an import of the wrappers works (a folder kept from an earlier call of a
+    # warm machine may be incomplete)
+    if [ -n "${KVP_WHEELS:-}" ] && ! PYTHONPATH="$PY" python3 -c \
+        "import flashinfer; flashinfer.BatchPrefillWithPagedKVCacheWrapper" >/dev/null 2>&1; then
+        rm -rf "$PY"
         # shellcheck disable=SC2086 # a list of wheel paths
         python3 -m pip install -q --no-deps --no-index --target "$PY" $KVP_WHEELS \
             > "$OUT/pip.log" 2>&1 || { echo "pip install of the wheels failed"; cat "$OUT/pip.log"; }

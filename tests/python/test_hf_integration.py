@@ -303,9 +303,14 @@ def test_flashinfer_path_plans_once_per_step(start, monkeypatch, page_size, layo
         assert cache.last_prefill["cached_tokens"] == [
             ((n - 1) // page_size) * page_size for n in PROMPT_LENS]
         assert out2.sequences.tolist() == ref.sequences.tolist()
-        rest = [n - 1 - ((n - 1) // page_size) * page_size for n in PROMPT_LENS]
-        first = ["prefill"] if any(rest) else []
-        assert _FakeWrapper.plans == first + ["decode"] * NEW_TOKENS
+        # its one prefill computes every uncached token, the last included (whose logits are
+        # generate()'s first step: no forward, no plan there), then NEW_TOKENS - 1 decode steps
+        assert cache.last_prefill["computed_tokens"] == [
+            n - ((n - 1) // page_size) * page_size for n in PROMPT_LENS]
+        rest = cache.last_prefill["computed_tokens"]
+        first = "decode" if all(r == 1 for r in rest) else "prefill"  # page 1: one token a row
+        assert _FakeWrapper.plans == [first] + ["decode"] * (NEW_TOKENS - 1)
+        assert cache.reserves == NEW_TOKENS  # the prefill's Reserve + one a decode step
         c.audit()
 
 

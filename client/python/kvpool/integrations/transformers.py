@@ -53,15 +53,17 @@ generate() with the longer input_ids / attention_mask, as transformers' own cach
 
 Prefix reuse (kvpool_generate): transformers' forward computes every input token, so reuse
 cannot happen inside generate(). kvpool_generate(model, client, prompts) does the prefill
-itself: one Reserve with each prompt's first P-1 token ids and reuse=True (the daemon links
-each row's longest cached full-page prefix: cached_tokens, a multiple of the page size), one
-forward over the remaining tokens only (position ids from cached_tokens on), commit() of the
-new full pages (findable by any process of the cache scope from then on); then
-model.generate() with the full left-padded prompts and this cache, which reports P_max - 1
-columns seen, so generate() runs its first step on the last prompt token of every row and
-goes on as usual. Reserving P-1 tokens without leave_last links exactly what reserving P with
-leave_last=True would (at least one token is left to compute: the last). The cache's
-last_prefill says what happened (cached_tokens, computed_tokens per row).
+itself: one Reserve with each prompt's token ids, reuse=True and leave_last=True (the daemon
+links each row's longest cached full-page prefix that leaves at least the last token to
+compute: cached_tokens, a multiple of the page size), ONE forward over the remaining tokens
+only, the last included (position ids from cached_tokens on), commit() of the new full pages
+(findable by any process of the cache scope from then on); then model.generate() with the full
+left-padded prompts and this cache, which reports P_max - 1 columns seen, so generate() asks
+for its first step on the last prompt token of every row: that step runs no forward and no
+Reserve (the model's forward is wrapped while the cache lives) and gets the logits the prefill
+computed for those tokens, so generate()'s own logits processing picks the first token and goes
+on as usual. The cache's last_prefill says what happened (cached_tokens, computed_tokens per
+row, and the host milliseconds of the Reserve and the Commit).
 
 Not supported (raise): beam search / reorder_cache, batch_select / repeat, crop other than 0
 (assisted decoding), sliding-window or non-attention layers, pools split over several devices,
@@ -291,16 +293,18 @@ class KvpoolCache(Cache):
         self._graphs = {}  # batch size -> _DecodeGraph
         self._fi_scaling = None  # (scaling, softcap) the model's layers attend with
         self.graph_steps = 0  # decode steps run from a graph
-        self._orig_forward = None
-        if self.cuda_graphs:
-            if not (self.cuda and self.use_flashinfer):
-                raise ValueError("cuda_graphs=True needs the cuda backend and FlashInfer")
-            self._orig_forward = model.forward
+        self._first = None  # logits of kvpool_generate's prefill for generate()'s first step
+        if self.cuda_graphs and not (self.cuda and self.use_flashinfer):
+            raise ValueError("cuda_graphs=True needs the cuda backend and FlashInfer")
+        # model.forward wrapped for this cache's life (graph steps, and generate()'s first step
+        # after kvpool_generate's prefill); other calls go to the model's own forward
+        self._orig_forward = model.forward
+        self._prev_forward = model.__dict__.get("forward")  # another wrapper, restored at close
 
-            def forward(*args, **kwargs):  # generate() reads the model's signature: wraps
-                return self._forward(*args, **kwargs)
+        def forward(*args, **kwargs):  # generate() reads the model's signature: wraps
+            return self._forward(*args, **kwargs)
 
-            model.forward = functools.wraps(self._orig_forward)(forward)
+        model.forward = functools.wraps(self._orig_forward)(forward)
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -327,6 +331,7 @@ class KvpoolCache(Cache):
         constructor's). Idempotent once released."""
         keep = self.keep if keep is None else keep
         self._step = None
+        self._first = None
         if getattr(_active, "cache", None) is self:
             _active.cache = None
         if self._lens is None:
@@ -349,7 +354,10 @@ class KvpoolCache(Cache):
                 self._hook.remove()
                 self._hook = None
             if self._orig_forward is not None:
-                self._model.__dict__.pop("forward", None)  # the class's forward again
+                if self._prev_forward is not None:
+                    self._model.forward = self._prev_forward
+                else:
+                    self._model.__dict__.pop("forward", None)  # the class's forward again
                 self._orig_forward = None
             self._graphs.clear()
 
@@ -422,9 +430,13 @@ class KvpoolCache(Cache):
     def _forward(self, *args, **kwargs):
         """model.forward under cuda_graphs: a decode step from its batch size's graph, anything
         else the model's own forward (the pre-hook has run the step's Reserve either way)."""
+        if self._first is not None and kwargs.get("past_key_values") is self:
+            logits, self._first = self._first, None  # generate()'s first step: computed
+            from transformers.modeling_outputs import CausalLMOutputWithPast
+            return CausalLMOutputWithPast(logits=logits, past_key_values=self)
         s = self._step
         ids, pos = kwargs.get("input_ids"), kwargs.get("position_ids")
-        if args or s is None or kwargs.get("past_key_values") is not self or ids is None or \
+        if not self.cuda_graphs or args or s is None or kwargs.get("past_key_values") is not self or ids is None or \
                 pos is None or not s.dense or s.T != 1 or self._fi_scaling is None or \
                 any(v for k, v in kwargs.items() if k not in _GRAPH_KWARGS and v is not None
                     and v is not False):
@@ -470,6 +482,16 @@ class KvpoolCache(Cache):
             table, new = self._prepared
             self._prepared = None
             self._start_step(table, new)
+            return None
+        if self._first is not None:  # computed by kvpool_generate's prefill: no Reserve
+            ids = kwargs.get("input_ids")
+            if ids is None or ids.dim() != 2 or ids.shape[1] != 1:
+                self._first = None
+                raise RuntimeError("kvpool_generate: generate()'s first step is not the last "
+                                   "prompt token (input %s)" % (None if ids is None else
+                                                                tuple(ids.shape),))
+            self._step = None
+            self._hf_len += 1
             return None
         ids = kwargs.get("input_ids")
         if ids is None and args:
@@ -810,16 +832,20 @@ def kvpool_generate(model, client, input_ids, attention_mask=None, *, cache=None
 
 
 def _prefill(model, cache, prompts, reuse, pad, dev):
-    """kvpool_generate's own prefill: every prompt but its last token, after the cached
-    prefix; leaves the cache at max(P) - 1 columns seen."""
+    """kvpool_generate's own prefill: every prompt token after the cached prefix, the last one
+    included, in ONE forward; its last position's logits are kept for generate()'s first step
+    (which then runs no forward: KvpoolCache._first). Leaves the cache at max(P) - 1 columns
+    seen, so that generate() feeds the last prompt tokens as its first step."""
     B = len(prompts)
     L = max(len(p) for p in prompts)
     seqs = cache._rows(B)
-    heads = [p[:-1] for p in prompts]
+    heads = prompts
     counts = np.array([h.size for h in heads], np.uint32)
     t0 = time.perf_counter()
+    # leave_last: at least the last token is computed (its logits give the first new token)
     table = cache.client.reserve(seqs, counts, token_ids=heads if cache.key_tokens else None,
-                                 salts=cache.salt if cache.key_tokens else None, reuse=reuse)
+                                 salts=cache.salt if cache.key_tokens else None, reuse=reuse,
+                                 leave_last=bool(reuse))
     cache.reserves += 1
     cached = np.asarray(table.cached_tokens, np.int64)[:B] if table.cached_tokens.size else \
         np.zeros(B, np.int64)
@@ -827,7 +853,7 @@ def _prefill(model, cache, prompts, reuse, pad, dev):
         cached = np.zeros(B, np.int64)
     rest = counts.astype(np.int64) - cached
     R = int(rest.max()) if B else 0
-    cache.last_prefill = dict(cached_tokens=cached.tolist(), computed_tokens=(rest + 1).tolist(),
+    cache.last_prefill = dict(cached_tokens=cached.tolist(), computed_tokens=rest.tolist(),
                               page_size=cache.page_size,
                               reserve_ms=(time.perf_counter() - t0) * 1e3)
     # the cached prefix is already in the rows: count it as the rows' length before the step
@@ -841,19 +867,20 @@ def _prefill(model, cache, prompts, reuse, pad, dev):
             new[b, R - r:] = True
             ids[b, R - r:] = heads[b][int(cached[b]):]
             pos[b, R - r:] = np.arange(int(cached[b]), int(cached[b]) + r)
-    if R:
-        cache._prepared = (table, new)
-        try:
-            kw = {}
-            if "logits_to_keep" in inspect.signature(model.forward).parameters:
-                kw["logits_to_keep"] = 1  # the prefill's logits are not used
-            model(input_ids=torch.from_numpy(ids).to(dev), position_ids=torch.from_numpy(pos).to(
-                dev), past_key_values=cache, use_cache=True, **kw)
-        finally:
-            cache._prepared = None
-    else:
-        cache._start_step(table, new)
+    if int(rest.min()) < 1:
+        raise RuntimeError("Reserve linked a whole prompt (cached %s of %s tokens): nothing "
+                           "left to compute" % (cached.tolist(), counts.tolist()))
+    cache._prepared = (table, new)
+    try:
+        kw = {}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            kw["logits_to_keep"] = 1  # only the last position's (each row's last token)
+        out = model(input_ids=torch.from_numpy(ids).to(dev), position_ids=torch.from_numpy(
+            pos).to(dev), past_key_values=cache, use_cache=True, **kw)
+    finally:
+        cache._prepared = None
     cache._step = None
+    cache._first = out.logits[:, -1:]
     cache._hf_len = L - 1
     if cache.key_tokens:
         t0 = time.perf_counter()
