@@ -160,6 +160,35 @@ def test_fork_truncate_release_stats(small, request):
             c.page_table([])
 
 
+def test_step_reserve_answers_what_reserve_answers(small, request):
+    """Client.step_reserve: the same steps through the prepared Reserve and through reserve()
+    on twin sequences give the same tables (page ids aside); its keyed steps are findable after
+    commit like reserve()'s; a token-id count that differs is refused before any call."""
+    with small.client(nsname(request), cache_scope="steps") as c:
+        ids = list(range(100, 111))
+        r = c.step_reserve([11, 12], salts=b"m")
+        steps = [([5, 3], ids[:8]), ([1, 1], ids[8:10]), ([0, 1], ids[10:11])]
+        for counts, tokens in steps:
+            a = c.reserve([21, 22], counts, token_ids=tokens, salts=b"m")
+            t = r.run(counts, tokens)
+            for f in ("kv_indptr", "kv_last_page_len", "append_indptr", "seq_lens"):
+                assert getattr(t, f).tolist() == getattr(a, f).tolist(), f
+            assert t.kv_indices.size == a.kv_indices.size and t.copies.shape == a.copies.shape
+        assert t.seq_lens.tolist() == [6, 5]
+        with pytest.raises(ValueError, match="3 token ids for 2 tokens"):
+            r.run([1, 1], [1, 2, 3])
+        assert c.page_table([11, 12]).seq_lens.tolist() == [6, 5]  # nothing changed
+        plain = r.run(1)  # no token ids: not keyed, both rows grow by one
+        assert plain.seq_lens.tolist() == [7, 6]
+        c.commit([11, 12])
+        # row 0 holds ids[0:5] + ids[8:9] + one unkeyed token: its first full page (4 tokens)
+        # is findable under the salt
+        assert c.lookup([ids[:5] + ids[8:9]], salts=b"m") == [4]
+        assert c.lookup([ids[:5] + ids[8:9]]) == [0]  # the salt went with the step's ids
+        assert c.release([11, 12, 21, 22]) == 4
+        c.audit()
+
+
 def test_lease_zero_releases_on_close(small, request):
     with small.client(nsname(request), lease_ms=0) as c:
         c.reserve([1], [9])

@@ -294,6 +294,7 @@ class KvpoolCache(Cache):
         self._fi_scaling = None  # (scaling, softcap) the model's layers attend with
         self.graph_steps = 0  # decode steps run from a graph
         self._first = None  # logits of kvpool_generate's prefill for generate()'s first step
+        self._reserver = None  # (seq ids, Client.step_reserve of them): the steps' Reserve
         if self.cuda_graphs and not (self.cuda and self.use_flashinfer):
             raise ValueError("cuda_graphs=True needs the cuda backend and FlashInfer")
         # model.forward wrapped for this cache's life (graph steps, and generate()'s first step
@@ -332,6 +333,7 @@ class KvpoolCache(Cache):
         keep = self.keep if keep is None else keep
         self._step = None
         self._first = None
+        self._reserver = None
         if getattr(_active, "cache", None) is self:
             _active.cache = None
         if self._lens is None:
@@ -512,8 +514,10 @@ class KvpoolCache(Cache):
         token_ids = None
         if self.key_tokens and input_ids is not None:
             token_ids = input_ids.detach().to("cpu").numpy()[new]
-        salts = self.salt if token_ids is not None else None
-        table = self.client.reserve(seqs, counts, token_ids=token_ids, salts=salts)
+        if self._reserver is None or self._reserver[0] is not seqs:
+            # made once for the batch's sequences; each step then only fills it in
+            self._reserver = (seqs, self.client.step_reserve(seqs, salts=self.salt))
+        table = self._reserver[1].run(counts, token_ids)
         self.reserves += 1
         self._hf_len += T
         self._start_step(table, new)
