@@ -316,6 +316,27 @@ def _salts(salts, n):
 _INDICES_CAP = 1 << 24
 
 
+def _table_arrays(n, cap_indices):
+    """The answer arrays of a table call for n sequences (kv_indices of cap_indices entries)
+    and the kvp_page_table_t pointing at them."""
+    cap = max(int(cap_indices), 1)
+    arrs = dict(
+        kv_indptr=np.empty(n + 1, np.int32),
+        kv_indices=np.empty(cap, np.int32),
+        kv_last_page_len=np.empty(max(n, 1), np.int32),
+        append_indptr=np.empty(n + 1, np.int32),
+        seq_lens=np.empty(max(n, 1), np.int32),
+        copies=np.empty((max(n, 1), 2), np.uint32),
+        cached_tokens=np.empty(n + 1, np.uint32),
+    )
+    t = _lib.kvp_page_table_t()
+    for k, a in arrs.items():
+        u32 = k in ("copies", "cached_tokens")
+        setattr(t, k, _ptr(a, ctypes.c_uint32 if u32 else ctypes.c_int32))
+    t.cap_batch, t.cap_indices, t.cap_copies = n + 1, cap, max(n, 1)
+    return arrs, t
+
+
 class StepReserve:
     """Client.reserve() for the same sequences again and again, with the least Python a call:
     the sequence ids, the salts, the argument structs and the answer's arrays are made once;
@@ -333,19 +354,8 @@ class StepReserve:
             raise ValueError("step_reserve needs at least one sequence")
         info = client._info
         cap = max_indices if max_indices is not None else min(n * info.num_pages, _INDICES_CAP)
-        cap = max(int(cap), 1)
         self._tok = np.zeros(n, np.uint32)
-        self._arrs = dict(
-            kv_indptr=np.empty(n + 1, np.int32), kv_indices=np.empty(cap, np.int32),
-            kv_last_page_len=np.empty(n, np.int32), append_indptr=np.empty(n + 1, np.int32),
-            seq_lens=np.empty(n, np.int32), copies=np.empty((n, 2), np.uint32),
-            cached_tokens=np.empty(n + 1, np.uint32))
-        t = _lib.kvp_page_table_t()
-        for k, a in self._arrs.items():
-            u32 = k in ("copies", "cached_tokens")
-            setattr(t, k, _ptr(a, ctypes.c_uint32 if u32 else ctypes.c_int32))
-        t.cap_batch, t.cap_indices, t.cap_copies = n + 1, cap, n
-        self._t = t
+        self._arrs, self._t = _table_arrays(n, cap)
         self._opts = _lib.kvp_cache_opts_t()
         self._opts.priority = -1
         sdata, slens = _salts(salts, n)
@@ -670,23 +680,7 @@ class Client:
         n = seq.size
         info = self._info
         cap_idx = n_indices if n_indices is not None else min(n * info.num_pages, _INDICES_CAP)
-        cap_idx = max(int(cap_idx), 1)
-        arrs = dict(
-            kv_indptr=np.empty(n + 1, np.int32),
-            kv_indices=np.empty(cap_idx, np.int32),
-            kv_last_page_len=np.empty(max(n, 1), np.int32),
-            append_indptr=np.empty(n + 1, np.int32),
-            seq_lens=np.empty(max(n, 1), np.int32),
-            copies=np.empty((max(n, 1), 2), np.uint32),
-            cached_tokens=np.empty(n + 1, np.uint32),
-        )
-        t = _lib.kvp_page_table_t()
-        for k, a in arrs.items():
-            u32 = k in ("copies", "cached_tokens")
-            setattr(t, k, _ptr(a, ctypes.c_uint32 if u32 else ctypes.c_int32))
-        t.cap_batch = n + 1
-        t.cap_indices = cap_idx
-        t.cap_copies = max(n, 1)
+        arrs, t = _table_arrays(n, cap_idx)
         self._call(fn, _ptr(seq, ctypes.c_uint64), *extra, ctypes.byref(t))
         B = t.batch_size
         out = PageTable(
