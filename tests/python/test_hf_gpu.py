@@ -27,7 +27,6 @@ prompts): a check of the tests themselves before GPU time is spent, not a result
 """
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -39,8 +38,7 @@ SMOKE = os.environ.get("KVPOOL_HF_GPU_SMOKE") == "1"
 if not torch.cuda.is_available() and not SMOKE:
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
-from conftest import ROOT  # noqa: E402
-
+import hf_common  # noqa: E402
 import kvpool  # noqa: E402
 from kvpool.integrations.transformers import (KvpoolCache, flashinfer_available,  # noqa: E402
                                               kvpool_generate)
@@ -80,18 +78,11 @@ def make_model(dtype, seed=0):
 
 
 def prompts_of(lens, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in lens]
+    return hf_common.prompts_of(lens, VOCAB, seed)
 
 
 def left_pad(prompts):
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), L, dtype=torch.long)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = torch.tensor(p)
-        mask[b, L - len(p):] = 1
-    return ids.to(DEV), mask.to(DEV)
+    return hf_common.left_pad(prompts, DEV)
 
 
 def gen_kwargs(new):
@@ -253,23 +244,9 @@ def test_cuda_graph_decode_matches_eager(start, dtype, layout, page_size):
 # ---- cross-process prefix reuse (processes: this file with --worker) ----------------------
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "client", "python"),
-                                         os.path.dirname(os.path.abspath(__file__)),
-                                         env.get("PYTHONPATH", "")])
-    return env
-
-
 def run_worker(sock, namespace, scope, prompts, new):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", sock, namespace, scope,
-           json.dumps(prompts), str(new)]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=300, env=_env())
-    res = [ln[7:] for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and len(res) == 1, "worker %s exited with %d:\n%s%s" % (
-        namespace, p.returncode, p.stdout, p.stderr[-4000:])
-    return json.loads(res[0])
+    return hf_common.run_worker(__file__, ["--worker", sock, namespace, scope,
+                                           json.dumps(prompts), new], namespace)
 
 
 def worker_main(sock, namespace, scope, prompts, new):
@@ -346,17 +323,9 @@ def test_worker_killed_mid_generation(start):
     d = start(*geometry(16, "hnd", "fp16", num_pages=16384))
     n = 100 if SMOKE else 700
     prompt = prompts_of((n,), seed=9)[0]
-    import tempfile
-    errf = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it until the end
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--doomed", d.sock,
-                          "hf-doomed", SCOPE, json.dumps([prompt])], stdout=subprocess.PIPE,
-                         stderr=errf, text=True, env=_env())
+    p = hf_common.start_doomed(__file__, ["--doomed", d.sock, "hf-doomed", SCOPE,
+                                          json.dumps([prompt])])
     try:
-        line = p.stdout.readline()
-        if line.strip() != "READY":
-            p.wait(60)
-            errf.seek(0)
-            pytest.fail("the worker did not start generating:\n" + line + errf.read()[-4000:])
         time.sleep(1.0)  # decode steps further, kernels in flight
         with d.client("hf-probe", cache_scope=SCOPE) as c:
             st = c.stats()
@@ -364,13 +333,7 @@ def test_worker_killed_mid_generation(start):
     finally:
         p.kill()
         p.wait()
-    time.sleep(1.0)  # past the 300 ms lease
-    with d.client("hf-probe", cache_scope=SCOPE) as c:
-        c.ping()
-        c.audit()
-        st = c.stats()
-        assert st.num_seqs == 0 and st.used_pages == 0  # nothing held: free or cached
-        assert c.lookup([prompt]) == [(n - 1) // 16 * 16]  # the committed prompt stays findable
+    hf_common.check_after_kill(d, prompt, SCOPE, 16)  # past the 300 ms lease
 
 
 if __name__ == "__main__":

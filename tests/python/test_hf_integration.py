@@ -21,7 +21,6 @@ The daemon fixture `start` comes from conftest.py.
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -29,6 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import hf_common  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
 import kvpool  # noqa: E402
@@ -61,18 +61,11 @@ def make_model(dtype="fp32", seed=0):
 
 
 def prompts_of(lens, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in lens]
+    return hf_common.prompts_of(lens, VOCAB, seed)
 
 
 def left_pad(prompts):
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), L, dtype=torch.long)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, L - len(p):] = torch.tensor(p)
-        mask[b, L - len(p):] = 1
-    return ids, mask
+    return hf_common.left_pad(prompts)
 
 
 GEN = dict(max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
@@ -319,18 +312,8 @@ def test_flashinfer_path_plans_once_per_step(start, monkeypatch, page_size, layo
 def run_worker(sock, namespace, scope, prompts, timeout=300):
     """This file as a worker PROCESS: kvpool_generate of `prompts` in namespace/scope; returns
     its RESULT (tokens, cached_tokens, computed_tokens)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "client", "python"),
-                                         os.path.dirname(os.path.abspath(__file__)),
-                                         env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", sock, namespace, scope,
-           json.dumps(prompts)]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=timeout, env=env)
-    res = [ln[7:] for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and len(res) == 1, "worker %s exited with %d:\n%s%s" % (
-        namespace, p.returncode, p.stdout, p.stderr)
-    return json.loads(res[0])
+    return hf_common.run_worker(__file__, ["--worker", sock, namespace, scope,
+                                           json.dumps(prompts)], namespace, timeout)
 
 
 def worker_main(sock, namespace, scope, prompts):
@@ -412,21 +395,9 @@ def test_worker_killed_mid_generation(start):
     import time
     d = start(*geometry(16, "nhd", num_pages=4096))
     prompt = prompts_of((100,), seed=9)[0]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "client", "python"),
-                                         os.path.dirname(os.path.abspath(__file__)),
-                                         env.get("PYTHONPATH", "")])
-    import tempfile
-    errf = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it until the end
-    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--doomed", d.sock,
-                          "hf-doomed", SCOPE, json.dumps([prompt])], stdout=subprocess.PIPE,
-                         stderr=errf, text=True, env=env)
+    p = hf_common.start_doomed(__file__, ["--doomed", d.sock, "hf-doomed", SCOPE,
+                                          json.dumps([prompt])])
     try:
-        line = p.stdout.readline()
-        if line.strip() != "READY":
-            p.wait(60)
-            errf.seek(0)
-            pytest.fail("the worker did not start generating:\n" + line + errf.read()[-4000:])
         time.sleep(0.5)  # a few decode steps further
         with d.client("hf-probe", cache_scope=SCOPE) as c:
             st = c.stats()
@@ -434,14 +405,7 @@ def test_worker_killed_mid_generation(start):
     finally:
         p.kill()
         p.wait()
-    time.sleep(1.0)  # past the 300 ms lease
-    with d.client("hf-probe", cache_scope=SCOPE) as c:
-        c.ping()
-        c.audit()
-        st = c.stats()
-        assert st.num_seqs == 0 and st.used_pages == 0  # nothing held: free or cached
-        # the prompt's full pages, committed after the prefill, stay findable
-        assert c.lookup([prompt]) == [(99 // 16) * 16]
+    hf_common.check_after_kill(d, prompt, SCOPE, 16)  # past the 300 ms lease
 
 
 if __name__ == "__main__":
