@@ -1128,17 +1128,28 @@ int kvp_client_reserve_cached(kvp_client_t *c, const uint64_t *seq_ids, const ui
     return table_call(c, kvpool_Response_reserve_tag, table);
 }
 
-int kvp_client_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
-                      const void *event_handle, uint32_t *pages, uint32_t *published)
+/* The request of a call that names only sequences (Commit, GetPageTable, Release) into c->req,
+ * its seq_ids checked; b holds the arrays the request points at until it is sent. */
+static int seqs_request(kvp_client_t *c, pb_size_t tag, const uint64_t *seq_ids, uint32_t n,
+                        kvp_batch_arrays_t *b)
 {
     if (!c)
         return KVP_EINVAL;
     int rc = check_batch(c, seq_ids, NULL, n, 0);
     if (rc)
         return rc;
+    kvp__client_batch_arrays(b, seq_ids, NULL, n);
+    kvp__client_request_batch(&c->req, tag, b);
+    return 0;
+}
+
+int kvp_client_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
+                      const void *event_handle, uint32_t *pages, uint32_t *published)
+{
     kvp_batch_arrays_t b;
-    kvp__client_batch_arrays(&b, seq_ids, NULL, n);
-    kvp__client_request_batch(&c->req, kvpool_Request_commit_tag, &b);
+    int rc = seqs_request(c, kvpool_Request_commit_tag, seq_ids, n, &b);
+    if (rc)
+        return rc;
     kvpool_CommitRequest *q = &c->req.body.commit;
     if (event_handle) {
         memcpy(q->event_handle.bytes, event_handle, sizeof(q->event_handle.bytes));
@@ -1257,27 +1268,19 @@ int kvp_client_cache_flush(kvp_client_t *c, const char *scope, int all, uint32_t
 int kvp_client_page_table(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
                           kvp_page_table_t *table)
 {
-    if (!c)
-        return KVP_EINVAL;
-    int rc = check_batch(c, seq_ids, NULL, n, 0);
+    kvp_batch_arrays_t b;
+    int rc = seqs_request(c, kvpool_Request_get_page_table_tag, seq_ids, n, &b);
     if (rc)
         return rc;
-    kvp_batch_arrays_t b;
-    kvp__client_batch_arrays(&b, seq_ids, NULL, n);
-    kvp__client_request_batch(&c->req, kvpool_Request_get_page_table_tag, &b);
     return table_call(c, kvpool_Response_get_page_table_tag, table);
 }
 
 int kvp_client_release(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n, uint32_t *released)
 {
-    if (!c)
-        return KVP_EINVAL;
-    int rc = check_batch(c, seq_ids, NULL, n, 0);
+    kvp_batch_arrays_t b;
+    int rc = seqs_request(c, kvpool_Request_release_tag, seq_ids, n, &b);
     if (rc)
         return rc;
-    kvp_batch_arrays_t b;
-    kvp__client_batch_arrays(&b, seq_ids, NULL, n);
-    kvp__client_request_batch(&c->req, kvpool_Request_release_tag, &b);
     rc = simple_call(c, kvpool_Response_release_tag);
     if (rc)
         return rc;

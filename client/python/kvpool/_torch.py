@@ -406,10 +406,7 @@ class FusedAppend:
             from .paged import _split_cache
             k_cache, v_cache, _, _ = _split_cache(paged_kv_cache, self._layout)
         key, value, dev = append_key, append_value, self._dev
-        if (tuple(k_cache.shape), k_cache.stride(), k_cache.dtype) != self._geom or \
-                v_cache.stride() != k_cache.stride() or tuple(v_cache.shape) != self._geom[0] or \
-                k_cache.device != dev or v_cache.device != dev:
-            raise ValueError("the cache's geometry is not the one this append was prepared for")
+        self._check_cache(k_cache, v_cache)
         _check_rows(key, value, k_cache, v_cache, self._layout, dev)
         nnz = key.shape[0]
         if nnz == 0:
@@ -423,6 +420,12 @@ class FusedAppend:
         src.v_stride_n, src.v_stride_h = value.stride(0), value.stride(1)
         self._kptr = None  # states() re-checks its cache next time
         self._launch(nnz)
+
+    def _check_cache(self, k_cache, v_cache):
+        if (tuple(k_cache.shape), k_cache.stride(), k_cache.dtype) != self._geom or \
+                v_cache.stride() != k_cache.stride() or tuple(v_cache.shape) != self._geom[0] or \
+                k_cache.get_device() != self._index or v_cache.get_device() != self._index:
+            raise ValueError("the cache's geometry is not the one this append was prepared for")
 
     def _launch(self, nnz):
         # the C call launches on the calling thread's current device, which must be the stream's
@@ -474,12 +477,7 @@ class FusedAppend:
                              % (ks, vs))
         kp, vp = k_cache.data_ptr(), v_cache.data_ptr()
         if kp != self._kptr or vp != self._vptr:  # a layer's cache: its geometry, once
-            if (tuple(k_cache.shape), k_cache.stride(), k_cache.dtype) != self._geom or \
-                    v_cache.stride() != k_cache.stride() or \
-                    tuple(v_cache.shape) != self._geom[0] or \
-                    k_cache.get_device() != self._index or v_cache.get_device() != self._index:
-                raise ValueError("the cache's geometry is not the one this append was prepared "
-                                 "for")
+            self._check_cache(k_cache, v_cache)
             self._kv.k_data, self._kv.v_data = kp, vp
             self._kptr, self._vptr = kp, vp
         if nnz == 0:

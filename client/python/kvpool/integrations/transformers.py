@@ -650,10 +650,9 @@ class KvpoolCache(Cache):
         last = np.asarray(t.kv_last_page_len, np.int32)[active]
         qo_indptr = np.concatenate([[0], np.cumsum(s.counts[active])]).astype(np.int32)
         cpu = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-        common = dict(pos_encoding_mode="NONE", sm_scale=scaling,
-                      logits_soft_cap=float(softcap) if softcap else None,
-                      q_data_type=self.dtype, kv_data_type=self.dtype)
-        idx = cpu(indices).to(dev)
+        common = self._fi_common(scaling, softcap)
+        # every row active (a decode step): the step's kv_indices are on the device already
+        idx = s.kv_indices if active.size == s.counts.size else cpu(indices).to(dev)
         if active.size and np.all(s.counts[active] == 1):
             self._fi_decode.plan(cpu(kv_indptr), idx, cpu(last), Hq, self.num_kv_heads,
                                  self.head_dim, self.page_size, **common)
@@ -664,6 +663,12 @@ class KvpoolCache(Cache):
                                   **common)
             s.wrapper = self._fi_prefill
         s.plan = (scaling, softcap)
+
+    def _fi_common(self, scaling, softcap):
+        """The keywords every FlashInfer plan of this cache takes."""
+        return dict(pos_encoding_mode="NONE", sm_scale=scaling,
+                    logits_soft_cap=float(softcap) if softcap else None,
+                    q_data_type=self.dtype, kv_data_type=self.dtype)
 
     def _attend_flashinfer(self, s, layer, query, scaling, softcap):
         B, Hq, T, D = query.shape
@@ -737,9 +742,7 @@ class _DecodeGraph:
         self.wrapper.plan(torch.from_numpy(np.asarray(t.kv_indptr, np.int32)), self.indices[:n],
                           torch.from_numpy(np.asarray(t.kv_last_page_len, np.int32)), Hq,
                           cache.num_kv_heads, cache.head_dim, cache.page_size,
-                          pos_encoding_mode="NONE", sm_scale=scaling,
-                          logits_soft_cap=float(softcap) if softcap else None,
-                          q_data_type=cache.dtype, kv_data_type=cache.dtype)
+                          **cache._fi_common(scaling, softcap))
         s.wrapper, s.plan = self.wrapper, (scaling, softcap)
 
     def fused(self, cache, stream):
