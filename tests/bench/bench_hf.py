@@ -229,7 +229,7 @@ def main():
         kv_generate(model, c, small, 4, salt=b"warm-up-%d" % os.getpid())
         hf_generate(model, small, 4)
         # ---- time to first token ----
-        cold, warm, hf, warm_rpc = [], [], [], []
+        cold, warm, hf, warm_rpc, warm_fwd = [], [], [], [], []
         # the other process prefills the prompt once per repeat (a salt each: a fresh prefix
         # every time) and exits before the timed runs
         wsalts = ["warm-%d-%d" % (os.getpid(), r) for r in range(args.repeat)]
@@ -247,6 +247,7 @@ def main():
             assert pf["cached_tokens"] == [want], (pf, want)
             warm.append(t)
             warm_rpc.append(pf["reserve_ms"] + pf.get("commit_ms", 0.0))
+            warm_fwd.append(pf["forward_ms"])
             _, t = timer(lambda: hf_generate(model, prompt, 1))
             hf.append(t)
         figures["ttft_cold_ms"] = statistics.median(cold) * 1e3
@@ -258,9 +259,11 @@ def main():
               "%d tokens cached by another process), transformers %.1f ms" %
               (args.prompt, figures["ttft_cold_ms"], figures["ttft_warm_ms"],
                figures["ttft_warm_over_cold"], want, figures["ttft_hf_ms"]))
+        figures["ttft_warm_forward_ms"] = statistics.median(warm_fwd)
         print("  warm: the daemon's part (the Reserve that links the cached pages + the Commit) "
-              "%.2f ms; the rest is the model's two forwards (the uncached suffix, then "
-              "generate()'s first step on the last token)" % figures["ttft_warm_daemon_ms"])
+              "%.2f ms; the one forward of the uncached suffix (host time of the call) %.2f ms; "
+              "the rest is generate()'s own work around its first token" % (
+                  figures["ttft_warm_daemon_ms"], figures["ttft_warm_forward_ms"]))
         # ---- decode: every step of --new-tokens stamped (StepClock), medians over the steps
         # of --repeat generations each ----
         cuda = args.device.startswith("cuda")
@@ -300,6 +303,17 @@ def main():
             figures["decode_b%d_append_fallbacks" % B] = caches[0].append_fallbacks
             for key in host:
                 host[key] = (caches[0].host_seconds[key] - mark.first[key]) / steps
+            if args.cuda_graphs:  # the same from graph replays: the Reserve is all that is left
+                caches.clear()
+                mark = Mark(cuda)
+                kv_generate(model, c, prompts, args.new_tokens + 1, salt=b"dec-gh-%d-%d" % (
+                    os.getpid(), B), clock=mark, cache_out=caches, graphs=True)
+                gsteps = sum(mark.decode_steps())
+                greserve = (caches[0].host_seconds["reserve"] - mark.first["reserve"]) / gsteps
+                figures["decode_b%d_graphs_host_reserve_share" % B] = greserve
+                print("decode, batch %d, CUDA graphs: host time in the step: Reserve + page "
+                      "table %.2f%% (the appends and attention run inside the graph)" % (
+                          B, 100 * greserve))
             k = statistics.median(per["kvpool"]) * 1e3
             h = statistics.median(per["hf"]) * 1e3
             figures["decode_b%d_kvpool_ms" % B] = k

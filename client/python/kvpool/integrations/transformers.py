@@ -882,8 +882,10 @@ def _prefill(model, cache, prompts, reuse, pad, dev):
         kw = {}
         if "logits_to_keep" in inspect.signature(model.forward).parameters:
             kw["logits_to_keep"] = 1  # only the last position's (each row's last token)
+        t0 = time.perf_counter()
         out = model(input_ids=torch.from_numpy(ids).to(dev), position_ids=torch.from_numpy(
             pos).to(dev), past_key_values=cache, use_cache=True, **kw)
+        cache.last_prefill["forward_ms"] = (time.perf_counter() - t0) * 1e3
     finally:
         cache._prepared = None
     cache._step = None
