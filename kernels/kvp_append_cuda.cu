@@ -13,6 +13,12 @@
  * Rows are specialised for 4, 8, 16 and 32 vectors (D = 32..256 in fp16) so that part of the
  * item decomposition is shifts. (A TMA bulk-copy kernel through shared memory was measured
  * against these on the H200 and lost on the large prefill: tests/bench/README.md.)
+ *
+ * Decode-sized batches take the row kernel instead: whole warps per token, each thread a few
+ * vectors, the shape chosen by the batch (row_block; issue #18's sweep on the H200). The
+ * same kernels serve four ways of knowing a token's destination (Mode): batch indices and
+ * positions (unchecked, or checked: every token validated before any write), the fused
+ * lookup from append_indptr and the page table, and slots planned once per step.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -38,6 +44,7 @@ struct Geo {
     const uint8_t *sv;
     int64_t sk_n, sk_h, sv_n, sv_h;
     uint32_t page_size, num_heads, vecs, num_pages, batch_size;
+    int32_t page_shift; /* log2(page_size) when it is a power of two, else -1 */
     const int32_t *indptr;
     const int32_t *indices;
     const int32_t *last;
@@ -98,72 +105,201 @@ __device__ __forceinline__ int32_t seq_len_of(const int32_t *indptr, const int32
 constexpr int kItems = 8;      /* 16-byte vectors in flight per thread */
 constexpr int kMaxTokens = 64; /* tokens per block */
 
+/* Where a copy kernel's token i goes: the four ways its destination is known. */
+enum Mode : int {
+    kUnchecked = 0, /* batch_indices/positions given; per-row guards */
+    kFused = 1,     /* request and position from append_indptr and the page table */
+    kChecked = 2,   /* batch_indices/positions, every token validated before any write */
+    kSlots = 3,     /* the pool slot given (a device array planned once per step) */
+    kGated = 4,     /* batch_indices/positions, written only when *gate == 0 (the checked
+                       append's copy after validate_block_kernel, overlapped with it by PDL) */
+};
+
+/* pos / page_size and pos % page_size: a shift and a mask for the usual power-of-two pages. */
+__device__ __forceinline__ int64_t slot_bytes(const Geo &g, int32_t page, int32_t pos)
+{
+    int32_t r = g.page_shift >= 0 ? pos & (int32_t)(g.page_size - 1) : pos % (int32_t)g.page_size;
+    return (int64_t)page * g.page_stride + (int64_t)r * g.slot_stride;
+}
+
+__device__ __forceinline__ int32_t page_of(const Geo &g, int32_t pos)
+{
+    return g.page_shift >= 0 ? pos >> g.page_shift : pos / (int32_t)g.page_size;
+}
+
+/* A pool slot (page id * page_size + offset) as a byte offset in the layer, or -1 to skip it:
+ * negative (padding), or beyond the pool (reported in *err). */
+__device__ __forceinline__ int64_t slot_dst(const Geo &g, int32_t slot, int32_t *err)
+{
+    if (slot < 0)
+        return -1;
+    int32_t page = page_of(g, slot);
+    if ((uint32_t)page >= g.num_pages) {
+        set_err(err, KVP_ERANGE);
+        return -1;
+    }
+    return slot_bytes(g, page, slot);
+}
+
+/* The fused append's lookup of token i: its request b from append_indptr, its position from
+ * the page table, and the page id it goes to. False (reported in *err) when the token is
+ * outside every request, its position negative, or its page id out of range. The lookup
+ * first guesses b = i * B / nnz (b = i when every request appends one token: a decode
+ * step), which is exact for decode steps and for equal-length prefills, and loads the
+ * guess's page-table entries in the same round trip; only a wrong guess pays the binary
+ * search. */
+__device__ __forceinline__ bool fused_page_pos(const Geo &g, uint32_t i, uint32_t nnz,
+                                               const int32_t *__restrict__ aip, int32_t *err,
+                                               int32_t *page_out, int32_t *pos_out)
+{
+    int32_t b = nnz == g.batch_size ? (int32_t)i : (int32_t)((uint64_t)i * g.batch_size / nnz);
+    /* the guess and its page-table entries in one round trip */
+    int32_t start = __ldg(aip + b), end = __ldg(aip + b + 1);
+    int32_t p0 = __ldg(g.indptr + b), p1 = __ldg(g.indptr + b + 1), lst = __ldg(g.last + b);
+    if ((int32_t)i < start || (int32_t)i >= end) {
+        int32_t lo = 0, hi = (int32_t)g.batch_size - 1;
+        while (lo < hi) {
+            int32_t mid = (lo + hi + 1) >> 1;
+            if (__ldg(aip + mid) <= (int32_t)i)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        b = lo;
+        start = __ldg(aip + b);
+        end = __ldg(aip + b + 1);
+        p0 = __ldg(g.indptr + b);
+        p1 = __ldg(g.indptr + b + 1);
+        lst = __ldg(g.last + b);
+    }
+    int32_t seq_len = p1 > p0 ? (p1 - p0 - 1) * (int32_t)g.page_size + lst : 0;
+    int32_t pos = seq_len - (end - start) + ((int32_t)i - start);
+    if ((int32_t)i >= end || pos < 0) {
+        set_err(err, KVP_ERANGE);
+        return false;
+    }
+    int32_t page = __ldg(g.indices + p0 + page_of(g, pos));
+    if ((uint32_t)page >= g.num_pages) {
+        set_err(err, KVP_ERANGE);
+        return false;
+    }
+    *page_out = page;
+    *pos_out = pos;
+    return true;
+}
+
+/* The checked append's verdict bits (a token can be wrong in two ways). */
+enum : uint32_t {
+    kBadInval = 1u, /* the table's structure: indptr[0] != 0, a request of negative length */
+    kBadRange = 2u, /* a batch index, position, last_page_len or page id out of range */
+};
+
+/* The KVP_E* code of a verdict: KVP_EINVAL when the structure is wrong, else KVP_ERANGE. */
+__device__ __forceinline__ int32_t verdict_code(uint32_t bad)
+{
+    return (bad & kBadInval) ? KVP_EINVAL : bad ? KVP_ERANGE : 0;
+}
+
+/* Stores code in *err so that KVP_EINVAL wins over KVP_ERANGE whatever the order (validation
+ * threads race): a deterministic result. */
+__device__ __forceinline__ void set_verdict(int32_t *err, uint32_t bad)
+{
+    if (!err)
+        return;
+    if (bad & kBadInval)
+        atomicExch(err, KVP_EINVAL);
+    else if (bad)
+        atomicCAS(err, 0, KVP_ERANGE);
+}
+
+/* The checked append's validation of U tokens t0 + u * step (u < U) at once: every load of
+ * a stage is independent of the others, so the U tokens' three dependent round trips
+ * (batch index and position; the request's indptr and last_page_len; the page id) overlap.
+ * What is checked is what the append reads and writes: the token's request (in range, not
+ * of negative length, last_page_len in 1..page_size), its position (inside the request),
+ * and the page id it writes (< num_pages). Returns the kBad* bits; dst[u] the destination of
+ * each valid token (-1: padding or bad). */
+template <int U>
+__device__ __forceinline__ uint32_t check_tokens(const Geo &g, const int32_t *__restrict__ bi,
+                                                 const int32_t *__restrict__ pos_arr, uint32_t nnz,
+                                                 uint32_t t0, uint32_t step, int64_t (&dst)[U])
+{
+    int32_t b[U], pos[U], p0[U], p1[U], lst[U], page[U];
+    bool live[U];
+    uint32_t bad = 0;
+    const int32_t B = (int32_t)g.batch_size;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        uint32_t t = t0 + u * step;
+        live[u] = t < nnz;
+        b[u] = live[u] ? __ldg(bi + t) : -1;
+        pos[u] = live[u] ? __ldg(pos_arr + t) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        live[u] = b[u] >= 0; /* padding is skipped, not an error */
+        if (live[u] && b[u] >= B) {
+            bad |= kBadRange;
+            live[u] = false;
+        }
+        int32_t bc = live[u] ? b[u] : 0;
+        p0[u] = live[u] ? __ldg(g.indptr + bc) : 0;
+        p1[u] = live[u] ? __ldg(g.indptr + bc + 1) : 0;
+        lst[u] = live[u] ? __ldg(g.last + bc) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int32_t np = p1[u] - p0[u];
+        if (live[u] && np < 0) {
+            bad |= kBadInval;
+            live[u] = false;
+        }
+        if (live[u] && np > 0 && (lst[u] < 1 || lst[u] > (int32_t)g.page_size)) {
+            bad |= kBadRange;
+            live[u] = false;
+        }
+        int32_t len = np > 0 ? (np - 1) * (int32_t)g.page_size + lst[u] : 0;
+        if (live[u] && (pos[u] < 0 || pos[u] >= len)) {
+            bad |= kBadRange;
+            live[u] = false;
+        }
+        page[u] = live[u] ? __ldg(g.indices + p0[u] + page_of(g, pos[u])) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (live[u] && (uint32_t)page[u] >= g.num_pages) {
+            bad |= kBadRange;
+            live[u] = false;
+        }
+        dst[u] = live[u] ? slot_bytes(g, page[u], pos[u]) : -1;
+    }
+    return bad;
+}
+
 /* Where token i goes, or -1 to skip it (padding, or an invalid entry reported in *err).
- * Fused: its request from append_indptr and its position from the page table; else
- * batch_indices/positions. The fused lookup first guesses b = i * B / nnz, which is exact for
- * decode steps (one token per request) and for equal-length prefills, and loads the guess's
- * page-table entries in the same round trip; only a wrong guess pays the binary search. */
-template <bool FUSED>
+ * Fused: fused_page_pos; slots: from slots[i] (passed as aip); else batch_indices/positions. */
+template <int MODE_>
 __device__ __forceinline__ int64_t token_dst(const Geo &g, uint32_t i, uint32_t nnz,
                                              const int32_t *__restrict__ bi,
                                              const int32_t *__restrict__ pos_arr,
                                              const int32_t *__restrict__ aip, int32_t *err)
 {
-    int32_t b, pos;
-    if (FUSED) {
-        /* the guess and its page-table entries in one round trip */
-        b = (int32_t)((uint64_t)i * g.batch_size / nnz);
-        int32_t start = __ldg(aip + b), end = __ldg(aip + b + 1);
-        int32_t p0 = __ldg(g.indptr + b), p1 = __ldg(g.indptr + b + 1), lst = __ldg(g.last + b);
-        if ((int32_t)i < start || (int32_t)i >= end) {
-            int32_t lo = 0, hi = (int32_t)g.batch_size - 1;
-            while (lo < hi) {
-                int32_t mid = (lo + hi + 1) >> 1;
-                if (__ldg(aip + mid) <= (int32_t)i)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            b = lo;
-            start = __ldg(aip + b);
-            end = __ldg(aip + b + 1);
-            p0 = __ldg(g.indptr + b);
-            p1 = __ldg(g.indptr + b + 1);
-            lst = __ldg(g.last + b);
-        }
-        int32_t seq_len = p1 > p0 ? (p1 - p0 - 1) * (int32_t)g.page_size + lst : 0;
-        pos = seq_len - (end - start) + ((int32_t)i - start);
-        if ((int32_t)i >= end || pos < 0) {
-            set_err(err, KVP_ERANGE);
+    constexpr int MODE = MODE_ == kGated ? kUnchecked : MODE_;
+    if (MODE == kSlots) {
+        return slot_dst(g, __ldg(aip + i), err);
+    } else if (MODE == kFused) {
+        int32_t page, pos;
+        if (!fused_page_pos(g, i, nnz, aip, err, &page, &pos))
             return -1;
-        }
-        int32_t page = __ldg(g.indices + p0 + pos / (int32_t)g.page_size);
-        if ((uint32_t)page >= g.num_pages) {
-            set_err(err, KVP_ERANGE);
-            return -1;
-        }
-        return (int64_t)page * g.page_stride +
-               (int64_t)(pos % (int32_t)g.page_size) * g.slot_stride;
+        return slot_bytes(g, page, pos);
     } else {
-        b = bi[i];
-        if (b < 0)
-            return -1; /* padding */
-        if ((uint32_t)b >= g.batch_size) {
-            set_err(err, KVP_ERANGE);
-            return -1;
-        }
-        pos = pos_arr[i];
-        if (pos < 0 || pos >= seq_len_of(g.indptr, g.last, g.page_size, b)) {
-            set_err(err, KVP_ERANGE);
-            return -1;
-        }
+        /* the checked form's validation of this one token, as per-row guards: its batch
+         * index and position in one round trip, the request's entries in the next, the page
+         * id in the third, each load issued without waiting on a branch */
+        int64_t d[1];
+        set_verdict(err, check_tokens<1>(g, bi, pos_arr, nnz, i, 0, d));
+        return d[0];
     }
-    int32_t page = g.indices[g.indptr[b] + pos / (int32_t)g.page_size];
-    if ((uint32_t)page >= g.num_pages) {
-        set_err(err, KVP_ERANGE);
-        return -1;
-    }
-    return (int64_t)page * g.page_stride + (int64_t)(pos % (int32_t)g.page_size) * g.slot_stride;
 }
 
 /*
@@ -176,7 +312,7 @@ __device__ __forceinline__ int64_t token_dst(const Geo &g, uint32_t i, uint32_t 
  * the previous kernel (they read only the page table, which the caller guarantees is ready),
  * and the source loads after it.
  */
-template <int VECS, bool FUSED>
+template <int VECS, int MODE>
 __global__ void __launch_bounds__(kThreads)
     copy_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
                 const int32_t *__restrict__ aip, uint32_t nnz, uint32_t tokens_per_block,
@@ -202,7 +338,7 @@ __global__ void __launch_bounds__(kThreads)
         if (!waited) {
             if (threadIdx.x < ntok)
                 s_dst[threadIdx.x] =
-                    token_dst<FUSED>(g, (uint32_t)(tok0 + threadIdx.x), nnz, bi, pos_arr, aip, err);
+                    token_dst<MODE>(g, (uint32_t)(tok0 + threadIdx.x), nnz, bi, pos_arr, aip, err);
             pdl_wait();
         }
         for (uint32_t base = 0; base < nitems; base += blockDim.x * kItems) {
@@ -224,8 +360,8 @@ __global__ void __launch_bounds__(kThreads)
             }
             if (base == 0) {
                 if (waited && threadIdx.x < ntok)
-                    s_dst[threadIdx.x] = token_dst<FUSED>(g, (uint32_t)(tok0 + threadIdx.x), nnz,
-                                                          bi, pos_arr, aip, err);
+                    s_dst[threadIdx.x] = token_dst<MODE>(g, (uint32_t)(tok0 + threadIdx.x), nnz, bi,
+                                                         pos_arr, aip, err);
                 __syncthreads();
             }
 #pragma unroll
@@ -252,28 +388,29 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 /*
- * The small-batch copy (decode steps): one warp per token, no shared memory and no barrier.
- * Every lane computes the token's destination itself (the loads are the same for the whole
- * warp, so each is one transaction) while its source vectors are already in flight, then
- * stores. Blocks of kWarpTokens warps keep the tokens spread over every multiprocessor. Under
- * PDL the destination is computed before the wait for the previous kernel and the source is
- * loaded after it, so the page-table round trips overlap the previous kernel's tail.
+ * The small-batch copy (decode steps), the row kernel: a group of blockDim.x threads (whole
+ * warps) per token, blockDim.y tokens per block, no shared memory and no barrier (except in
+ * the checked form). Each thread moves `items` 16-byte vectors of its token's (K|V, head,
+ * vector) items, vector index fastest, so a warp reads and writes whole contiguous rows.
+ * Every thread computes its token's destination itself (the loads are the same for the
+ * whole warp, so each is one transaction) while its source vectors are already in flight,
+ * then stores. Under PDL the destination is computed before the wait for the previous kernel
+ * and the source is loaded after it, so the page-table round trips overlap the previous
+ * kernel's tail.
  */
-/* One pass of a warp over one token's rows (the warp kernels): lane takes items base + k*32 +
- * lane of the token's (K|V, head, vector) items, vector index fastest, so the warp reads and
- * writes whole contiguous rows. sk/sv point at the token's source rows, dst is the slot's byte
- * offset in the pool's K (and V) tensor. */
+/* Loads items first + k * step (k < n <= kItems, item < the token's 2 * H * vecs) of the
+ * token whose source rows start at sk / sv. */
 template <int VECS>
-__device__ __forceinline__ void warp_load_token(const Geo &g, const uint8_t *sk, const uint8_t *sv,
-                                                uint32_t base, uint32_t lane, uint32_t flags,
-                                                uint4 (&v)[kItems])
+__device__ __forceinline__ void row_load(const Geo &g, const uint8_t *sk, const uint8_t *sv,
+                                         uint32_t first, uint32_t step, uint32_t n, uint32_t flags,
+                                         uint4 (&v)[kItems])
 {
     const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
     const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
 #pragma unroll
     for (int k = 0; k < kItems; k++) {
-        uint32_t it = base + k * 32 + lane;
-        if (it < per_tok) {
+        uint32_t it = first + k * step;
+        if ((uint32_t)k < n && it < per_tok) {
             uint32_t kv = it >= per_kv, r = it - kv * per_kv;
             uint32_t h = r / vecs, vec = r - h * vecs;
             v[k] = load_src((kv ? sv + (int64_t)h * g.sv_h : sk + (int64_t)h * g.sk_h) + vec * 16,
@@ -282,17 +419,17 @@ __device__ __forceinline__ void warp_load_token(const Geo &g, const uint8_t *sk,
     }
 }
 
+/* Stores what row_load loaded, at the slot dst (byte offset in the pool's K and V). */
 template <int VECS>
-__device__ __forceinline__ void warp_store_token(const Geo &g, int64_t dst, uint32_t base,
-                                                 uint32_t lane, uint32_t flags,
-                                                 const uint4 (&v)[kItems])
+__device__ __forceinline__ void row_store(const Geo &g, int64_t dst, uint32_t first, uint32_t step,
+                                          uint32_t n, uint32_t flags, const uint4 (&v)[kItems])
 {
     const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
     const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
 #pragma unroll
     for (int k = 0; k < kItems; k++) {
-        uint32_t it = base + k * 32 + lane;
-        if (it < per_tok) {
+        uint32_t it = first + k * step;
+        if ((uint32_t)k < n && it < per_tok) {
             uint32_t kv = it >= per_kv, r = it - kv * per_kv;
             uint32_t h = r / vecs, vec = r - h * vecs;
             store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k], flags);
@@ -300,43 +437,102 @@ __device__ __forceinline__ void warp_store_token(const Geo &g, int64_t dst, uint
     }
 }
 
-constexpr int kWarpTokens = 2;    /* warps (tokens) per block by default */
-constexpr int kMaxWarpTokens = 8; /* opts.warps_per_block at most */
+constexpr int kMaxRowTokens = 8;    /* opts.warps_per_block at most */
+constexpr int kRowMaxThreads = 512; /* a block of the row kernel (128 registers a thread) */
+constexpr int kCheckUnroll = 4;     /* tokens a thread validates at once (check_tokens) */
 
-template <int VECS, bool FUSED>
-__global__ void __launch_bounds__(32 * kMaxWarpTokens)
-    copy_warp_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
-                     const int32_t *__restrict__ aip, uint32_t nnz, int32_t *err, uint32_t flags)
+template <int VECS, int MODE>
+__global__ void __launch_bounds__(kRowMaxThreads)
+    copy_row_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
+                    const int32_t *__restrict__ aip, uint32_t nnz, uint32_t items,
+                    const int32_t *gate, int32_t *err, uint32_t flags)
 {
-    const bool pdl = flags & kPdl;
+    const bool pdl = MODE != kChecked && (flags & kPdl);
     if (pdl)
         pdl_launch_dependents();
-    const uint32_t lane = threadIdx.x & 31;
-    const uint32_t i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (i >= nnz) {
-        if (pdl)
-            pdl_wait();
-        return;
-    }
-    const uint32_t per_tok = 2 * g.num_heads * (VECS ? (uint32_t)VECS : g.vecs);
-    /* lane 0 alone reports errors; every lane computes the same destination */
-    int64_t dst = 0;
-    if (pdl) {
-        dst = token_dst<FUSED>(g, i, nnz, bi, pos_arr, aip, lane == 0 ? err : nullptr);
-        pdl_wait();
-        if (dst < 0)
-            return;
-    }
-    const uint8_t *sk = g.sk + (int64_t)i * g.sk_n, *sv = g.sv + (int64_t)i * g.sv_n;
-    for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
+    const uint32_t tl = threadIdx.x, tpt = blockDim.x;
+    const uint32_t i = blockIdx.x * blockDim.y + threadIdx.y;
+    int64_t dst = -1;
+    if (MODE == kChecked) {
+        /* Every block validates every token (a decode step's few hundred: cheap next to the
+         * copy), so each reaches the same verdict without a grid-wide barrier, and none
+         * writes anything when one token is bad. Source loads first: they overlap the
+         * validation's round trips. */
+        __shared__ int64_t s_dst[kMaxRowTokens];
+        __shared__ uint32_t s_bad;
+        const uint32_t tid = threadIdx.y * tpt + tl, nthr = tpt * blockDim.y;
+        const uint32_t blk0 = blockIdx.x * blockDim.y;
+        if (tid == 0)
+            s_bad = __ldg(g.indptr) != 0 ? kBadInval : 0u;
+        if (tid < blockDim.y)
+            s_dst[tid] = -1;
         uint4 v[kItems];
-        warp_load_token<VECS>(g, sk, sv, base, lane, flags, v);
-        if (!pdl && base == 0) {
-            dst = token_dst<FUSED>(g, i, nnz, bi, pos_arr, aip, lane == 0 ? err : nullptr);
+        const bool live = i < nnz;
+        const uint8_t *sk = g.sk + (int64_t)i * g.sk_n, *sv = g.sv + (int64_t)i * g.sv_n;
+        if (live)
+            row_load<VECS>(g, sk, sv, tl, tpt, items, flags, v);
+        __syncthreads(); /* s_bad, s_dst initialised */
+        uint32_t bad = 0;
+        for (uint32_t t0 = tid; t0 < nnz; t0 += nthr * kCheckUnroll) {
+            int64_t d[kCheckUnroll];
+            bad |= check_tokens<kCheckUnroll>(g, bi, pos_arr, nnz, t0, nthr, d);
+#pragma unroll
+            for (int u = 0; u < kCheckUnroll; u++) {
+                uint32_t t = t0 + u * nthr;
+                if (t >= blk0 && t < blk0 + blockDim.y && t < nnz)
+                    s_dst[t - blk0] = d[u];
+            }
+        }
+        if (bad)
+            atomicOr(&s_bad, bad);
+        __syncthreads();
+        bad = s_bad;
+        if (blockIdx.x == 0 && tid == 0)
+            *err = verdict_code(bad); /* every block has the same verdict: block 0 says it */
+        if (bad || !live)
+            return;
+        dst = s_dst[threadIdx.y];
+        if (dst >= 0)
+            row_store<VECS>(g, dst, tl, tpt, items, flags, v);
+        return;
+    } else if (MODE == kGated) {
+        /* Launched right behind validate_block_kernel (under PDL when the device has it): the
+         * destination and the source loads first, while the validation runs (both read only
+         * what was complete before the validation started), then the wait for its verdict. */
+        if (i < nnz)
+            dst = token_dst<MODE>(g, i, nnz, bi, pos_arr, aip, nullptr);
+        uint4 v[kItems];
+        const uint8_t *sk = g.sk + (int64_t)i * g.sk_n, *sv = g.sv + (int64_t)i * g.sv_n;
+        if (dst >= 0)
+            row_load<VECS>(g, sk, sv, tl, tpt, items, flags, v);
+        pdl_wait();
+        if (dst >= 0 && *(volatile const int32_t *)gate == 0)
+            row_store<VECS>(g, dst, tl, tpt, items, flags, v);
+        return;
+    } else {
+        if (i >= nnz) {
+            if (pdl)
+                pdl_wait();
+            return;
+        }
+        /* thread 0 of the token alone reports errors; every thread computes the same
+         * destination */
+        int32_t *e = tl == 0 ? err : nullptr;
+        if (pdl) {
+            dst = token_dst<MODE>(g, i, nnz, bi, pos_arr, aip, e);
+            pdl_wait();
             if (dst < 0)
                 return;
         }
-        warp_store_token<VECS>(g, dst, base, lane, flags, v);
+        const uint8_t *sk = g.sk + (int64_t)i * g.sk_n, *sv = g.sv + (int64_t)i * g.sv_n;
+        uint4 v[kItems];
+        row_load<VECS>(g, sk, sv, tl, tpt, items, flags, v);
+        if (!pdl) {
+            dst = token_dst<MODE>(g, i, nnz, bi, pos_arr, aip, e);
+            if (dst < 0)
+                return;
+        }
+        row_store<VECS>(g, dst, tl, tpt, items, flags, v);
     }
 }
 
@@ -374,43 +570,61 @@ __global__ void __launch_bounds__(32 * kSlotWarps)
     const uint8_t *sv = g.sv + layer * src_layer_stride + (int64_t)i * g.sv_n;
     for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
         uint4 v[kItems];
-        warp_load_token<VECS>(g, sk, sv, base, lane, 0, v);
-        warp_store_token<VECS>(g, dst, base, lane, 0, v);
+        row_load<VECS>(g, sk, sv, base + lane, 32, kItems, 0, v);
+        row_store<VECS>(g, dst, base + lane, 32, kItems, 0, v);
     }
 }
 
-/* Validation for the checked append: the page table and every token, before any copy. */
+/* Validation for the checked append of many tokens (the gated copy follows): every token as
+ * check_tokens says, kCheckUnroll tokens a thread at once; *err was reset before. */
 __global__ void validate_kernel(Geo g, const int32_t *__restrict__ batch_indices,
                                 const int32_t *__restrict__ positions, uint32_t nnz, int32_t *err)
 {
-    uint32_t n = nnz > g.batch_size ? nnz : g.batch_size;
-    for (uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
-        if (t == 0 && g.indptr[0] != 0)
-            set_err(err, KVP_EINVAL);
-        if (t < g.batch_size) {
-            int32_t np = g.indptr[t + 1] - g.indptr[t];
-            if (np < 0)
-                set_err(err, KVP_EINVAL);
-            else if (np > 0 && (g.last[t] < 1 || g.last[t] > (int32_t)g.page_size))
-                set_err(err, KVP_ERANGE);
-            for (int32_t k = g.indptr[t]; np > 0 && k < g.indptr[t + 1]; k++)
-                if ((uint32_t)g.indices[k] >= g.num_pages)
-                    set_err(err, KVP_ERANGE);
-        }
-        if (t < nnz) {
-            int32_t b = batch_indices[t];
-            if (b >= 0) {
-                if ((uint32_t)b >= g.batch_size) {
-                    set_err(err, KVP_ERANGE);
-                } else {
-                    int32_t np = g.indptr[b + 1] - g.indptr[b];
-                    int32_t len = np > 0 ? (np - 1) * (int32_t)g.page_size + g.last[b] : 0;
-                    if (np < 0 || positions[t] < 0 || positions[t] >= len)
-                        set_err(err, KVP_ERANGE);
-                }
-            }
-        }
+    const uint32_t nthr = gridDim.x * blockDim.x, tid = blockIdx.x * blockDim.x + threadIdx.x;
+    uint32_t bad = tid == 0 && __ldg(g.indptr) != 0 ? kBadInval : 0u;
+    for (uint32_t t0 = tid; t0 < nnz; t0 += nthr * kCheckUnroll) {
+        int64_t d[kCheckUnroll];
+        bad |= check_tokens<kCheckUnroll>(g, batch_indices, positions, nnz, t0, nthr, d);
     }
+    set_verdict(err, bad);
+}
+
+/* The slots of a step (kvp_append_plan_slots_cuda): token i's pool slot (page id *
+ * page_size + offset) by the fused lookup, or -1 (reported in *err) when it has none. */
+__global__ void plan_slots_kernel(Geo g, const int32_t *__restrict__ aip, uint32_t nnz,
+                                  int32_t *__restrict__ slots, int32_t *err)
+{
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < nnz; i += gridDim.x * blockDim.x) {
+        int32_t page, pos;
+        slots[i] =
+            fused_page_pos(g, i, nnz, aip, err, &page, &pos)
+                ? page * (int32_t)g.page_size + (pos - page_of(g, pos) * (int32_t)g.page_size)
+                : -1;
+    }
+}
+
+/* The checked append's validation of a decode-sized batch in one block (no reset of *err
+ * needed first: the block's verdict is stored, 0 included), before the gated copy: it lets
+ * that copy start at once (PDL), so the copy's lookups and loads overlap the validation. */
+__global__ void __launch_bounds__(kThreads * 4)
+    validate_block_kernel(Geo g, const int32_t *__restrict__ batch_indices,
+                          const int32_t *__restrict__ positions, uint32_t nnz, int32_t *err)
+{
+    __shared__ uint32_t s_bad;
+    pdl_launch_dependents();
+    if (threadIdx.x == 0)
+        s_bad = __ldg(g.indptr) != 0 ? kBadInval : 0u;
+    __syncthreads();
+    uint32_t bad = 0;
+    for (uint32_t t0 = threadIdx.x; t0 < nnz; t0 += blockDim.x * kCheckUnroll) {
+        int64_t d[kCheckUnroll];
+        bad |= check_tokens<kCheckUnroll>(g, batch_indices, positions, nnz, t0, blockDim.x, d);
+    }
+    if (bad)
+        atomicOr(&s_bad, bad);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *err = verdict_code(s_bad);
 }
 
 __global__ void seq_lens_kernel(const int32_t *indptr, const int32_t *last, uint32_t batch_size,
@@ -491,6 +705,7 @@ int make_geo(const kvp_paged_kv_t *kv, const kvp_append_src_t *src, Geo *g)
     g->slot_stride = kv->stride_n * e;
     g->head_stride = kv->stride_h * e;
     g->page_size = kv->page_size;
+    g->page_shift = (kv->page_size & (kv->page_size - 1)) ? -1 : __builtin_ctz(kv->page_size);
     g->num_heads = kv->num_heads;
     g->vecs = (uint32_t)(row / 16);
     g->num_pages = kv->num_pages;
@@ -535,23 +750,27 @@ uint32_t num_sms(void)
  * (validated by the entry point; NULL or 0 fields: automatic). */
 struct Knobs {
     uint32_t kernel; /* KVP_APPEND_CUDA_KERNEL_* */
-    uint32_t tpb, blocks_per_sm, hints, warps;
+    uint32_t tpb, blocks_per_sm, hints;
+    uint32_t row_tokens, items; /* the row kernel's tokens per block, vectors per thread
+                                   (0: automatic, row_block) */
+    uint32_t checked;           /* KVP_APPEND_CUDA_CHECKED_* */
 };
 
 static_assert(KVP_APPEND_CUDA_MAX_TPB == (uint32_t)kMaxTokens, "one bound, in the header");
-static_assert(KVP_APPEND_CUDA_MAX_WARPS == (uint32_t)kMaxWarpTokens, "one bound, in the header");
+static_assert(KVP_APPEND_CUDA_MAX_WARPS == (uint32_t)kMaxRowTokens, "one bound, in the header");
+static_assert(KVP_APPEND_CUDA_MAX_ITEMS == (uint32_t)kItems, "one bound, in the header");
 
 Knobs knobs(const kvp_append_cuda_opts_t *o)
 {
     Knobs k = {};
-    k.warps = kWarpTokens;
     if (!o)
         return k;
     k.kernel = o->kernel;
     k.tpb = o->tokens_per_block;
     k.blocks_per_sm = o->blocks_per_sm;
-    if (o->warps_per_block)
-        k.warps = o->warps_per_block;
+    k.row_tokens = o->warps_per_block;
+    k.items = o->vecs_per_thread;
+    k.checked = o->checked;
     k.hints = ((o->hints & KVP_APPEND_CUDA_HINT_LD) ? (uint32_t)kStreamLd : 0u) |
               ((o->hints & KVP_APPEND_CUDA_HINT_ST) ? (uint32_t)kStreamSt : 0u);
     return k;
@@ -589,12 +808,12 @@ uint32_t tokens_per_block(const Geo &g, uint32_t nnz, const Knobs &kn)
 /* Launches kern<<<grid, block, 0, s>>>(args...), with programmatic stream serialization when
  * pdl is set (the kernel then waits for its predecessor with griddepcontrol.wait itself). */
 template <typename... KArgs, typename... Args>
-void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, bool pdl, cudaStream_t s,
+void launch(void (*kern)(KArgs...), uint32_t grid, dim3 block, bool pdl, cudaStream_t s,
             Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
+    cfg.blockDim = block;
     cfg.stream = s;
     cudaLaunchAttribute at[1];
     if (pdl) {
@@ -606,31 +825,79 @@ void launch(void (*kern)(KArgs...), uint32_t grid, uint32_t block, bool pdl, cud
     (void)cudaLaunchKernelEx(&cfg, kern, static_cast<KArgs>(args)...);
 }
 
-template <int VECS, bool FUSED>
+/* The row kernel's block for this call: (threads per token, tokens per block), or x == 0
+ * when the row kernel does not take it (a token's row needs more than kItems vectors per
+ * thread of a kRowMaxThreads block). Threads per token: whole warps covering the token's
+ * 2 * H * vecs vectors at `items` each (fewer items when one token would need more than
+ * kRowMaxThreads). Automatic shape (tests/bench/README.md, the sweep of issue #18 on the
+ * H200): the fewest vectors per thread that keep the grid within kRowThreads threads (twice
+ * that under PDL, whose prologue overlaps the previous kernel: more threads hide more of the
+ * latency; kRowThreads / 2 for the checked one-launch form, whose blocks each validate every
+ * token), and one token per block (four under PDL; for the checked form as many as make its
+ * validation one round of kCheckUnroll tokens a thread). */
+constexpr uint32_t kRowThreads = 65536;
+
+dim3 row_block(const Geo &g, const Knobs &kn, uint32_t nnz, bool pdl, bool checked, uint32_t *items)
+{
+    const uint32_t per_tok = 2 * g.num_heads * g.vecs;
+    uint32_t it = kn.items;
+    if (!it) {
+        const uint64_t budget = checked ? kRowThreads / 2 : pdl ? 2 * kRowThreads : kRowThreads;
+        for (it = 1; it < (uint32_t)kItems; it *= 2)
+            if ((uint64_t)nnz * (((per_tok + it - 1) / it + 31) / 32 * 32) <= budget)
+                break;
+    }
+    if ((per_tok + it - 1) / it > (uint32_t)kRowMaxThreads)
+        it = (per_tok + kRowMaxThreads - 1) / kRowMaxThreads;
+    if (it > (uint32_t)kItems)
+        return dim3(0, 0);
+    uint32_t tpt = ((per_tok + it - 1) / it + 31) / 32 * 32;
+    uint32_t tpb = kn.row_tokens;
+    if (!tpb)
+        tpb = checked ? (nnz + kCheckUnroll * tpt - 1) / (kCheckUnroll * tpt) : pdl ? 4 : 1;
+    if (tpb > (uint32_t)kMaxRowTokens)
+        tpb = kMaxRowTokens;
+    while (tpb > 1 && tpt * tpb > (uint32_t)kRowMaxThreads)
+        tpb--;
+    *items = it;
+    return dim3(tpt, tpb);
+}
+
+/* Decode-sized batches take the row kernel (kn.kernel auto), larger ones the block kernel. */
+bool row_sized(uint32_t nnz, const Knobs &kn)
+{
+    return kn.kernel == KVP_APPEND_CUDA_KERNEL_WARP ||
+           (kn.kernel == KVP_APPEND_CUDA_KERNEL_AUTO && nnz <= 16 * num_sms());
+}
+
+template <int VECS, int MODE>
 void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
                    uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags, const Knobs &kn,
                    cudaStream_t s)
 {
     flags |= kn.hints;
-    if (!device_has_pdl())
+    if (MODE == kGated)
+        flags |= kPdl; /* overlapped with validate_block_kernel */
+    if (!device_has_pdl() || MODE == kChecked)
         flags &= ~(uint32_t)kPdl;
     const bool pdl = flags & kPdl;
-    /* small batches (decode) with rows a warp covers in one pass: a warp per token */
-    bool warp = kn.kernel == KVP_APPEND_CUDA_KERNEL_WARP ||
-                (kn.kernel == KVP_APPEND_CUDA_KERNEL_AUTO && nnz <= 16 * num_sms());
-    if (!gate && warp && 2 * g.num_heads * g.vecs <= 32u * kItems) {
-        uint32_t blocks = (nnz + kn.warps - 1) / kn.warps;
-        launch(copy_warp_kernel<VECS, FUSED>, blocks, 32 * kn.warps, pdl, s, g, bi, pos, aip, nnz,
+    uint32_t items = 0;
+    const dim3 rb = row_block(g, kn, nnz, pdl, MODE == kChecked, &items);
+    if (MODE == kChecked || MODE == kGated || (!gate && rb.x && row_sized(nnz, kn))) {
+        uint32_t blocks = (nnz + rb.y - 1) / rb.y;
+        launch(copy_row_kernel<VECS, MODE>, blocks, rb, pdl, s, g, bi, pos, aip, nnz, items, gate,
                err, flags);
         return;
     }
+    /* not reached for the row-only modes */
+    constexpr int BM = MODE == kChecked || MODE == kGated ? kUnchecked : MODE;
     uint32_t tpb = tokens_per_block(g, nnz, kn);
     uint64_t blocks = ((uint64_t)nnz + tpb - 1) / tpb;
     uint64_t cap = kn.blocks_per_sm ? (uint64_t)kn.blocks_per_sm * num_sms() : 65535u * 16u;
     if (blocks > cap)
         blocks = cap; /* the kernel loops over the rest */
-    launch(copy_kernel<VECS, FUSED>, (uint32_t)blocks, kThreads, pdl, s, g, bi, pos, aip, nnz, tpb,
-           gate, err, flags);
+    launch(copy_kernel<VECS, BM>, (uint32_t)blocks, dim3(kThreads), pdl, s, g, bi, pos, aip, nnz,
+           tpb, gate, err, flags);
 }
 
 /* Calls f(std::integral_constant<int, V>{}) with V the row's vector count when the kernels
@@ -656,15 +923,41 @@ template <typename F> void with_vecs(uint32_t vecs, F f)
     }
 }
 
-template <bool FUSED>
+template <int MODE>
 void launch_copy(const Geo &g, const int32_t *bi, const int32_t *pos, const int32_t *aip,
                  uint32_t nnz, const int32_t *gate, int32_t *err, uint32_t flags,
                  const kvp_append_cuda_opts_t *opts, cudaStream_t s)
 {
     const Knobs kn = knobs(opts);
     with_vecs(g.vecs, [&](auto v) {
-        launch_copy_t<decltype(v)::value, FUSED>(g, bi, pos, aip, nnz, gate, err, flags, kn, s);
+        launch_copy_t<decltype(v)::value, MODE>(g, bi, pos, aip, nnz, gate, err, flags, kn, s);
     });
+}
+
+/* The checked append's three ways, for a given call (KVP_APPEND_CUDA_CHECKED_* of opts):
+ *   one launch (kChecked): every block of the row kernel validates every token; for the
+ *     smallest batches (up to kCheckedOneLaunchMax tokens);
+ *   validation block + gated copy (kGated): validate_block_kernel stores the verdict, the row
+ *     kernel's copy runs right behind it under PDL and writes only on a 0 verdict; decode-
+ *     sized batches up to kCheckedBlockMax tokens (one block validates them all);
+ *   reset + validation kernel + gated block-kernel copy: the rest (prefills).
+ * The first two need the row kernel to take the batch (row_sized, row_block). */
+constexpr uint32_t kCheckedOneLaunchMax = KVP_APPEND_CUDA_CHECKED_ONE_MAX;
+constexpr uint32_t kCheckedBlockMax = 4 * kThreads * kCheckUnroll; /* 4,096 */
+
+enum CheckedWay { kWayOne, kWayBlock, kWayKernel };
+
+CheckedWay checked_way(const Geo &g, uint32_t nnz, const kvp_append_cuda_opts_t *opts)
+{
+    const Knobs kn = knobs(opts);
+    uint32_t items;
+    if (!row_sized(nnz, kn) || !row_block(g, kn, nnz, false, true, &items).x)
+        return kWayKernel;
+    if (kn.checked == KVP_APPEND_CUDA_CHECKED_ONE)
+        return nnz <= KVP_APPEND_CUDA_CHECKED_ONE_MAX ? kWayOne : kWayKernel;
+    if (kn.checked == KVP_APPEND_CUDA_CHECKED_BLOCK)
+        return nnz <= kCheckedBlockMax ? kWayBlock : kWayKernel;
+    return nnz <= kCheckedOneLaunchMax ? kWayOne : nnz <= kCheckedBlockMax ? kWayBlock : kWayKernel;
 }
 
 /* The two inline capacities: a decode step of up to 256 sequences sends 1 KiB of slots, up
@@ -698,6 +991,21 @@ void launch_slots(const Geo &g, const int32_t *slots, uint32_t nnz, uint32_t num
     });
 }
 
+/* Every instantiation a launcher can pick, for kvp_cuda_kernels_preload. */
+template <int V> void add_copy_kernels(const void **f, unsigned *n)
+{
+    f[(*n)++] = reinterpret_cast<const void *>(copy_kernel<V, kUnchecked>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_kernel<V, kFused>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_kernel<V, kSlots>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kUnchecked>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kFused>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kChecked>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kSlots>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kGated>);
+    f[(*n)++] = reinterpret_cast<const void *>(slots_kernel<V, kSlotsSmall>);
+    f[(*n)++] = reinterpret_cast<const void *>(slots_kernel<V, KVP_APPEND_SLOTS_MAX>);
+}
+
 } // namespace
 
 extern "C" int kvp_cuda_available(void)
@@ -710,45 +1018,22 @@ extern "C" int kvp__cuda_pack_preload(void); /* kvp_pack_cuda.cu */
 extern "C" int kvp_cuda_kernels_preload(void)
 {
     cudaFuncAttributes a;
-    const void *fns[] = {
-        reinterpret_cast<const void *>(copy_kernel<0, false>),
-        reinterpret_cast<const void *>(copy_kernel<4, false>),
-        reinterpret_cast<const void *>(copy_kernel<8, false>),
-        reinterpret_cast<const void *>(copy_kernel<16, false>),
-        reinterpret_cast<const void *>(copy_kernel<32, false>),
-        reinterpret_cast<const void *>(copy_kernel<0, true>),
-        reinterpret_cast<const void *>(copy_kernel<4, true>),
-        reinterpret_cast<const void *>(copy_kernel<8, true>),
-        reinterpret_cast<const void *>(copy_kernel<16, true>),
-        reinterpret_cast<const void *>(copy_kernel<32, true>),
-        reinterpret_cast<const void *>(copy_warp_kernel<0, false>),
-        reinterpret_cast<const void *>(copy_warp_kernel<4, false>),
-        reinterpret_cast<const void *>(copy_warp_kernel<8, false>),
-        reinterpret_cast<const void *>(copy_warp_kernel<16, false>),
-        reinterpret_cast<const void *>(copy_warp_kernel<32, false>),
-        reinterpret_cast<const void *>(copy_warp_kernel<0, true>),
-        reinterpret_cast<const void *>(copy_warp_kernel<4, true>),
-        reinterpret_cast<const void *>(copy_warp_kernel<8, true>),
-        reinterpret_cast<const void *>(copy_warp_kernel<16, true>),
-        reinterpret_cast<const void *>(copy_warp_kernel<32, true>),
-        reinterpret_cast<const void *>(slots_kernel<0, kSlotsSmall>),
-        reinterpret_cast<const void *>(slots_kernel<4, kSlotsSmall>),
-        reinterpret_cast<const void *>(slots_kernel<8, kSlotsSmall>),
-        reinterpret_cast<const void *>(slots_kernel<16, kSlotsSmall>),
-        reinterpret_cast<const void *>(slots_kernel<32, kSlotsSmall>),
-        reinterpret_cast<const void *>(slots_kernel<0, KVP_APPEND_SLOTS_MAX>),
-        reinterpret_cast<const void *>(slots_kernel<4, KVP_APPEND_SLOTS_MAX>),
-        reinterpret_cast<const void *>(slots_kernel<8, KVP_APPEND_SLOTS_MAX>),
-        reinterpret_cast<const void *>(slots_kernel<16, KVP_APPEND_SLOTS_MAX>),
-        reinterpret_cast<const void *>(slots_kernel<32, KVP_APPEND_SLOTS_MAX>),
-        reinterpret_cast<const void *>(validate_kernel),
-        reinterpret_cast<const void *>(seq_lens_kernel),
-        reinterpret_cast<const void *>(batch_positions_kernel),
-        reinterpret_cast<const void *>(page_copy_kernel),
-    };
+    const void *fns[64];
+    unsigned n = 0;
+    add_copy_kernels<0>(fns, &n);
+    add_copy_kernels<4>(fns, &n);
+    add_copy_kernels<8>(fns, &n);
+    add_copy_kernels<16>(fns, &n);
+    add_copy_kernels<32>(fns, &n);
+    fns[n++] = reinterpret_cast<const void *>(validate_kernel);
+    fns[n++] = reinterpret_cast<const void *>(validate_block_kernel);
+    fns[n++] = reinterpret_cast<const void *>(plan_slots_kernel);
+    fns[n++] = reinterpret_cast<const void *>(seq_lens_kernel);
+    fns[n++] = reinterpret_cast<const void *>(batch_positions_kernel);
+    fns[n++] = reinterpret_cast<const void *>(page_copy_kernel);
     int rc = 0;
-    for (const void *f : fns)
-        KVP_CUDA_TRY(cudaFuncGetAttributes(&a, f), rc, fail);
+    for (unsigned i = 0; i < n; i++)
+        KVP_CUDA_TRY(cudaFuncGetAttributes(&a, fns[i]), rc, fail);
     return kvp__cuda_pack_preload();
 fail:
     return rc;
@@ -773,14 +1058,35 @@ extern "C" int kvp_append_paged_kv_cache_cuda_opts(const kvp_paged_kv_t *kv,
         !kv->kv_last_page_len)
         return KVP_EINVAL;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    uint32_t n = nnz > g.batch_size ? nnz : g.batch_size;
-    uint32_t blocks = (n + kThreads - 1) / kThreads;
-    if (blocks > 4096)
-        blocks = 4096;
-    KVP_CUDA_TRY(cudaMemsetAsync(err_dev, 0, sizeof(int32_t), s), rc, fail);
-    validate_kernel<<<blocks, kThreads, 0, s>>>(g, batch_indices, positions, nnz, err_dev);
-    KVP_LAUNCH_TRY(rc, fail);
-    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, 0, opts, s);
+    const CheckedWay way = checked_way(g, nnz, opts);
+    if (way == kWayOne) {
+        /* validation and copy in one launch, which also writes *err_dev */
+        launch_copy<kChecked>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev, 0, opts,
+                              s);
+        KVP_LAUNCH_TRY(rc, fail);
+        return 0;
+    }
+    if (way == kWayBlock) {
+        /* one validation block storing the verdict, the copy behind it under PDL */
+        uint32_t threads = (nnz + kCheckUnroll - 1) / kCheckUnroll;
+        threads = (threads + 31) / 32 * 32;
+        validate_block_kernel<<<1, threads, 0, s>>>(g, batch_indices, positions, nnz, err_dev);
+        KVP_LAUNCH_TRY(rc, fail);
+        launch_copy<kGated>(g, batch_indices, positions, nullptr, nnz, err_dev, nullptr, 0, opts,
+                            s);
+        KVP_LAUNCH_TRY(rc, fail);
+        return 0;
+    }
+    {
+        uint32_t blocks = (nnz + kThreads * kCheckUnroll - 1) / (kThreads * kCheckUnroll);
+        if (blocks > 4096)
+            blocks = 4096;
+        KVP_CUDA_TRY(cudaMemsetAsync(err_dev, 0, sizeof(int32_t), s), rc, fail);
+        validate_kernel<<<blocks, kThreads, 0, s>>>(g, batch_indices, positions, nnz, err_dev);
+        KVP_LAUNCH_TRY(rc, fail);
+    }
+    launch_copy<kUnchecked>(g, batch_indices, positions, nullptr, nnz, err_dev, err_dev, 0, opts,
+                            s);
     KVP_LAUNCH_TRY(rc, fail);
     return 0;
 fail:
@@ -811,8 +1117,8 @@ extern "C" int kvp_append_paged_kv_cache_cuda_unchecked_opts(
         return rc;
     if (!batch_indices || !positions || !kv->kv_indptr || !kv->kv_indices || !kv->kv_last_page_len)
         return KVP_EINVAL;
-    launch_copy<false>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev, 0, opts,
-                       static_cast<cudaStream_t>(stream));
+    launch_copy<kUnchecked>(g, batch_indices, positions, nullptr, nnz, nullptr, err_dev, 0, opts,
+                            static_cast<cudaStream_t>(stream));
     KVP_LAUNCH_TRY(rc, fail);
     return 0;
 fail:
@@ -847,9 +1153,9 @@ extern "C" int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *k
     if (!append_indptr || !g.batch_size || !kv->kv_indptr || !kv->kv_indices ||
         !kv->kv_last_page_len)
         return KVP_EINVAL;
-    launch_copy<true>(g, nullptr, nullptr, append_indptr, nnz, nullptr, err_dev,
-                      (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u, opts,
-                      static_cast<cudaStream_t>(stream));
+    launch_copy<kFused>(g, nullptr, nullptr, append_indptr, nnz, nullptr, err_dev,
+                        (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u, opts,
+                        static_cast<cudaStream_t>(stream));
     KVP_LAUNCH_TRY(rc, fail);
     return 0;
 fail:
@@ -872,6 +1178,53 @@ extern "C" int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv,
                                                     int32_t *err_dev, void *stream)
 {
     return kvp_append_paged_kv_cache_fused_cuda_ex(kv, src, append_indptr, nnz, err_dev, 0, stream);
+}
+
+extern "C" int kvp_append_plan_slots_cuda(const kvp_paged_kv_t *kv, const int32_t *append_indptr,
+                                          uint32_t nnz, int32_t *slots_dev, int32_t *err_dev,
+                                          void *stream)
+{
+    if (nnz == 0)
+        return 0;
+    Geo g;
+    int rc = make_geo(kv, nullptr, &g);
+    if (rc)
+        return rc;
+    if (!append_indptr || !slots_dev || !g.batch_size || !kv->kv_indptr || !kv->kv_indices ||
+        !kv->kv_last_page_len || (uint64_t)kv->num_pages * kv->page_size > (uint64_t)INT32_MAX)
+        return KVP_EINVAL;
+    uint32_t blocks = (nnz + kThreads - 1) / kThreads;
+    if (blocks > 4096)
+        blocks = 4096;
+    plan_slots_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        g, append_indptr, nnz, slots_dev, err_dev);
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
+}
+
+extern "C" int kvp_append_paged_kv_cache_slots_cuda(
+    const kvp_paged_kv_t *kv, const kvp_append_src_t *src, const int32_t *slots_dev, uint32_t nnz,
+    int32_t *err_dev, unsigned flags, const kvp_append_cuda_opts_t *opts, void *stream)
+{
+    if ((flags & ~(unsigned)KVP_CUDA_APPEND_PDL) || kvp_append_cuda_opts_check(opts))
+        return KVP_EINVAL;
+    if (nnz == 0)
+        return 0;
+    Geo g;
+    int rc = make_geo(kv, src, &g);
+    if (rc)
+        return rc;
+    if (!slots_dev || (uint64_t)kv->num_pages * kv->page_size > (uint64_t)INT32_MAX)
+        return KVP_EINVAL;
+    launch_copy<kSlots>(g, nullptr, nullptr, slots_dev, nnz, nullptr, err_dev,
+                        (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u, opts,
+                        static_cast<cudaStream_t>(stream));
+    KVP_LAUNCH_TRY(rc, fail);
+    return 0;
+fail:
+    return rc;
 }
 
 extern "C" int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,

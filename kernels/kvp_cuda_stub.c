@@ -83,6 +83,23 @@ int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv, const kv
     return KVP_EUNAVAIL;
 }
 
+int kvp_append_plan_slots_cuda(const kvp_paged_kv_t *kv, const int32_t *append_indptr, uint32_t nnz,
+                               int32_t *slots_dev, int32_t *err_dev, void *stream)
+{
+    (void)kv, (void)append_indptr, (void)nnz, (void)slots_dev, (void)err_dev, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_append_paged_kv_cache_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                         const int32_t *slots_dev, uint32_t nnz, int32_t *err_dev,
+                                         unsigned flags, const kvp_append_cuda_opts_t *opts,
+                                         void *stream)
+{
+    (void)kv, (void)src, (void)slots_dev, (void)nnz, (void)err_dev, (void)flags, (void)opts;
+    (void)stream;
+    return KVP_EUNAVAIL;
+}
+
 int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                           const int32_t *slots, uint32_t nnz, uint32_t num_layers,
                           uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,

@@ -6,10 +6,14 @@
  * Every entry point only enqueues work: no host-device synchronisation, no host reads of
  * device arrays, no allocation, so each is safe inside CUDA-graph capture. Argument checks
  * that need the device arrays run on the device:
- *   - the checked append (kvp_append_paged_kv_cache_cuda) runs a validation kernel first and
- *     the copy kernel only when it found nothing wrong, so a bad position, batch index or page
- *     id writes nothing at all (DESIGN.md §1); the reason lands in *err_dev (a KVP_E* code,
- *     0 when fine; the caller reads it whenever it likes, e.g. after its own sync);
+ *   - the checked append (kvp_append_paged_kv_cache_cuda) validates every token before it
+ *     writes any, so a bad position, batch index or page id writes nothing at all (DESIGN.md
+ *     §1); the reason lands in *err_dev (a KVP_E* code, 0 when fine; the caller reads it
+ *     whenever it likes, e.g. after its own sync). The smallest appends are one launch whose
+ *     every block checks every token, so all blocks reach the same verdict without a
+ *     grid-wide barrier; other decode-sized ones run one validation block and the copy right
+ *     behind it (overlapped by PDL on sm_90), writing only on a clean verdict; larger ones a
+ *     validation kernel, then the copy gated the same way;
  *   - the fused append computes each token's request and position from append_indptr inside
  *     the same launch (one launch per layer on the decode path); positions are right by
  *     construction, and a page id out of range makes that row skipped (never written out of
@@ -54,10 +58,16 @@ typedef struct {
     uint32_t tokens_per_block; /* block kernel: tokens per block, 1..KVP_APPEND_CUDA_MAX_TPB */
     uint32_t blocks_per_sm;    /* block kernel: cap the grid at this many blocks per SM (the
                                   blocks then loop over the tokens), 1..KVP_APPEND_CUDA_MAX_BPSM */
-    uint32_t warps_per_block;  /* warp kernel: tokens (warps) per block, 1..
-                                  KVP_APPEND_CUDA_MAX_WARPS; automatic: 2 */
+    uint32_t warps_per_block;  /* warp (row) kernel: tokens per block, 1..
+                                  KVP_APPEND_CUDA_MAX_WARPS; automatic: by the batch */
     uint32_t hints;            /* KVP_APPEND_CUDA_HINT_*: evict-first source loads and/or pool
                                   stores; 0: none */
+    uint32_t vecs_per_thread;  /* warp (row) kernel: 16-byte vectors each thread moves, so
+                                  whole warps of ceil(2 * H * D * elem / 16 / this) threads
+                                  take a token; 1..KVP_APPEND_CUDA_MAX_ITEMS; automatic: the
+                                  fewest that keep the grid small (kvp_append_cuda.cu) */
+    uint32_t checked;          /* KVP_APPEND_CUDA_CHECKED_*: how the checked append of a
+                                  decode-sized batch validates; auto: by its size */
 } kvp_append_cuda_opts_t;
 
 enum {
@@ -66,10 +76,18 @@ enum {
     KVP_APPEND_CUDA_KERNEL_BLOCK = 2,
     KVP_APPEND_CUDA_HINT_LD = 1u, /* source loads with ld.global.cs */
     KVP_APPEND_CUDA_HINT_ST = 2u, /* pool stores with st.global.cs */
+    KVP_APPEND_CUDA_CHECKED_AUTO = 0,
+    /* every block of the copy validates every token: one launch (up to
+     * KVP_APPEND_CUDA_CHECKED_ONE_MAX tokens, else as for a prefill) */
+    KVP_APPEND_CUDA_CHECKED_ONE = 1,
+    /* one validation block, then the copy, overlapped with it by PDL (sm_90+) */
+    KVP_APPEND_CUDA_CHECKED_BLOCK = 2,
 };
+#define KVP_APPEND_CUDA_CHECKED_ONE_MAX 1024u
 #define KVP_APPEND_CUDA_MAX_TPB   64u   /* tokens per block of the block kernel */
 #define KVP_APPEND_CUDA_MAX_BPSM  1024u /* blocks per SM of the block kernel's grid cap */
-#define KVP_APPEND_CUDA_MAX_WARPS 8u    /* warps per block of the warp kernel */
+#define KVP_APPEND_CUDA_MAX_WARPS       8u    /* tokens per block of the warp (row) kernel */
+#define KVP_APPEND_CUDA_MAX_ITEMS       8u    /* vectors per thread of the warp (row) kernel */
 
 /* 0 when o is NULL or every field is in range, else KVP_EINVAL. */
 static inline int kvp_append_cuda_opts_check(const kvp_append_cuda_opts_t *o)
@@ -79,13 +97,20 @@ static inline int kvp_append_cuda_opts_check(const kvp_append_cuda_opts_t *o)
     if (o->kernel > KVP_APPEND_CUDA_KERNEL_BLOCK || o->tokens_per_block > KVP_APPEND_CUDA_MAX_TPB ||
         o->blocks_per_sm > KVP_APPEND_CUDA_MAX_BPSM ||
         o->warps_per_block > KVP_APPEND_CUDA_MAX_WARPS ||
+        o->vecs_per_thread > KVP_APPEND_CUDA_MAX_ITEMS ||
+        o->checked > KVP_APPEND_CUDA_CHECKED_BLOCK ||
         (o->hints & ~(uint32_t)(KVP_APPEND_CUDA_HINT_LD | KVP_APPEND_CUDA_HINT_ST)))
         return KVP_EINVAL;
     return 0;
 }
 
-/* Checked append: validation kernel, then the copy kernel gated by *err_dev == 0. err_dev is
- * a device int the validation resets and fills (required). */
+/* Checked append: nothing is written unless every token is valid. What is checked is what
+ * the append reads and writes (not the rest of the table): kv_indptr[0] == 0; per token with
+ * a batch index >= 0 (< 0 is padding), the index < batch_size, its request's length not
+ * negative (KVP_EINVAL) and last_page_len in 1..page_size when it has pages, its position
+ * inside the request, and the page id it writes < num_pages (KVP_ERANGE). KVP_EINVAL wins
+ * over KVP_ERANGE when both occur. err_dev is a device int the append resets and fills
+ * (required). */
 int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                                    const int32_t *batch_indices, const int32_t *positions,
                                    uint32_t nnz, int32_t *err_dev, void *stream);
@@ -139,6 +164,27 @@ int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv, const kv
                                               const int32_t *append_indptr, uint32_t nnz,
                                               int32_t *err_dev, unsigned flags,
                                               const kvp_append_cuda_opts_t *opts, void *stream);
+
+/* The per-step plan of the slots form: slots_dev[i] (a device array of nnz int32) = the pool
+ * slot (page id * page_size + position % page_size) of token i, with requests and positions
+ * as the fused append computes them (append_indptr, kv's page table); -1, reported in
+ * *err_dev (may be NULL), for a token outside every request or whose page id is out of range.
+ * An engine plans once per step and then appends every layer with
+ * kvp_append_paged_kv_cache_slots_cuda: one dependent load per token and layer instead of the
+ * page-table walk. KVP_EINVAL when num_pages * page_size exceeds INT32_MAX. One launch. */
+int kvp_append_plan_slots_cuda(const kvp_paged_kv_t *kv, const int32_t *append_indptr, uint32_t nnz,
+                               int32_t *slots_dev, int32_t *err_dev, void *stream);
+
+/* The append with every token's slot in a device array (kvp_append_plan_slots_cuda's, or the
+ * caller's own, vLLM's slot_mapping): slots_dev[i] < 0 skips token i (padding), a slot beyond
+ * the pool (>= num_pages * page_size) is skipped and reported in *err_dev (may be NULL). kv's
+ * page-table fields are not used. flags: KVP_CUDA_APPEND_PDL as for the fused append, with
+ * slots_dev in the role of the page table (complete when the previous kernel starts). The
+ * copy kernels' shape from opts (NULL: automatic). One launch. */
+int kvp_append_paged_kv_cache_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                         const int32_t *slots_dev, uint32_t nnz, int32_t *err_dev,
+                                         unsigned flags, const kvp_append_cuda_opts_t *opts,
+                                         void *stream);
 
 /* Most tokens kvp_append_slots_cuda takes in one call. */
 #define KVP_APPEND_SLOTS_MAX 1024u

@@ -159,6 +159,7 @@ static const setting_t settings[] = {
     S(tuning, append_blocks_per_sm, T_U32, 0, 1024, false),
     S(tuning, append_warps_per_block, T_U32, 0, 8, false),
     S_ENUM(tuning, append_hints, append_hints, false),
+    S(tuning, append_vecs_per_thread, T_U32, 0, 8, false),
     S(tuning, pack_blocks, T_U32, 0, 65535, false),
     S(tuning, xfer_stages, T_U32, 2, 4, false),
     S(tuning, xfer_register, T_BOOL, 0, 0, false),

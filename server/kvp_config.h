@@ -200,10 +200,13 @@
  *                    Default 0.
  *   append_blocks_per_sm  cap of the block kernel's grid in blocks per SM (a persistent grid);
  *                    0: none. 0..1024. Default 0.
- *   append_warps_per_block  tokens (warps) per block of the warp kernel; 0: automatic (2).
+ *   append_warps_per_block  tokens per block of the warp kernel; 0: automatic (2).
  *                    0..8. Default 0.
  *   append_hints     evict-first hints on the source loads and/or the pool stores:
  *                    none|ld|st|ldst. Default none.
+ *   append_vecs_per_thread  16-byte vectors each thread of the warp kernel moves (so whole
+ *                    warps of ceil(row vectors / this) threads take a token); 0: automatic
+ *                    (2). 0..8. Default 0.
  *   pack_blocks      cap of the transfer pack/unpack kernels' grid; 0: two blocks per SM.
  *                    0..65535. Default 0.
  *   xfer_stages      staging chunks per side of a transfer in flight. 2..4. Default 2.
@@ -353,6 +356,7 @@ typedef struct {
     uint32_t append_blocks_per_sm;
     uint32_t append_warps_per_block;
     uint32_t append_hints; /* 0 none, 1 ld, 2 st, 3 ldst: KVP_APPEND_CUDA_HINT_* bits */
+    uint32_t append_vecs_per_thread;
     uint32_t pack_blocks;
     uint32_t xfer_stages;
     bool xfer_register;

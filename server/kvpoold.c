@@ -151,7 +151,8 @@ _Static_assert(KVP_APPEND_CUDA_KERNEL_AUTO == 0 && KVP_APPEND_CUDA_KERNEL_WARP =
 _Static_assert(KVP_APPEND_CUDA_HINT_LD == 1 && KVP_APPEND_CUDA_HINT_ST == 2,
                "tuning.append_hints: none, ld, st, ldst");
 _Static_assert(KVP_APPEND_CUDA_MAX_TPB == 64 && KVP_APPEND_CUDA_MAX_BPSM == 1024 &&
-                   KVP_APPEND_CUDA_MAX_WARPS == 8 && KVP_PACK_CUDA_MAX_BLOCKS == 65535,
+                   KVP_APPEND_CUDA_MAX_WARPS == 8 && KVP_APPEND_CUDA_MAX_ITEMS == 8 &&
+                   KVP_PACK_CUDA_MAX_BLOCKS == 65535,
                "the bounds of kvp_config.c's [tuning] keys");
 
 static kvp_backend_tuning_t backend_tuning(const kvp_config_t *c)
@@ -163,7 +164,8 @@ static kvp_backend_tuning_t backend_tuning(const kvp_config_t *c)
                    .tokens_per_block = c->append_tokens_per_block,
                    .blocks_per_sm = c->append_blocks_per_sm,
                    .warps_per_block = c->append_warps_per_block,
-                   .hints = c->append_hints},
+                   .hints = c->append_hints,
+                   .vecs_per_thread = c->append_vecs_per_thread},
         .pack_blocks = c->pack_blocks,
         .xfer_stages = c->xfer_stages,
         .xfer_register = c->xfer_register,

@@ -5,8 +5,11 @@
  * and against FlashInfer's own AppendPagedKVCache (issue #18), side by side in one run. For
  * each workload and layout: FlashInfer's append (when built with its headers:
  * -DKVP_BENCH_FLASHINFER=ON or -DKVP_FLASHINFER_WHEEL=PATH, kernels/kvp_flashinfer.cmake), the
- * fused append (positions computed in the launch), the checked append (validation kernel +
- * copy) and the unchecked one (FlashInfer's inputs: the same batch_indices/positions), each as a
+ * fused append (positions computed in the launch), the checked append (every token validated
+ * before any write), the unchecked one (FlashInfer's inputs: the same batch_indices/positions)
+ * and the slots form (each token's pool slot planned once per step by
+ * kvp_append_plan_slots_cuda, like FlashInfer's batch_indices/positions, and checked against
+ * the host's), each as a
  * single launch and replayed from a CUDA graph (us per launch; the fused form also under
  * programmatic dependent launch): 100 launches rotating over 8 layers of the pool for decode
  * steps, 10 alternating between 2 source sets for prefills. Page tables, batch indices and
@@ -28,7 +31,8 @@
  *
  *   bench_append_cuda [--reps N] [--only SUBSTRING] [--host] [--kernel auto|warp|block]
  *                     [--tokens-per-block N] [--blocks-per-sm N] [--warps-per-block N]
- *                     [--hints none|ld|st|ldst]
+ *                     [--hints none|ld|st|ldst] [--vecs-per-thread N]
+ *                     [--checked auto|one|block]
  * (the kernel flags are the daemon's [tuning] append_* keys, kvp_config.h)
  */
 #include <cuda_runtime_api.h>
@@ -102,18 +106,18 @@ static void do_copy(void *p)
 }
 
 /* The forms of the append a workload times: kvpool's three and FlashInfer's. */
-enum { FORM_FUSED, FORM_CHECKED, FORM_UNCHECKED, FORM_FLASHINFER, NUM_FORMS };
-static const char *const FORM_NAME[NUM_FORMS] = {"fused", "checked (validate + copy)",
-                                                 "unchecked (the same batch_indices/positions)",
-                                                 "FlashInfer AppendPagedKVCache"};
+enum { FORM_FUSED, FORM_CHECKED, FORM_UNCHECKED, FORM_SLOTS, FORM_FLASHINFER, NUM_FORMS };
+static const char *const FORM_NAME[NUM_FORMS] = {
+    "fused", "checked", "unchecked (the same batch_indices/positions)",
+    "slots (planned once per step)", "FlashInfer AppendPagedKVCache"};
 
 typedef struct {
     kvp_paged_kv_t kv;
     kvp_append_src_t src;
-    int32_t *aip, *bi, *pos, *err;
+    int32_t *aip, *bi, *pos, *slots, *err;
     uint32_t nnz;
     int form;       /* FORM_* */
-    unsigned flags; /* KVP_CUDA_APPEND_* of the fused form */
+    unsigned flags; /* KVP_CUDA_APPEND_* of the fused and slots forms */
 } app_arg_t;
 
 static void do_append(void *p)
@@ -132,6 +136,10 @@ static void do_append(void *p)
     case FORM_UNCHECKED:
         rc = kvp_append_paged_kv_cache_cuda_unchecked_opts(&a->kv, &a->src, a->bi, a->pos, a->nnz,
                                                            a->err, &OPTS, S);
+        break;
+    case FORM_SLOTS:
+        rc = kvp_append_paged_kv_cache_slots_cuda(&a->kv, &a->src, a->slots, a->nnz, a->err,
+                                                  a->flags, &OPTS, S);
         break;
     default:
         rc = kvp_bench_flashinfer_append_cuda(&a->kv, &a->src, a->bi, a->pos, a->nnz, S);
@@ -167,7 +175,7 @@ static int MISMATCH; /* a byte check failed: the exit status is 1 */
 typedef struct {
     const char *name;
     const char *lay;
-    float single[NUM_FORMS], graph[NUM_FORMS], graph_pdl;
+    float single[NUM_FORMS], graph[NUM_FORMS], graph_pdl, slots_pdl;
 } summary_t;
 static summary_t SUM[32];
 static unsigned NSUM;
@@ -275,7 +283,7 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
     const size_t o_indptr = 0, o_idx = o_indptr + pad16(B + 1);
     const size_t o_last = o_idx + pad16((size_t)B * pages_per), o_aip = o_last + pad16(B);
     const size_t o_bi = o_aip + pad16(B + 1), o_pos = o_bi + pad16(nnz);
-    const size_t o_err = o_pos + pad16(nnz), n_words = o_err + 16;
+    const size_t o_slots = o_pos + pad16(nnz), o_err = o_slots + pad16(nnz), n_words = o_err + 16;
     int32_t *h, *dv;
     CK(cudaHostAlloc((void **)&h, n_words * 4, cudaHostAllocDefault));
     memset(h, 0, n_words * 4);
@@ -316,8 +324,12 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
                    .aip = dv + o_aip,
                    .bi = dv + o_bi,
                    .pos = dv + o_pos,
+                   .slots = dv + o_slots,
                    .err = dv + o_err,
                    .nnz = nnz};
+    /* the slots form's plan, once per step as an engine runs it (not timed): checked below
+     * against the slots the host computes from the same table (error word 8) */
+    KC(kvp_append_plan_slots_cuda(&a.kv, a.aip, nnz, a.slots, dv + o_err + 8, S));
 
     /* Bytes first: the reference (FlashInfer's append; kvpool's checked form when FlashInfer
      * is absent) into ref, which must differ from the untouched pattern in exactly the
@@ -336,7 +348,7 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
     r.err = dv + o_err + 1 + ref_form;
     do_append(&r);
     KC(kvp_bench_diff_cuda(ref, NULL, d.pool_bytes, POOL_SEED, &cnt_dev[0], S));
-    for (int f = FORM_FUSED; f <= FORM_UNCHECKED; f++) {
+    for (int f = FORM_FUSED; f <= FORM_SLOTS; f++) {
         KC(kvp_bench_fill_cuda(pool, d.pool_bytes, POOL_SEED, S));
         r = a;
         r.form = f;
@@ -346,16 +358,27 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
     }
     CK(cudaMemcpyAsync(cnt_host, cnt_dev, 8 * sizeof(*cnt_dev), cudaMemcpyDeviceToHost, S));
     CK(cudaMemcpyAsync(h + o_err, dv + o_err, 16 * 4, cudaMemcpyDeviceToHost, S));
+    int32_t *slots_back = malloc(4 * (size_t)nnz);
+    CK(cudaMemcpyAsync(slots_back, a.slots, 4 * (size_t)nnz, cudaMemcpyDeviceToHost, S));
     CK(cudaStreamSynchronize(S));
+    uint32_t slots_bad = h[o_err + 8] != 0;
+    for (uint32_t i = 0; i < nnz; i++) {
+        int32_t b = h[o_bi + i], p = h[o_pos + i];
+        int32_t want = h[o_idx + (size_t)b * pages_per + (uint32_t)p / ps] * (int32_t)ps +
+                       (int32_t)((uint32_t)p % ps);
+        slots_bad += slots_back[i] != want;
+    }
+    free(slots_back);
     const unsigned long long rows_words = 2ull * nnz * w->heads * (row / 16);
-    int ok = cnt_host[0] == rows_words;
-    for (int f = FORM_FUSED; f <= FORM_UNCHECKED; f++)
+    int ok = cnt_host[0] == rows_words && slots_bad == 0;
+    for (int f = FORM_FUSED; f <= FORM_SLOTS; f++)
         ok = ok && cnt_host[1 + f] == 0 && h[o_err + 1 + f] == 0;
     printf("%-28s %-4s bytes %s: %s changed %llu 16-byte words (the appended K and V rows: "
-           "%llu); fused/checked/unchecked differ from it in %llu/%llu/%llu (errors %d/%d/%d)\n",
+           "%llu); fused/checked/unchecked/slots differ from it in %llu/%llu/%llu/%llu (errors "
+           "%d/%d/%d/%d); %u planned slots wrong\n",
            w->name, lay, ok ? "agree" : "DIFFER", HAVE_FI ? "FlashInfer" : "checked (reference)",
-           cnt_host[0], rows_words, cnt_host[1], cnt_host[2], cnt_host[3], h[o_err + 1],
-           h[o_err + 2], h[o_err + 3]);
+           cnt_host[0], rows_words, cnt_host[1], cnt_host[2], cnt_host[3], cnt_host[4],
+           h[o_err + 1], h[o_err + 2], h[o_err + 3], h[o_err + 4], slots_bad);
     if (!ok)
         MISMATCH = 1;
 
@@ -364,7 +387,8 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
     double bytes = 2.0 * 2.0 * (double)src_bytes; /* K+V, read + write */
     summary_t *sum = NSUM < sizeof(SUM) / sizeof(SUM[0]) ? &SUM[NSUM++] : NULL;
     summary_t local = {.name = w->name, .lay = lay};
-    static const int order[NUM_FORMS] = {FORM_FLASHINFER, FORM_FUSED, FORM_CHECKED, FORM_UNCHECKED};
+    static const int order[NUM_FORMS] = {FORM_FLASHINFER, FORM_FUSED, FORM_CHECKED, FORM_UNCHECKED,
+                                         FORM_SLOTS};
     for (int i = 0; i < NUM_FORMS; i++) {
         int f = order[i];
         if (f == FORM_FLASHINFER && !HAVE_FI)
@@ -386,13 +410,12 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
         local.graph[f] = graph_ms(&a, f, 0, n, nl, d.pool_bytes, ns, 2 * src_bytes);
         print_row(w, lay, nnz, bytes, local.graph[f], local.graph[FORM_FLASHINFER], FORM_NAME[f],
                   how);
-        if (f == FORM_FUSED) {
+        if (f == FORM_FUSED || f == FORM_SLOTS) {
             char pdl[80];
             snprintf(pdl, sizeof(pdl), "%s, PDL", how);
-            local.graph_pdl =
-                graph_ms(&a, f, KVP_CUDA_APPEND_PDL, n, nl, d.pool_bytes, ns, 2 * src_bytes);
-            print_row(w, lay, nnz, bytes, local.graph_pdl, local.graph[FORM_FLASHINFER],
-                      FORM_NAME[f], pdl);
+            float *t = f == FORM_FUSED ? &local.graph_pdl : &local.slots_pdl;
+            *t = graph_ms(&a, f, KVP_CUDA_APPEND_PDL, n, nl, d.pool_bytes, ns, 2 * src_bytes);
+            print_row(w, lay, nnz, bytes, *t, local.graph[FORM_FLASHINFER], FORM_NAME[f], pdl);
         }
     }
     if (sum)
@@ -409,14 +432,16 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
 }
 
 /* The issue's table, last: us per launch and kvpool / FlashInfer per form, graph replay and
- * single launch. */
+ * single launch, and the checked form over the unchecked one. */
 static void print_summary(void)
 {
-    char r[4][16], fgs[16], fss[16];
-    printf("\nsummary, us per launch (x: kvpool / FlashInfer in this run; ceiling %.0f GB/s)\n",
+    char r[6][16], fgs[16], fss[16];
+    printf("\nsummary, us per launch (x: kvpool / FlashInfer in this run; ceiling %.0f GB/s; "
+           "chk/unc: checked / unchecked)\n",
            CEIL_GBS);
-    printf("%-28s %-4s %-6s %9s %16s %16s %16s %16s\n", "workload", "lay", "", "FlashInfer",
-           "fused", "fused + PDL", "checked", "unchecked");
+    printf("%-28s %-4s %-6s %9s %16s %16s %16s %16s %16s %16s %7s\n", "workload", "lay", "",
+           "FlashInfer", "fused", "fused + PDL", "slots", "slots + PDL", "checked", "unchecked",
+           "chk/unc");
     for (unsigned i = 0; i < NSUM; i++) {
         const summary_t *s = &SUM[i];
         const float fg = s->graph[FORM_FLASHINFER], fs = s->single[FORM_FLASHINFER];
@@ -424,16 +449,24 @@ static void print_summary(void)
         snprintf(fss, sizeof(fss), "%.2f", fs * 1e3);
         if (!HAVE_FI)
             strcpy(fgs, "-"), strcpy(fss, "-");
-        printf("%-28s %-4s %-6s %9s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s\n", s->name, s->lay,
-               "graph", fgs, s->graph[FORM_FUSED] * 1e3, ratio(r[0], 16, s->graph[FORM_FUSED], fg),
-               s->graph_pdl * 1e3, ratio(r[1], 16, s->graph_pdl, fg), s->graph[FORM_CHECKED] * 1e3,
+        printf("%-28s %-4s %-6s %9s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s "
+               "%6.2fx\n",
+               s->name, s->lay, "graph", fgs, s->graph[FORM_FUSED] * 1e3,
+               ratio(r[0], 16, s->graph[FORM_FUSED], fg), s->graph_pdl * 1e3,
+               ratio(r[1], 16, s->graph_pdl, fg), s->graph[FORM_SLOTS] * 1e3,
+               ratio(r[4], 16, s->graph[FORM_SLOTS], fg), s->slots_pdl * 1e3,
+               ratio(r[5], 16, s->slots_pdl, fg), s->graph[FORM_CHECKED] * 1e3,
                ratio(r[2], 16, s->graph[FORM_CHECKED], fg), s->graph[FORM_UNCHECKED] * 1e3,
-               ratio(r[3], 16, s->graph[FORM_UNCHECKED], fg));
-        printf("%-28s %-4s %-6s %9s %8.2f %7s %8s %7s %8.2f %7s %8.2f %7s\n", s->name, s->lay,
-               "single", fss, s->single[FORM_FUSED] * 1e3,
-               ratio(r[0], 16, s->single[FORM_FUSED], fs), "", "", s->single[FORM_CHECKED] * 1e3,
+               ratio(r[3], 16, s->graph[FORM_UNCHECKED], fg),
+               s->graph[FORM_CHECKED] / s->graph[FORM_UNCHECKED]);
+        printf("%-28s %-4s %-6s %9s %8.2f %7s %8s %7s %8.2f %7s %8s %7s %8.2f %7s %8.2f %7s "
+               "%6.2fx\n",
+               s->name, s->lay, "single", fss, s->single[FORM_FUSED] * 1e3,
+               ratio(r[0], 16, s->single[FORM_FUSED], fs), "", "", s->single[FORM_SLOTS] * 1e3,
+               ratio(r[4], 16, s->single[FORM_SLOTS], fs), "", "", s->single[FORM_CHECKED] * 1e3,
                ratio(r[2], 16, s->single[FORM_CHECKED], fs), s->single[FORM_UNCHECKED] * 1e3,
-               ratio(r[3], 16, s->single[FORM_UNCHECKED], fs));
+               ratio(r[3], 16, s->single[FORM_UNCHECKED], fs),
+               s->single[FORM_CHECKED] / s->single[FORM_UNCHECKED]);
     }
 }
 
@@ -615,6 +648,7 @@ int main(int argc, char **argv)
 {
     static const char *const kernels[] = {"auto", "warp", "block"};
     static const char *const hints[] = {"none", "ld", "st", "ldst"};
+    static const char *const checked[] = {"auto", "one", "block"};
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             REPS = atoi(argv[++i]);
@@ -632,14 +666,18 @@ int main(int argc, char **argv)
             OPTS.warps_per_block = number(argv[i], argv[i + 1], KVP_APPEND_CUDA_MAX_WARPS), i++;
         else if (!strcmp(argv[i], "--hints") && i + 1 < argc)
             OPTS.hints = pick(argv[i], argv[i + 1], hints, 4), i++;
+        else if (!strcmp(argv[i], "--checked") && i + 1 < argc)
+            OPTS.checked = pick(argv[i], argv[i + 1], checked, 3), i++;
+        else if (!strcmp(argv[i], "--vecs-per-thread") && i + 1 < argc)
+            OPTS.vecs_per_thread = number(argv[i], argv[i + 1], KVP_APPEND_CUDA_MAX_ITEMS), i++;
         else {
             fprintf(stderr, "unknown argument '%s' (see the file header)\n", argv[i]);
             return 2;
         }
     printf("copy kernels: kernel=%s tokens_per_block=%u blocks_per_sm=%u warps_per_block=%u "
-           "hints=%s (0: automatic)\n",
+           "vecs_per_thread=%u hints=%s checked=%s (0: automatic)\n",
            kernels[OPTS.kernel], OPTS.tokens_per_block, OPTS.blocks_per_sm, OPTS.warps_per_block,
-           hints[OPTS.hints]);
+           OPTS.vecs_per_thread, hints[OPTS.hints], checked[OPTS.checked]);
     HAVE_FI = kvp_bench_flashinfer_available();
     printf("FlashInfer column: %s\n", kvp_bench_flashinfer_what());
     int n = 0;
@@ -707,7 +745,8 @@ int main(int argc, char **argv)
         printf("FlashInfer's AppendPagedKVCache and kvpool's unchecked form get the same "
                "batch_indices/positions,\ncomputed once and uploaded before timing (an engine "
                "computes them once per step, not once per layer),\nso those per-layer times "
-               "compare directly; kvpool's fused form computes them inside its own launch.\n"
+               "compare directly; kvpool's fused form computes them inside its own launch, and "
+               "its slots form\nreads slots planned once per step in the same way.\n"
                "Before timing, each row checks that FlashInfer's bytes and each kvpool form's "
                "agree (separate pools).\nx FI: kvpool / FlashInfer, single launch against "
                "single launch, graph against graph.\n\n");

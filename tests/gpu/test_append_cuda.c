@@ -4,9 +4,12 @@
  * foundation grid (page sizes x batch sizes x layouts x head_dim {64,128,256,512} x element
  * sizes x combined/split x contiguous/strided sources) with several prefill/decode rounds, the
  * pool poisoned beforehand and compared whole (so bytes outside the written slots are checked
- * unchanged). Each round runs one of the four forms (checked, unchecked with explicit
- * positions, fused with append_indptr, fused under programmatic dependent launch). Also: fused
- * positions equal get_batch_indices_positions, padding and nnz = 0, a bad position writes nothing,
+ * unchanged). Each round runs one of six forms (checked, unchecked with explicit positions,
+ * fused with append_indptr, fused under programmatic dependent launch, slots planned on the
+ * device then appended, the same under PDL). Also: fused positions equal
+ * get_batch_indices_positions, padding and nnz = 0, a bad position writes nothing, the checked
+ * form refuses each kind of bad entry in each of its ways (one launch, validation block + gated
+ * copy, validation kernel + gated copy),
  * graph capture and replay give the same bytes, page copies, the slot form (the daemon's
  * small-Append path), prefill-sized appends (padding, a bad page id). Exits 77 where no GPU is
  * usable (CI).
@@ -134,7 +137,7 @@ static void round_once(world_t *w, kvp_rng_t *r, const uint32_t *toks, int strid
     int32_t *d_indptr = dalloc(4 * (B + 1)), *d_aip = dalloc(4 * (B + 1)), *d_last = dalloc(4 * B);
     int32_t *d_indices = dalloc(4 * ((size_t)indptr[B] + 1));
     int32_t *d_bi = dalloc(4 * (nnz + 1)), *d_pos = dalloc(4 * (nnz + 1));
-    int32_t *d_err = dalloc(4), *d_seq = dalloc(4 * B);
+    int32_t *d_err = dalloc(4), *d_seq = dalloc(4 * B), *d_slots = dalloc(4 * (nnz + 1));
     uint8_t *dk = dalloc(kbytes), *dv = dalloc(vbytes);
     up(d_indptr, indptr, 4 * (B + 1));
     up(d_aip, aip, 4 * (B + 1));
@@ -163,25 +166,39 @@ static void round_once(world_t *w, kvp_rng_t *r, const uint32_t *toks, int strid
                                                            OPTS, S);
     else if (form == 2)
         rc = kvp_append_paged_kv_cache_fused_cuda_opts(&dkv, &dsrc, d_aip, nnz, d_err, 0, OPTS, S);
-    else
+    else if (form == 3)
         rc = kvp_append_paged_kv_cache_fused_cuda_opts(&dkv, &dsrc, d_aip, nnz, d_err,
                                                        KVP_CUDA_APPEND_PDL, OPTS, S);
+    else {
+        /* the slots form: planned once, then appended (under PDL in form 5) */
+        ck_assert_int_eq(kvp_append_plan_slots_cuda(&dkv, d_aip, nnz, d_slots, d_err, S), 0);
+        rc = kvp_append_paged_kv_cache_slots_cuda(&dkv, &dsrc, d_slots, nnz, d_err,
+                                                  form == 5 ? (unsigned)KVP_CUDA_APPEND_PDL : 0u,
+                                                  OPTS, S);
+    }
     ck_assert_int_eq(rc, 0);
     int32_t herr = -1;
     int32_t *hbi = malloc(4 * (nnz + 1)), *hpos = malloc(4 * (nnz + 1));
     CK(cudaMemcpyAsync(&herr, d_err, 4, cudaMemcpyDeviceToHost, S));
     CK(cudaMemcpyAsync(hbi, d_bi, 4 * (size_t)nnz, cudaMemcpyDeviceToHost, S));
     CK(cudaMemcpyAsync(hpos, d_pos, 4 * (size_t)nnz, cudaMemcpyDeviceToHost, S));
+    int32_t *hslots = malloc(4 * (nnz + 1));
+    CK(cudaMemcpyAsync(hslots, d_slots, 4 * (size_t)nnz, cudaMemcpyDeviceToHost, S));
     CK(cudaMemcpyAsync(w->back, w->dpool, d->pool_bytes, cudaMemcpyDeviceToHost, S));
     CK(cudaStreamSynchronize(S));
     ck_assert_int_eq(herr, 0);
     ck_assert_int_eq(memcmp(hbi, bi, 4 * (size_t)nnz), 0);
     ck_assert_int_eq(memcmp(hpos, pos, 4 * (size_t)nnz), 0);
+    for (uint32_t i = 0; form >= 4 && i < nnz; i++) /* the planned slots, from the CPU's */
+        ck_assert_int_eq(hslots[i], indices[indptr[bi[i]] + pos[i] / (int32_t)ps] * (int32_t)ps +
+                                        pos[i] % (int32_t)ps);
+    free(hslots);
     ck_assert_msg(memcmp(w->back, w->ref, d->pool_bytes) == 0,
                   "pool differs: ps %u B %u %s D %u e %u %s strided %d form %d nnz %u", ps, B,
                   g->layout ? "HND" : "NHD", D, e, g->storage ? "split" : "combined", strided, form,
                   nnz);
-    void *frees[] = {d_indptr, d_aip, d_last, d_indices, d_bi, d_pos, d_err, d_seq, dk, dv};
+    void *frees[] = {d_indptr, d_aip, d_last,  d_indices, d_bi, d_pos,
+                     d_err,    d_seq, d_slots, dk,        dv};
     for (unsigned i = 0; i < sizeof(frees) / sizeof(frees[0]); i++)
         CK(cudaFree(frees[i]));
     free(hbi), free(hpos), free(seq_lens), free(bi), free(pos), free(hk), free(hv);
@@ -253,7 +270,7 @@ static uint32_t run_grid(uint32_t every)
                                     for (uint32_t b = 0; b < B; b++)
                                         toks[b] = (k % 2 == 0) ? kvp_rng_below(&r, 12)
                                                                : (kvp_rng_below(&r, 5) ? 1 : 0);
-                                    round_once(&w, &r, toks, strided, (int)((configs + k) % 4));
+                                    round_once(&w, &r, toks, strided, (int)((configs + k) % 6));
                                 }
                                 configs++;
                                 free(toks), free(w.freelist), free(w.len), free(w.npages);
@@ -415,6 +432,11 @@ START_TEST(kernel_shapes_match_cpu)
          .tokens_per_block = KVP_APPEND_CUDA_MAX_TPB,
          .blocks_per_sm = 1},
         {.blocks_per_sm = 4, .hints = KVP_APPEND_CUDA_HINT_LD | KVP_APPEND_CUDA_HINT_ST},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_WARP, .vecs_per_thread = 1},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_WARP,
+         .vecs_per_thread = KVP_APPEND_CUDA_MAX_ITEMS,
+         .warps_per_block = KVP_APPEND_CUDA_MAX_WARPS},
+        {.vecs_per_thread = 3, .warps_per_block = 5},
     };
     kvp_rng_t r;
     kvp_rng_seed(&r, kvp_test_seed(0x5a9e));
@@ -438,6 +460,8 @@ START_TEST(bad_kernel_options_are_refused)
         {.blocks_per_sm = KVP_APPEND_CUDA_MAX_BPSM + 1},
         {.warps_per_block = KVP_APPEND_CUDA_MAX_WARPS + 1},
         {.hints = 4},
+        {.vecs_per_thread = KVP_APPEND_CUDA_MAX_ITEMS + 1},
+        {.checked = KVP_APPEND_CUDA_CHECKED_BLOCK + 1},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_int_eq(kvp_append_cuda_opts_check(&bad[i]), KVP_EINVAL);
@@ -450,9 +474,17 @@ START_TEST(bad_kernel_options_are_refused)
         ck_assert_int_eq(
             kvp_append_paged_kv_cache_fused_cuda_opts(NULL, NULL, NULL, 0, NULL, 0, &bad[i], S),
             KVP_EINVAL);
+        ck_assert_int_eq(
+            kvp_append_paged_kv_cache_slots_cuda(NULL, NULL, NULL, 0, NULL, 0, &bad[i], S),
+            KVP_EINVAL);
     }
-    const kvp_append_cuda_opts_t top = {KVP_APPEND_CUDA_KERNEL_BLOCK, KVP_APPEND_CUDA_MAX_TPB,
-                                        KVP_APPEND_CUDA_MAX_BPSM, KVP_APPEND_CUDA_MAX_WARPS, 3};
+    const kvp_append_cuda_opts_t top = {KVP_APPEND_CUDA_KERNEL_BLOCK,
+                                        KVP_APPEND_CUDA_MAX_TPB,
+                                        KVP_APPEND_CUDA_MAX_BPSM,
+                                        KVP_APPEND_CUDA_MAX_WARPS,
+                                        3,
+                                        KVP_APPEND_CUDA_MAX_ITEMS,
+                                        KVP_APPEND_CUDA_CHECKED_BLOCK};
     ck_assert_int_eq(kvp_append_cuda_opts_check(&top), 0);
     ck_assert_int_eq(kvp_append_cuda_opts_check(NULL), 0);
     ck_assert_int_eq(kvp_append_paged_kv_cache_cuda_opts(NULL, NULL, NULL, NULL, 0, NULL, &top, S),
@@ -563,6 +595,210 @@ START_TEST(bad_position_writes_nothing_and_reports)
     ck_assert_int_eq(kvp_append_paged_kv_cache_cuda(&bad, &s.src, s.d_bi, s.d_pos, 4, s.d_err, S),
                      KVP_EINVAL);
     ck_assert_int_eq(kvp_append_paged_kv_cache_cuda(&s.kv, &s.src, s.d_bi, s.d_pos, 4, NULL, S),
+                     KVP_EINVAL);
+}
+END_TEST
+
+/* The checked form's refusals, each kind of bad entry alone (and two together), in each of its
+ * ways: a decode step of B tokens with the bad entry in the last token (so the blocks that
+ * write nothing else must see it) as one launch whose every block checks every token, as one
+ * validation block and the copy behind it, and forced onto the validation kernel + gated
+ * block kernel; then 6 * B tokens (the validation block) and 10 * B (a prefill's way). A bad case
+ * leaves the whole pool untouched with the exact code; the good case (with padding rows) writes
+ * exactly the CPU's bytes and resets an error word that held garbage to 0. */
+enum { CK_B = 300, CK_LEN = 40, CK_PS = 16, CK_H = 2, CK_D = 64 };
+
+static void checked_case(uint32_t per_req, const kvp_append_cuda_opts_t *opts, int bad)
+{
+    const uint32_t B = CK_B, ps = CK_PS, pages_per = (CK_LEN + ps - 1) / ps;
+    const uint32_t P = B * pages_per + 1, nnz = B * per_req, e = 2;
+    const size_t page_bytes = (size_t)ps * CK_H * CK_D * e, pool_bytes = 2 * P * page_bytes;
+    int32_t indptr[CK_B + 1], last[CK_B], *indices = malloc(4 * B * pages_per);
+    int32_t *bi = malloc(4 * nnz), *pos = malloc(4 * nnz);
+    for (uint32_t b = 0; b <= B; b++)
+        indptr[b] = (int32_t)(b * pages_per);
+    for (uint32_t b = 0; b < B; b++) {
+        last[b] = (int32_t)(CK_LEN - (pages_per - 1) * ps);
+        for (uint32_t k = 0; k < pages_per; k++)
+            indices[b * pages_per + k] = (int32_t)(1 + k * B + b);
+        for (uint32_t j = 0; j < per_req; j++) {
+            bi[b * per_req + j] = (int32_t)b;
+            pos[b * per_req + j] = (int32_t)(CK_LEN - per_req + j);
+        }
+    }
+    const uint32_t t = nnz - 1, bt = (uint32_t)bi[t]; /* the last token, of the last request */
+    switch (bad) {
+    case 1:
+        bi[t] = (int32_t)B;
+        break; /* ERANGE */
+    case 2:
+        pos[t] = CK_LEN;
+        break; /* ERANGE */
+    case 3:
+        pos[t] = -1;
+        break; /* ERANGE */
+    case 4:
+        indices[indptr[bt] + pos[t] / (int32_t)ps] = (int32_t)P;
+        break; /* ERANGE */
+    case 5:
+        last[bt] = 0;
+        break; /* ERANGE */
+    case 6:
+        indptr[B] = indptr[B - 1] - 1;
+        break; /* EINVAL */
+    case 7:
+        indptr[0] = 1;
+        break; /* EINVAL */
+    case 8:
+        indptr[B] = indptr[B - 1] - 1, bi[t - 1] = (int32_t)B;
+        break; /* EINVAL */
+    case 9:
+        bi[0] = bi[nnz / 2] = bi[t] = -1;
+        break; /* padding: fine */
+    default:
+        break;
+    }
+    const int32_t want = bad >= 6 && bad <= 8 ? KVP_EINVAL : bad >= 1 && bad <= 5 ? KVP_ERANGE : 0;
+    const size_t src_bytes = (size_t)nnz * CK_H * CK_D * e;
+    uint8_t *hk = malloc(src_bytes), *hv = malloc(src_bytes), *ref = malloc(pool_bytes);
+    uint8_t *back = malloc(pool_bytes);
+    kvp_rng_t r;
+    kvp_rng_seed(&r, 0xc4ec + (uint64_t)bad);
+    kvp_rng_fill(&r, hk, src_bytes);
+    kvp_rng_fill(&r, hv, src_bytes);
+    memset(ref, 0x3c, pool_bytes);
+    kvp_paged_kv_t kv = {.k_data = ref,
+                         .v_data = ref + P * page_bytes,
+                         .elem_bytes = e,
+                         .num_pages = P,
+                         .page_size = ps,
+                         .num_heads = CK_H,
+                         .head_dim = CK_D,
+                         .stride_page = (int64_t)ps * CK_H * CK_D,
+                         .stride_n = CK_H * CK_D,
+                         .stride_h = CK_D,
+                         .batch_size = B,
+                         .kv_indptr = indptr,
+                         .kv_indices = indices,
+                         .kv_last_page_len = last};
+    kvp_append_src_t src = {.key = hk,
+                            .value = hv,
+                            .k_stride_n = CK_H * CK_D,
+                            .k_stride_h = CK_D,
+                            .v_stride_n = CK_H * CK_D,
+                            .v_stride_h = CK_D};
+    if (!want)
+        ck_assert_int_eq(kvp_append_paged_kv_cache_cpu(&kv, &src, bi, pos, nnz), 0);
+    uint8_t *dpool = dalloc(pool_bytes), *dk = dalloc(src_bytes), *dv = dalloc(src_bytes);
+    int32_t *d_indptr = dalloc(4 * (B + 1)), *d_last = dalloc(4 * B);
+    int32_t *d_indices = dalloc(4 * B * pages_per), *d_bi = dalloc(4 * nnz);
+    int32_t *d_pos = dalloc(4 * nnz), *d_err = dalloc(4);
+    CK(cudaMemsetAsync(dpool, 0x3c, pool_bytes, S));
+    CK(cudaMemsetAsync(d_err, 0x7f, 4, S)); /* garbage: the append resets it */
+    up(dk, hk, src_bytes);
+    up(dv, hv, src_bytes);
+    up(d_indptr, indptr, 4 * (B + 1));
+    up(d_last, last, 4 * B);
+    up(d_indices, indices, 4 * B * pages_per);
+    up(d_bi, bi, 4 * nnz);
+    up(d_pos, pos, 4 * nnz);
+    kvp_paged_kv_t dkv = kv;
+    dkv.k_data = dpool;
+    dkv.v_data = dpool + P * page_bytes;
+    dkv.kv_indptr = d_indptr;
+    dkv.kv_indices = d_indices;
+    dkv.kv_last_page_len = d_last;
+    kvp_append_src_t dsrc = src;
+    dsrc.key = dk;
+    dsrc.value = dv;
+    ck_assert_int_eq(
+        kvp_append_paged_kv_cache_cuda_opts(&dkv, &dsrc, d_bi, d_pos, nnz, d_err, opts, S), 0);
+    int32_t herr = 0;
+    CK(cudaMemcpyAsync(&herr, d_err, 4, cudaMemcpyDeviceToHost, S));
+    CK(cudaMemcpyAsync(back, dpool, pool_bytes, cudaMemcpyDeviceToHost, S));
+    CK(cudaStreamSynchronize(S));
+    ck_assert_msg(herr == want, "per_req %u opts %s bad %d: err %d, expected %d", per_req,
+                  opts ? "block" : "auto", bad, herr, want);
+    ck_assert_msg(memcmp(back, ref, pool_bytes) == 0, "per_req %u opts %s bad %d: pool differs",
+                  per_req, opts ? "block" : "auto", bad);
+    void *fr[] = {dpool, dk, dv, d_indptr, d_last, d_indices, d_bi, d_pos, d_err};
+    for (unsigned i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
+        CK(cudaFree(fr[i]));
+    free(indices), free(bi), free(pos), free(hk), free(hv), free(ref), free(back);
+}
+
+START_TEST(checked_refuses_each_bad_entry)
+{
+    static const kvp_append_cuda_opts_t one = {.checked = KVP_APPEND_CUDA_CHECKED_ONE};
+    static const kvp_append_cuda_opts_t vblock = {.checked = KVP_APPEND_CUDA_CHECKED_BLOCK};
+    static const kvp_append_cuda_opts_t block = {.kernel = KVP_APPEND_CUDA_KERNEL_BLOCK};
+    for (int bad = 0; bad <= 9; bad++) {
+        checked_case(1, NULL, bad);    /* 300 tokens: the validation block + gated copy */
+        checked_case(1, &one, bad);    /* the one launch */
+        checked_case(1, &vblock, bad); /* the validation block, asked for */
+        checked_case(1, &block, bad);  /* the validation kernel + gated block kernel */
+        checked_case(6, NULL, bad);    /* 1,800: the validation block's every thread busy */
+        checked_case(10, NULL, bad);   /* 3,000: a prefill's way */
+    }
+}
+END_TEST
+
+/* The slots form's own guards: the plan gives -1 (and KVP_ERANGE) to a token whose page id is
+ * out of range and the right slot to the others; the append skips a negative slot and one
+ * beyond the pool (reporting KVP_ERANGE) and writes the rest, byte-exact with the CPU. */
+START_TEST(slots_form_guards)
+{
+    /* small_init's table: requests of 2, 4 and 1 tokens (pages 3 | 0 | 1 2), pages of 4 */
+    int32_t none[1] = {0};
+    small_t s;
+    small_init(&s, none, none, 1);
+    int32_t *d_slots = dalloc(4 * 4), hs[4];
+    ck_assert_int_eq(kvp_append_plan_slots_cuda(&s.kv, s.d_aip, 4, d_slots, s.d_err, S), 0);
+    CK(cudaMemcpyAsync(hs, d_slots, 16, cudaMemcpyDeviceToHost, S));
+    /* aip {0,1,3,4}: token 0 -> request 0 position 1; 1, 2 -> request 1 positions 2, 3;
+     * 3 -> request 2 position 4 (its second page, id 2) */
+    ck_assert_int_eq(read_err(&s), 0);
+    ck_assert_int_eq(hs[0], 3 * 4 + 1);
+    ck_assert_int_eq(hs[1], 0 * 4 + 2);
+    ck_assert_int_eq(hs[2], 0 * 4 + 3);
+    ck_assert_int_eq(hs[3], 2 * 4 + 0);
+    /* request 2's second page id out of range: its token has no slot */
+    const int32_t bad_indices[4] = {3, 0, 1, 8};
+    up((void *)s.kv.kv_indices, bad_indices, 16);
+    ck_assert_int_eq(kvp_append_plan_slots_cuda(&s.kv, s.d_aip, 4, d_slots, s.d_err, S), 0);
+    CK(cudaMemcpyAsync(hs, d_slots, 16, cudaMemcpyDeviceToHost, S));
+    ck_assert_int_eq(read_err(&s), KVP_ERANGE);
+    ck_assert_int_eq(hs[3], -1);
+    ck_assert_int_eq(hs[0], 3 * 4 + 1);
+    /* the append: slots -1 and 8 * 4 (beyond the pool) skipped, 13 and 2 written */
+    CK(cudaMemsetAsync(s.d_err, 0, 4, S));
+    const int32_t slots[4] = {-1, 13, 8 * 4, 2};
+    up(d_slots, slots, 16);
+    ck_assert_int_eq(
+        kvp_append_paged_kv_cache_slots_cuda(&s.kv, &s.src, d_slots, 4, s.d_err, 0, NULL, S), 0);
+    ck_assert_int_eq(read_err(&s), KVP_ERANGE);
+    uint8_t *h = malloc(s.pool_bytes);
+    CK(cudaMemcpy(h, s.pool, s.pool_bytes, cudaMemcpyDeviceToHost));
+    /* combined storage: page p's K at byte p * 2048, its V 1024 further, slot offset o at
+     * o * 256 (2 heads * 64 * 2 bytes) in each; the source is 0x11 everywhere */
+    size_t changed = 0;
+    for (size_t i = 0; i < s.pool_bytes; i++) {
+        size_t slot = i / 2048 * 4 + i % 1024 / 256;
+        int written = slot == 13 || slot == 2;
+        ck_assert_int_eq(h[i], written ? 0x11 : 0x5a);
+        changed += written;
+    }
+    ck_assert_uint_eq(changed, 2 * 2 * 256); /* 2 tokens, K and V, 256 bytes each */
+    free(h);
+    CK(cudaFree(d_slots));
+    /* host-side refusals */
+    ck_assert_int_eq(
+        kvp_append_paged_kv_cache_slots_cuda(&s.kv, &s.src, NULL, 4, s.d_err, 0, NULL, S),
+        KVP_EINVAL);
+    ck_assert_int_eq(
+        kvp_append_paged_kv_cache_slots_cuda(&s.kv, &s.src, slots, 4, s.d_err, 2, NULL, S),
+        KVP_EINVAL);
+    ck_assert_int_eq(kvp_append_plan_slots_cuda(&s.kv, NULL, 4, (int32_t *)slots, s.d_err, S),
                      KVP_EINVAL);
 }
 END_TEST
@@ -902,6 +1138,8 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, bad_position_writes_nothing_and_reports);
     tcase_add_test(tc, padding_and_nnz_zero);
+    tcase_add_test(tc, checked_refuses_each_bad_entry);
+    tcase_add_test(tc, slots_form_guards);
     tcase_add_test(tc, graph_replay_gives_the_same_bytes);
     tcase_add_test(tc, pdl_append_waits_for_the_producer);
     tcase_add_test(tc, page_copy_matches_cpu);

@@ -119,6 +119,7 @@ START_TEST(defaults_are_the_documented_ones)
     ck_assert_uint_eq(c.append_blocks_per_sm, 0);
     ck_assert_uint_eq(c.append_warps_per_block, 0);
     ck_assert_uint_eq(c.append_hints, 0);
+    ck_assert_uint_eq(c.append_vecs_per_thread, 0);
     ck_assert_uint_eq(c.pack_blocks, 0);
     ck_assert_uint_eq(c.xfer_stages, 2);
     ck_assert(!c.xfer_register);
@@ -230,6 +231,7 @@ static const char full_file[] = "# every key, none at its default\n"
                                 "append_blocks_per_sm = 8\n"
                                 "append_warps_per_block = 1\n"
                                 "append_hints = ldst\n"
+                                "append_vecs_per_thread = 8\n"
                                 "pack_blocks = 66\n"
                                 "xfer_stages = 3\n"
                                 "xfer_register = on\n"
@@ -288,6 +290,7 @@ static void expect_full_file(const kvp_config_t *c)
     ck_assert_uint_eq(c->append_blocks_per_sm, 8);
     ck_assert_uint_eq(c->append_warps_per_block, 1);
     ck_assert_uint_eq(c->append_hints, 3);
+    ck_assert_uint_eq(c->append_vecs_per_thread, 8);
     ck_assert_uint_eq(c->pack_blocks, 66);
     ck_assert_uint_eq(c->xfer_stages, 3);
     ck_assert(c->xfer_register);
@@ -465,6 +468,7 @@ static const struct {
     {"tuning.append_warps_per_block", "9", "out of range 0..8"},
     {"tuning.append_warps_per_block", "two", "expected an unsigned decimal integer"},
     {"tuning.append_hints", "both", "expected none|ld|st|ldst"},
+    {"tuning.append_vecs_per_thread", "9", "out of range 0..8"},
     {"tuning.pack_blocks", "65536", "out of range 0..65535"},
     {"tuning.xfer_stages", "1", "out of range 2..4"},
     {"tuning.xfer_stages", "5", "out of range 2..4"},
@@ -1187,6 +1191,7 @@ START_TEST(check_config_dump_shows_the_tuning_keys)
                              "append_blocks_per_sm = 0\n"
                              "append_warps_per_block = 0\n"
                              "append_hints = none\n"
+                             "append_vecs_per_thread = 0\n"
                              "pack_blocks = 0\n"
                              "xfer_stages = 2\n"
                              "xfer_register = false\n"
