@@ -148,11 +148,11 @@ def prefill_in_another_process(args, salts):
 
 
 def _is_kvpool_append(name):
-    """libkvpool's append kernels (kernels/kvp_append_cuda.cu: copy_kernel<VECS, FUSED> and
-    copy_warp_kernel<VECS, FUSED> in an anonymous namespace), not PyTorch's copy kernels
-    (at::native::...direct_copy_kernel...)."""
-    return ("copy_kernel<" in name or "copy_warp_kernel<" in name) and "at::" not in name \
-        and "direct_copy" not in name
+    """libkvpool's append kernels (kernels/kvp_append_cuda.cu: copy_kernel<VECS, MODE> and
+    copy_row_kernel<VECS, MODE> in an anonymous namespace; copy_warp_kernel before issue #18),
+    not PyTorch's copy kernels (at::native::...direct_copy_kernel...)."""
+    return any(k in name for k in ("copy_kernel<", "copy_row_kernel<", "copy_warp_kernel<")) \
+        and "at::" not in name and "direct_copy" not in name
 
 
 class ProfClock(StepClock):
