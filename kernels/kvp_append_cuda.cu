@@ -1135,12 +1135,14 @@ extern "C" int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv
                                                          err_dev, nullptr, stream);
 }
 
-extern "C" int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv,
-                                                         const kvp_append_src_t *src,
-                                                         const int32_t *append_indptr, uint32_t nnz,
-                                                         int32_t *err_dev, unsigned flags,
-                                                         const kvp_append_cuda_opts_t *opts,
-                                                         void *stream)
+namespace
+{
+/* The fused and slots appends' one body: flags and opts checked, the geometry made, the
+ * form's own arrays checked (idx: append_indptr or the slots), then the one launch. */
+template <int MODE>
+int pdl_form(const kvp_paged_kv_t *kv, const kvp_append_src_t *src, const int32_t *idx,
+             uint32_t nnz, int32_t *err_dev, unsigned flags, const kvp_append_cuda_opts_t *opts,
+             void *stream)
 {
     if ((flags & ~(unsigned)KVP_CUDA_APPEND_PDL) || kvp_append_cuda_opts_check(opts))
         return KVP_EINVAL;
@@ -1150,16 +1152,29 @@ extern "C" int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *k
     int rc = make_geo(kv, src, &g);
     if (rc)
         return rc;
-    if (!append_indptr || !g.batch_size || !kv->kv_indptr || !kv->kv_indices ||
-        !kv->kv_last_page_len)
+    const bool ok = MODE == kFused
+                        ? g.batch_size && kv->kv_indptr && kv->kv_indices && kv->kv_last_page_len
+                        : (uint64_t)kv->num_pages * kv->page_size <= (uint64_t)INT32_MAX;
+    if (!idx || !ok)
         return KVP_EINVAL;
-    launch_copy<kFused>(g, nullptr, nullptr, append_indptr, nnz, nullptr, err_dev,
-                        (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u, opts,
-                        static_cast<cudaStream_t>(stream));
+    launch_copy<MODE>(g, nullptr, nullptr, idx, nnz, nullptr, err_dev,
+                      (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u, opts,
+                      static_cast<cudaStream_t>(stream));
     KVP_LAUNCH_TRY(rc, fail);
     return 0;
 fail:
     return rc;
+}
+} // namespace
+
+extern "C" int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv,
+                                                         const kvp_append_src_t *src,
+                                                         const int32_t *append_indptr, uint32_t nnz,
+                                                         int32_t *err_dev, unsigned flags,
+                                                         const kvp_append_cuda_opts_t *opts,
+                                                         void *stream)
+{
+    return pdl_form<kFused>(kv, src, append_indptr, nnz, err_dev, flags, opts, stream);
 }
 
 extern "C" int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv,
@@ -1208,23 +1223,7 @@ extern "C" int kvp_append_paged_kv_cache_slots_cuda(
     const kvp_paged_kv_t *kv, const kvp_append_src_t *src, const int32_t *slots_dev, uint32_t nnz,
     int32_t *err_dev, unsigned flags, const kvp_append_cuda_opts_t *opts, void *stream)
 {
-    if ((flags & ~(unsigned)KVP_CUDA_APPEND_PDL) || kvp_append_cuda_opts_check(opts))
-        return KVP_EINVAL;
-    if (nnz == 0)
-        return 0;
-    Geo g;
-    int rc = make_geo(kv, src, &g);
-    if (rc)
-        return rc;
-    if (!slots_dev || (uint64_t)kv->num_pages * kv->page_size > (uint64_t)INT32_MAX)
-        return KVP_EINVAL;
-    launch_copy<kSlots>(g, nullptr, nullptr, slots_dev, nnz, nullptr, err_dev,
-                        (flags & KVP_CUDA_APPEND_PDL) ? (uint32_t)kPdl : 0u, opts,
-                        static_cast<cudaStream_t>(stream));
-    KVP_LAUNCH_TRY(rc, fail);
-    return 0;
-fail:
-    return rc;
+    return pdl_form<kSlots>(kv, src, slots_dev, nnz, err_dev, flags, opts, stream);
 }
 
 extern "C" int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
