@@ -116,8 +116,10 @@ int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_sr
                                    uint32_t nnz, int32_t *err_dev, void *stream);
 
 /* The copy kernel alone, for callers whose positions come from our own planner (the daemon,
- * libkvpool after a Reserve): per-row guards (padding skipped, rows with an out-of-range page
- * skipped and reported in *err_dev when err_dev is not NULL), one launch. */
+ * libkvpool after a Reserve): per-row guards, one launch. Padding is skipped; a row the checked
+ * form would refuse (its batch index, position, last_page_len or page id out of range, its
+ * request of negative length) is skipped and reported in *err_dev when err_dev is not NULL
+ * (KVP_EINVAL over KVP_ERANGE), the other rows are written. */
 int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                                              const int32_t *batch_indices, const int32_t *positions,
                                              uint32_t nnz, int32_t *err_dev, void *stream);
