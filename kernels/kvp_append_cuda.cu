@@ -148,15 +148,32 @@ __device__ __forceinline__ int64_t slot_dst(const Geo &g, int32_t slot, int32_t 
  * step), which is exact for decode steps and for equal-length prefills, and loads the
  * guess's page-table entries in the same round trip; only a wrong guess pays the binary
  * search. */
-__device__ __forceinline__ bool fused_page_pos(const Geo &g, uint32_t i, uint32_t nnz,
-                                               const int32_t *__restrict__ aip, int32_t *err,
-                                               int32_t *page_out, int32_t *pos_out)
+/* The fused lookup's first round trip (the guess's append_indptr and page-table entries),
+ * issued apart from the rest so that a kernel can put its source loads in flight before it
+ * waits for these. */
+struct FusedFirst {
+    int32_t b, start, end, p0, p1, lst;
+};
+
+__device__ __forceinline__ FusedFirst fused_first(const Geo &g, uint32_t i, uint32_t nnz,
+                                                  const int32_t *__restrict__ aip)
 {
-    int32_t b = nnz == g.batch_size ? (int32_t)i : (int32_t)((uint64_t)i * g.batch_size / nnz);
-    /* the guess and its page-table entries in one round trip */
-    int32_t start = __ldg(aip + b), end = __ldg(aip + b + 1);
-    int32_t p0 = __ldg(g.indptr + b), p1 = __ldg(g.indptr + b + 1), lst = __ldg(g.last + b);
-    if ((int32_t)i < start || (int32_t)i >= end) {
+    FusedFirst f;
+    f.b = nnz == g.batch_size ? (int32_t)i : (int32_t)((uint64_t)i * g.batch_size / nnz);
+    f.start = __ldg(aip + f.b);
+    f.end = __ldg(aip + f.b + 1);
+    f.p0 = __ldg(g.indptr + f.b);
+    f.p1 = __ldg(g.indptr + f.b + 1);
+    f.lst = __ldg(g.last + f.b);
+    return f;
+}
+
+/* The rest of the fused lookup from its first round trip f (fused_page_pos). */
+__device__ __forceinline__ bool fused_rest(const Geo &g, uint32_t i,
+                                           const int32_t *__restrict__ aip, int32_t *err,
+                                           FusedFirst f, int32_t *page_out, int32_t *pos_out)
+{
+    if ((int32_t)i < f.start || (int32_t)i >= f.end) {
         int32_t lo = 0, hi = (int32_t)g.batch_size - 1;
         while (lo < hi) {
             int32_t mid = (lo + hi + 1) >> 1;
@@ -165,20 +182,20 @@ __device__ __forceinline__ bool fused_page_pos(const Geo &g, uint32_t i, uint32_
             else
                 hi = mid - 1;
         }
-        b = lo;
-        start = __ldg(aip + b);
-        end = __ldg(aip + b + 1);
-        p0 = __ldg(g.indptr + b);
-        p1 = __ldg(g.indptr + b + 1);
-        lst = __ldg(g.last + b);
+        f.b = lo;
+        f.start = __ldg(aip + f.b);
+        f.end = __ldg(aip + f.b + 1);
+        f.p0 = __ldg(g.indptr + f.b);
+        f.p1 = __ldg(g.indptr + f.b + 1);
+        f.lst = __ldg(g.last + f.b);
     }
-    int32_t seq_len = p1 > p0 ? (p1 - p0 - 1) * (int32_t)g.page_size + lst : 0;
-    int32_t pos = seq_len - (end - start) + ((int32_t)i - start);
-    if ((int32_t)i >= end || pos < 0) {
+    int32_t seq_len = f.p1 > f.p0 ? (f.p1 - f.p0 - 1) * (int32_t)g.page_size + f.lst : 0;
+    int32_t pos = seq_len - (f.end - f.start) + ((int32_t)i - f.start);
+    if ((int32_t)i >= f.end || pos < 0) {
         set_err(err, KVP_ERANGE);
         return false;
     }
-    int32_t page = __ldg(g.indices + p0 + page_of(g, pos));
+    int32_t page = __ldg(g.indices + f.p0 + page_of(g, pos));
     if ((uint32_t)page >= g.num_pages) {
         set_err(err, KVP_ERANGE);
         return false;
@@ -186,6 +203,13 @@ __device__ __forceinline__ bool fused_page_pos(const Geo &g, uint32_t i, uint32_
     *page_out = page;
     *pos_out = pos;
     return true;
+}
+
+__device__ __forceinline__ bool fused_page_pos(const Geo &g, uint32_t i, uint32_t nnz,
+                                               const int32_t *__restrict__ aip, int32_t *err,
+                                               int32_t *page_out, int32_t *pos_out)
+{
+    return fused_rest(g, i, aip, err, fused_first(g, i, nnz, aip), page_out, pos_out);
 }
 
 /* The checked append's verdict bits (a token can be wrong in two ways). */
@@ -218,23 +242,32 @@ __device__ __forceinline__ void set_verdict(int32_t *err, uint32_t bad)
  * What is checked is what the append reads and writes: the token's request (in range, not
  * of negative length, last_page_len in 1..page_size), its position (inside the request),
  * and the page id it writes (< num_pages). Returns the kBad* bits; dst[u] the destination of
- * each valid token (-1: padding or bad). */
+ * each valid token (-1: padding or bad). check_first is its first round trip (batch index
+ * and position; b -1 past nnz) and check_rest the others, so a caller can put other loads in
+ * flight between the two (the row kernel's unchecked guards). */
 template <int U>
-__device__ __forceinline__ uint32_t check_tokens(const Geo &g, const int32_t *__restrict__ bi,
-                                                 const int32_t *__restrict__ pos_arr, uint32_t nnz,
-                                                 uint32_t t0, uint32_t step, int64_t (&dst)[U])
+__device__ __forceinline__ void
+check_first(const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr, uint32_t nnz,
+            uint32_t t0, uint32_t step, int32_t (&b)[U], int32_t (&pos)[U])
 {
-    int32_t b[U], pos[U], p0[U], p1[U], lst[U], page[U];
-    bool live[U];
-    uint32_t bad = 0;
-    const int32_t B = (int32_t)g.batch_size;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         uint32_t t = t0 + u * step;
-        live[u] = t < nnz;
-        b[u] = live[u] ? __ldg(bi + t) : -1;
-        pos[u] = live[u] ? __ldg(pos_arr + t) : 0;
+        bool live = t < nnz;
+        b[u] = live ? __ldg(bi + t) : -1;
+        pos[u] = live ? __ldg(pos_arr + t) : 0;
     }
+}
+
+/* check_tokens from its first round trip (check_first). */
+template <int U>
+__device__ __forceinline__ uint32_t check_rest(const Geo &g, const int32_t (&b)[U],
+                                               const int32_t (&pos)[U], int64_t (&dst)[U])
+{
+    int32_t p0[U], p1[U], lst[U], page[U];
+    bool live[U];
+    uint32_t bad = 0;
+    const int32_t B = (int32_t)g.batch_size;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         live[u] = b[u] >= 0; /* padding is skipped, not an error */
@@ -276,30 +309,74 @@ __device__ __forceinline__ uint32_t check_tokens(const Geo &g, const int32_t *__
     return bad;
 }
 
-/* Where token i goes, or -1 to skip it (padding, or an invalid entry reported in *err).
- * Fused: fused_page_pos; slots: from slots[i] (passed as aip); else batch_indices/positions. */
+template <int U>
+__device__ __forceinline__ uint32_t check_tokens(const Geo &g, const int32_t *__restrict__ bi,
+                                                 const int32_t *__restrict__ pos_arr, uint32_t nnz,
+                                                 uint32_t t0, uint32_t step, int64_t (&dst)[U])
+{
+    int32_t b[U], pos[U];
+    check_first<U>(bi, pos_arr, nnz, t0, step, b, pos);
+    return check_rest<U>(g, b, pos, dst);
+}
+
+/* The first round trip of token i's destination lookup (token_first), kept in registers
+ * while the kernel puts its source loads in flight, then finished by token_rest: so the
+ * lookup's first load latency overlaps the source loads' instead of following them. */
+struct TokFirst {
+    FusedFirst f;       /* fused */
+    int32_t b[1], p[1]; /* batch index and position (unchecked, gated) */
+    int32_t slot;       /* slots */
+};
+
 template <int MODE_>
+__device__ __forceinline__ TokFirst token_first(const Geo &g, uint32_t i, uint32_t nnz,
+                                                const int32_t *__restrict__ bi,
+                                                const int32_t *__restrict__ pos_arr,
+                                                const int32_t *__restrict__ aip)
+{
+    constexpr int MODE = MODE_ == kGated ? kUnchecked : MODE_;
+    TokFirst t;
+    if (MODE == kSlots)
+        t.slot = __ldg(aip + i);
+    else if (MODE == kFused)
+        t.f = fused_first(g, i, nnz, aip);
+    else
+        check_first<1>(bi, pos_arr, nnz, i, 0, t.b, t.p);
+    return t;
+}
+
+/* Where token i goes, or -1 to skip it (padding, or an invalid entry reported in *err).
+ * Fused: fused_page_pos; slots: from slots[i] (passed as aip); else batch_indices/positions
+ * with the checked form's validation of this one token as per-row guards (batch index and
+ * position in one round trip, the request's entries in the next, the page id in the third,
+ * each load issued without waiting on a branch). */
+template <int MODE_>
+__device__ __forceinline__ int64_t token_rest(const Geo &g, uint32_t i,
+                                              const int32_t *__restrict__ aip, int32_t *err,
+                                              const TokFirst &t)
+{
+    constexpr int MODE = MODE_ == kGated ? kUnchecked : MODE_;
+    if (MODE == kSlots) {
+        return slot_dst(g, t.slot, err);
+    } else if (MODE == kFused) {
+        int32_t page, pos;
+        if (!fused_rest(g, i, aip, err, t.f, &page, &pos))
+            return -1;
+        return slot_bytes(g, page, pos);
+    } else {
+        int64_t d[1];
+        set_verdict(err, check_rest<1>(g, t.b, t.p, d));
+        return d[0];
+    }
+}
+
+template <int MODE>
 __device__ __forceinline__ int64_t token_dst(const Geo &g, uint32_t i, uint32_t nnz,
                                              const int32_t *__restrict__ bi,
                                              const int32_t *__restrict__ pos_arr,
                                              const int32_t *__restrict__ aip, int32_t *err)
 {
-    constexpr int MODE = MODE_ == kGated ? kUnchecked : MODE_;
-    if (MODE == kSlots) {
-        return slot_dst(g, __ldg(aip + i), err);
-    } else if (MODE == kFused) {
-        int32_t page, pos;
-        if (!fused_page_pos(g, i, nnz, aip, err, &page, &pos))
-            return -1;
-        return slot_bytes(g, page, pos);
-    } else {
-        /* the checked form's validation of this one token, as per-row guards: its batch
-         * index and position in one round trip, the request's entries in the next, the page
-         * id in the third, each load issued without waiting on a branch */
-        int64_t d[1];
-        set_verdict(err, check_tokens<1>(g, bi, pos_arr, nnz, i, 0, d));
-        return d[0];
-    }
+    return token_rest<MODE>(g, i, aip, err, token_first<MODE>(g, i, nnz, bi, pos_arr, aip));
 }
 
 /*
@@ -398,48 +475,115 @@ __global__ void __launch_bounds__(kThreads)
  * and the source is loaded after it, so the page-table round trips overlap the previous
  * kernel's tail.
  */
+/* Item it (< the token's 2 * H * vecs; vector index fastest) of a token: its source vector
+ * (token rows at sk / sv) and its byte offset from the pool slot. */
+template <int VECS>
+__device__ __forceinline__ const uint8_t *item_src(const Geo &g, const uint8_t *sk,
+                                                   const uint8_t *sv, uint32_t it)
+{
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs, per_kv = g.num_heads * vecs;
+    uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+    uint32_t h = r / vecs, vec = r - h * vecs;
+    return (kv ? sv + (int64_t)h * g.sv_h : sk + (int64_t)h * g.sk_h) + vec * 16;
+}
+
+template <int VECS>
+__device__ __forceinline__ uint8_t *item_dst(const Geo &g, int64_t dst, uint32_t it)
+{
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs, per_kv = g.num_heads * vecs;
+    uint32_t kv = it >= per_kv, r = it - kv * per_kv;
+    uint32_t h = r / vecs, vec = r - h * vecs;
+    return (kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16;
+}
+
 /* Loads items first + k * step (k < n <= kItems, item < the token's 2 * H * vecs) of the
- * token whose source rows start at sk / sv. */
+ * token whose source rows start at sk / sv: N of them (0: n of them, each predicated). */
+template <int VECS, int N>
+__device__ __forceinline__ void row_load_n(const Geo &g, const uint8_t *sk, const uint8_t *sv,
+                                           uint32_t first, uint32_t step, uint32_t n,
+                                           uint32_t flags, uint4 (&v)[kItems])
+{
+    const uint32_t per_tok = 2 * g.num_heads * (VECS ? (uint32_t)VECS : g.vecs);
+#pragma unroll
+    for (int k = 0; k < (N ? N : kItems); k++) {
+        uint32_t it = first + k * step;
+        if ((N || (uint32_t)k < n) && it < per_tok)
+            v[k] = load_src(item_src<VECS>(g, sk, sv, it), flags);
+    }
+}
+
+/* Stores what row_load_n loaded, at the slot dst (byte offset in the pool's K and V). */
+template <int VECS, int N>
+__device__ __forceinline__ void row_store_n(const Geo &g, int64_t dst, uint32_t first,
+                                            uint32_t step, uint32_t n, uint32_t flags,
+                                            const uint4 (&v)[kItems])
+{
+    const uint32_t per_tok = 2 * g.num_heads * (VECS ? (uint32_t)VECS : g.vecs);
+#pragma unroll
+    for (int k = 0; k < (N ? N : kItems); k++) {
+        uint32_t it = first + k * step;
+        if ((N || (uint32_t)k < n) && it < per_tok)
+            store_dst(item_dst<VECS>(g, dst, it), v[k], flags);
+    }
+}
+
+/* row_load_n with n vectors a thread: 1, 2 and 4 (the shapes row_block picks for decode
+ * steps) each take a path of their own, without the unrolled tail's predicates. */
 template <int VECS>
 __device__ __forceinline__ void row_load(const Geo &g, const uint8_t *sk, const uint8_t *sv,
                                          uint32_t first, uint32_t step, uint32_t n, uint32_t flags,
                                          uint4 (&v)[kItems])
 {
-    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
-    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
-#pragma unroll
-    for (int k = 0; k < kItems; k++) {
-        uint32_t it = first + k * step;
-        if ((uint32_t)k < n && it < per_tok) {
-            uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-            uint32_t h = r / vecs, vec = r - h * vecs;
-            v[k] = load_src((kv ? sv + (int64_t)h * g.sv_h : sk + (int64_t)h * g.sk_h) + vec * 16,
-                            flags);
-        }
-    }
+    if (n == 1)
+        row_load_n<VECS, 1>(g, sk, sv, first, step, n, flags, v);
+    else if (n == 2)
+        row_load_n<VECS, 2>(g, sk, sv, first, step, n, flags, v);
+    else if (n == 4)
+        row_load_n<VECS, 4>(g, sk, sv, first, step, n, flags, v);
+    else
+        row_load_n<VECS, 0>(g, sk, sv, first, step, n, flags, v);
 }
 
-/* Stores what row_load loaded, at the slot dst (byte offset in the pool's K and V). */
 template <int VECS>
 __device__ __forceinline__ void row_store(const Geo &g, int64_t dst, uint32_t first, uint32_t step,
                                           uint32_t n, uint32_t flags, const uint4 (&v)[kItems])
 {
-    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs;
-    const uint32_t per_kv = g.num_heads * vecs, per_tok = 2 * per_kv;
-#pragma unroll
-    for (int k = 0; k < kItems; k++) {
-        uint32_t it = first + k * step;
-        if ((uint32_t)k < n && it < per_tok) {
-            uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-            uint32_t h = r / vecs, vec = r - h * vecs;
-            store_dst((kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16, v[k], flags);
-        }
-    }
+    if (n == 1)
+        row_store_n<VECS, 1>(g, dst, first, step, n, flags, v);
+    else if (n == 2)
+        row_store_n<VECS, 2>(g, dst, first, step, n, flags, v);
+    else if (n == 4)
+        row_store_n<VECS, 4>(g, dst, first, step, n, flags, v);
+    else
+        row_store_n<VECS, 0>(g, dst, first, step, n, flags, v);
 }
 
 constexpr int kMaxRowTokens = 8;    /* opts.warps_per_block at most */
 constexpr int kRowMaxThreads = 512; /* a block of the row kernel (128 registers a thread) */
 constexpr int kCheckUnroll = 4;     /* tokens a thread validates at once (check_tokens) */
+
+/* The checked row kernel's validation of every token by the nthr threads of a block, U
+ * tokens a thread at once (check_tokens); the destinations of the block's own tokens
+ * blk0..blk0 + ntok - 1 into s_dst. Returns the kBad* bits this thread saw. */
+template <int U>
+__device__ __forceinline__ uint32_t check_block(const Geo &g, const int32_t *__restrict__ bi,
+                                                const int32_t *__restrict__ pos_arr, uint32_t nnz,
+                                                uint32_t tid, uint32_t nthr, uint32_t blk0,
+                                                uint32_t ntok, int64_t *s_dst)
+{
+    uint32_t bad = 0;
+    for (uint32_t t0 = tid; t0 < nnz; t0 += nthr * U) {
+        int64_t d[U];
+        bad |= check_tokens<U>(g, bi, pos_arr, nnz, t0, nthr, d);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            uint32_t t = t0 + u * nthr;
+            if (t >= blk0 && t < blk0 + ntok && t < nnz)
+                s_dst[t - blk0] = d[u];
+        }
+    }
+    return bad;
+}
 
 template <int VECS, int MODE>
 __global__ void __launch_bounds__(kRowMaxThreads)
@@ -472,17 +616,15 @@ __global__ void __launch_bounds__(kRowMaxThreads)
         if (live)
             row_load<VECS>(g, sk, sv, tl, tpt, items, flags, v);
         __syncthreads(); /* s_bad, s_dst initialised */
-        uint32_t bad = 0;
-        for (uint32_t t0 = tid; t0 < nnz; t0 += nthr * kCheckUnroll) {
-            int64_t d[kCheckUnroll];
-            bad |= check_tokens<kCheckUnroll>(g, bi, pos_arr, nnz, t0, nthr, d);
-#pragma unroll
-            for (int u = 0; u < kCheckUnroll; u++) {
-                uint32_t t = t0 + u * nthr;
-                if (t >= blk0 && t < blk0 + blockDim.y && t < nnz)
-                    s_dst[t - blk0] = d[u];
-            }
-        }
+        /* as many tokens a thread as one round needs (at most kCheckUnroll a round) */
+        uint32_t bad;
+        if (nnz <= nthr)
+            bad = check_block<1>(g, bi, pos_arr, nnz, tid, nthr, blk0, blockDim.y, s_dst);
+        else if (nnz <= 2 * nthr)
+            bad = check_block<2>(g, bi, pos_arr, nnz, tid, nthr, blk0, blockDim.y, s_dst);
+        else
+            bad =
+                check_block<kCheckUnroll>(g, bi, pos_arr, nnz, tid, nthr, blk0, blockDim.y, s_dst);
         if (bad)
             atomicOr(&s_bad, bad);
         __syncthreads();
@@ -518,8 +660,13 @@ __global__ void __launch_bounds__(kRowMaxThreads)
         /* thread 0 of the token alone reports errors; every thread computes the same
          * destination */
         int32_t *e = tl == 0 ? err : nullptr;
+        /* The lookup's first loads on both paths, before anything else (their uses on the
+         * two paths keep the compiler from sinking them). Under PDL the whole lookup, then
+         * the wait, then the source loads; without, the source loads go out while the first
+         * loads are in flight, and the rest of the lookup follows. */
+        const TokFirst first = token_first<MODE>(g, i, nnz, bi, pos_arr, aip);
         if (pdl) {
-            dst = token_dst<MODE>(g, i, nnz, bi, pos_arr, aip, e);
+            dst = token_rest<MODE>(g, i, aip, e, first);
             pdl_wait();
             if (dst < 0)
                 return;
@@ -528,7 +675,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
         uint4 v[kItems];
         row_load<VECS>(g, sk, sv, tl, tpt, items, flags, v);
         if (!pdl) {
-            dst = token_dst<MODE>(g, i, nnz, bi, pos_arr, aip, e);
+            dst = token_rest<MODE>(g, i, aip, e, first);
             if (dst < 0)
                 return;
         }
@@ -570,8 +717,8 @@ __global__ void __launch_bounds__(32 * kSlotWarps)
     const uint8_t *sv = g.sv + layer * src_layer_stride + (int64_t)i * g.sv_n;
     for (uint32_t base = 0; base < per_tok; base += 32 * kItems) {
         uint4 v[kItems];
-        row_load<VECS>(g, sk, sv, base + lane, 32, kItems, 0, v);
-        row_store<VECS>(g, dst, base + lane, 32, kItems, 0, v);
+        row_load_n<VECS, kItems>(g, sk, sv, base + lane, 32, kItems, 0, v);
+        row_store_n<VECS, kItems>(g, dst, base + lane, 32, kItems, 0, v);
     }
 }
 
@@ -832,15 +979,34 @@ void launch(void (*kern)(KArgs...), uint32_t grid, dim3 block, bool pdl, cudaStr
  * kRowMaxThreads). Automatic shape (tests/bench/README.md, the sweep of issue #18 on the
  * H200): the fewest vectors per thread that keep the grid within kRowThreads threads (twice
  * that under PDL, whose prologue overlaps the previous kernel: more threads hide more of the
- * latency; kRowThreads / 2 for the checked one-launch form, whose blocks each validate every
- * token), and one token per block (four under PDL; for the checked form as many as make its
- * validation one round of kCheckUnroll tokens a thread). */
+ * latency; for the checked one-launch form, whose blocks each validate every token, within
+ * kRowThreads and kCheckedValidations blocks x tokens, else kRowThreads / 2), and one token
+ * per block (four under PDL; for the checked form as many as make its validation one round of
+ * kCheckUnroll tokens a thread). */
 constexpr uint32_t kRowThreads = 65536;
+constexpr uint64_t kCheckedValidations = 65536;
 
 dim3 row_block(const Geo &g, const Knobs &kn, uint32_t nnz, bool pdl, bool checked, uint32_t *items)
 {
     const uint32_t per_tok = 2 * g.num_heads * g.vecs;
     uint32_t it = kn.items;
+    if (!it && checked && !kn.row_tokens) {
+        /* Every block of the checked form validates every token, so its L2 reads grow with
+         * blocks x tokens: the fewest vectors a thread whose grid stays within kRowThreads
+         * threads and kCheckedValidations token validations (256 x 1 H8: one vector, 2.75 us
+         * against 3.01 at two, same run), else the rule below with half the threads. */
+        for (uint32_t c = 1; c <= (uint32_t)kItems && !it; c *= 2) {
+            uint32_t t = ((per_tok + c - 1) / c + 31) / 32 * 32;
+            if (t > (uint32_t)kRowMaxThreads || (uint64_t)nnz * t > kRowThreads)
+                continue;
+            uint32_t b = (nnz + kCheckUnroll * t - 1) / (kCheckUnroll * t);
+            b = b > (uint32_t)kMaxRowTokens ? (uint32_t)kMaxRowTokens : b;
+            while (b > 1 && t * b > (uint32_t)kRowMaxThreads)
+                b--;
+            if ((uint64_t)(nnz + b - 1) / b * nnz <= kCheckedValidations)
+                it = c;
+        }
+    }
     if (!it) {
         const uint64_t budget = checked ? kRowThreads / 2 : pdl ? 2 * kRowThreads : kRowThreads;
         for (it = 1; it < (uint32_t)kItems; it *= 2)
