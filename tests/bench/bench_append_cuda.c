@@ -17,7 +17,13 @@
  * stream before anything is timed. Before timing, every row checks the bytes: FlashInfer's
  * append (kvpool's checked one without FlashInfer) into one pool, each kvpool form into another
  * filled with the same pattern, compared word for word (and the reference must have changed
- * exactly the appended rows). Times are medians of --reps event-timed runs after warm-up; bytes
+ * exactly the appended rows). After the forms, each row's bounds, in the same graph shape: a
+ * plain contiguous copy of the same K and V bytes (16-byte vectors, the append's grid rule;
+ * also under PDL), cudaMemcpyAsync of them, and the scatter copy of the same rows to the same
+ * slots with each destination computed from the token index (no page-table load; its bytes
+ * checked against the reference like a form's): the launch, the copy and the paged scatter
+ * that any append of those rows pays.
+ * Times are medians of --reps event-timed runs after warm-up; bytes
  * = K and V rows read once and written once. fp16, page 16 unless the workload says otherwise.
  * Prints one line per form, then a summary (kvpool / FlashInfer per row); exits 1 when a byte
  * check fails, 77 without a GPU. The copy kernels' shape (kvp_append_cuda_opts_t) comes from
@@ -53,6 +59,16 @@
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
             fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define KC(call)                                                                                   \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0) {                                                                            \
+            fprintf(stderr, "%s:%d %s: %s %s\n", __FILE__, __LINE__, #call, kvp_strerror(rc_),     \
+                    kvp_cuda_last_error());                                                        \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
@@ -176,6 +192,8 @@ typedef struct {
     const char *name;
     const char *lay;
     float single[NUM_FORMS], graph[NUM_FORMS], graph_pdl, slots_pdl;
+    float copy, copy_pdl;       /* bound: a plain contiguous copy of the same bytes, graph */
+    float scatter, scatter_pdl; /* bound: the same rows to the same slots without lookups */
 } summary_t;
 static summary_t SUM[32];
 static unsigned NSUM;
@@ -207,6 +225,47 @@ static float graph_ms(const app_arg_t *a0, int form, unsigned flags, int n, unsi
     return ms;
 }
 
+/* The bounds of every form on a row, each the same K and V bytes in the same graph shape as
+ * graph_ms (launch i on layer i % nl, source set i % ns): a plain contiguous copy
+ * (kvp_bench_plain_copy_cuda), cudaMemcpyAsync, and the scatter copy to the appended rows'
+ * own slots without any lookup (kvp_bench_scatter_copy_cuda). */
+enum { BOUND_PLAIN, BOUND_MEMCPY, BOUND_SCATTER };
+
+static void do_bound(const app_arg_t *a, const workload_t *w, int kind, int pdl, uint8_t *dst,
+                     const uint8_t *src, size_t bytes)
+{
+    if (kind == BOUND_MEMCPY)
+        CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S));
+    else if (kind == BOUND_PLAIN)
+        KC(kvp_bench_plain_copy_cuda(dst, src, bytes, pdl, S));
+    else
+        KC(kvp_bench_scatter_copy_cuda(&a->kv, a->src.key, a->src.value, a->nnz, w->tokens,
+                                       w->old_len, pdl, S));
+}
+
+static float graph_bound_ms(const app_arg_t *a0, const workload_t *w, int kind, int pdl,
+                            uint8_t *pool, const uint8_t *src, size_t bytes, int n, unsigned nl,
+                            size_t layer_bytes, unsigned ns)
+{
+    cudaGraph_t graph;
+    graph_arg_t ga;
+    CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n; i++) {
+        app_arg_t a = *a0;
+        a.kv.k_data = (uint8_t *)a.kv.k_data + (i % nl) * layer_bytes;
+        a.kv.v_data = (uint8_t *)a.kv.v_data + (i % nl) * layer_bytes;
+        a.src.key = (const uint8_t *)a.src.key + (i % ns) * bytes;
+        a.src.value = (const uint8_t *)a.src.value + (i % ns) * bytes;
+        do_bound(&a, w, kind, pdl, pool + (i % nl) * layer_bytes, src + (i % ns) * bytes, bytes);
+    }
+    CK(cudaStreamEndCapture(S, &graph));
+    CK(cudaGraphInstantiate(&ga.exec, graph, 0));
+    float ms = time_ms(do_graph, &ga, REPS) / (float)n;
+    CK(cudaGraphExecDestroy(ga.exec));
+    CK(cudaGraphDestroy(graph));
+    return ms;
+}
+
 /* "1.37x" (kvpool / FlashInfer) into buf, or "-" without a FlashInfer figure. */
 static const char *ratio(char *buf, size_t len, float ms, float fi_ms)
 {
@@ -225,16 +284,6 @@ static void print_row(const workload_t *w, const char *lay, uint32_t nnz, double
     printf("%-28s %-4s %9u %10.2f %9.0f %7.1f%% %7s   %s%s\n", w->name, lay, nnz, ms * 1e3, gbs,
            100.0 * gbs / CEIL_GBS, ratio(r, sizeof(r), ms, fi_ms), form, how);
 }
-
-#define KC(call)                                                                                   \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_ != 0) {                                                                            \
-            fprintf(stderr, "%s:%d %s: %s %s\n", __FILE__, __LINE__, #call, kvp_strerror(rc_),     \
-                    kvp_cuda_last_error());                                                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* Words of 16 ints, so every array of the table block starts 64-byte aligned. */
 static size_t pad16(size_t n)
@@ -356,6 +405,11 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
         do_append(&r);
         KC(kvp_bench_diff_cuda(pool, ref, d.pool_bytes, 0, &cnt_dev[1 + f], S));
     }
+    /* the scatter bound writes the same bytes to the same slots (counter 5) */
+    KC(kvp_bench_fill_cuda(pool, d.pool_bytes, POOL_SEED, S));
+    KC(kvp_bench_scatter_copy_cuda(&a.kv, a.src.key, a.src.value, nnz, w->tokens, w->old_len, 0,
+                                   S));
+    KC(kvp_bench_diff_cuda(pool, ref, d.pool_bytes, 0, &cnt_dev[5], S));
     CK(cudaMemcpyAsync(cnt_host, cnt_dev, 8 * sizeof(*cnt_dev), cudaMemcpyDeviceToHost, S));
     CK(cudaMemcpyAsync(h + o_err, dv + o_err, 16 * 4, cudaMemcpyDeviceToHost, S));
     int32_t *slots_back = malloc(4 * (size_t)nnz);
@@ -370,15 +424,15 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
     }
     free(slots_back);
     const unsigned long long rows_words = 2ull * nnz * w->heads * (row / 16);
-    int ok = cnt_host[0] == rows_words && slots_bad == 0;
+    int ok = cnt_host[0] == rows_words && slots_bad == 0 && cnt_host[5] == 0;
     for (int f = FORM_FUSED; f <= FORM_SLOTS; f++)
         ok = ok && cnt_host[1 + f] == 0 && h[o_err + 1 + f] == 0;
     printf("%-28s %-4s bytes %s: %s changed %llu 16-byte words (the appended K and V rows: "
            "%llu); fused/checked/unchecked/slots differ from it in %llu/%llu/%llu/%llu (errors "
-           "%d/%d/%d/%d); %u planned slots wrong\n",
+           "%d/%d/%d/%d); %u planned slots wrong; the scatter bound differs in %llu\n",
            w->name, lay, ok ? "agree" : "DIFFER", HAVE_FI ? "FlashInfer" : "checked (reference)",
            cnt_host[0], rows_words, cnt_host[1], cnt_host[2], cnt_host[3], cnt_host[4],
-           h[o_err + 1], h[o_err + 2], h[o_err + 3], h[o_err + 4], slots_bad);
+           h[o_err + 1], h[o_err + 2], h[o_err + 3], h[o_err + 4], slots_bad, cnt_host[5]);
     if (!ok)
         MISMATCH = 1;
 
@@ -418,6 +472,22 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
             print_row(w, lay, nnz, bytes, *t, local.graph[FORM_FLASHINFER], FORM_NAME[f], pdl);
         }
     }
+    /* the bounds, after the forms (they overwrite the pool's rows) */
+    static const char *const bound_name[] = {"plain copy of the same bytes (bound)",
+                                             "cudaMemcpyAsync of the same bytes (bound)",
+                                             "scatter copy to the same slots, no lookup (bound)"};
+    float *bound_t[][2] = {
+        {&local.copy, &local.copy_pdl}, {NULL, NULL}, {&local.scatter, &local.scatter_pdl}};
+    for (int kind = BOUND_PLAIN; kind <= BOUND_SCATTER; kind++)
+        for (int pdl = 0; pdl < (kind == BOUND_MEMCPY ? 1 : 2); pdl++) {
+            char lbl[80];
+            snprintf(lbl, sizeof(lbl), "%s%s", how, pdl ? ", PDL" : "");
+            float t =
+                graph_bound_ms(&a, w, kind, pdl, pool, src, 2 * src_bytes, n, nl, d.pool_bytes, ns);
+            if (bound_t[kind][pdl])
+                *bound_t[kind][pdl] = t;
+            print_row(w, lay, nnz, bytes, t, local.graph[FORM_FLASHINFER], bound_name[kind], lbl);
+        }
     if (sum)
         *sum = local;
     CK(cudaMemcpyAsync(h + o_err, dv + o_err, 4, cudaMemcpyDeviceToHost, S));
@@ -435,13 +505,14 @@ static void run_workload(const workload_t *w, kvp_layout_t layout)
  * single launch, and the checked form over the unchecked one. */
 static void print_summary(void)
 {
-    char r[6][16], fgs[16], fss[16];
+    char r[10][16], fgs[16], fss[16];
     printf("\nsummary, us per launch (x: kvpool / FlashInfer in this run; ceiling %.0f GB/s; "
            "chk/unc: checked / unchecked)\n",
            CEIL_GBS);
-    printf("%-28s %-4s %-6s %9s %16s %16s %16s %16s %16s %16s %7s\n", "workload", "lay", "",
-           "FlashInfer", "fused", "fused + PDL", "slots", "slots + PDL", "checked", "unchecked",
-           "chk/unc");
+    printf("%-28s %-4s %-6s %9s %16s %16s %16s %16s %16s %16s %7s %16s %16s %16s %16s\n",
+           "workload", "lay", "", "FlashInfer", "fused", "fused + PDL", "slots", "slots + PDL",
+           "checked", "unchecked", "chk/unc", "copy (bound)", "copy + PDL", "scatter (bound)",
+           "scatter + PDL");
     for (unsigned i = 0; i < NSUM; i++) {
         const summary_t *s = &SUM[i];
         const float fg = s->graph[FORM_FLASHINFER], fs = s->single[FORM_FLASHINFER];
@@ -450,7 +521,7 @@ static void print_summary(void)
         if (!HAVE_FI)
             strcpy(fgs, "-"), strcpy(fss, "-");
         printf("%-28s %-4s %-6s %9s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s "
-               "%6.2fx\n",
+               "%6.2fx %8.2f %7s %8.2f %7s %8.2f %7s %8.2f %7s\n",
                s->name, s->lay, "graph", fgs, s->graph[FORM_FUSED] * 1e3,
                ratio(r[0], 16, s->graph[FORM_FUSED], fg), s->graph_pdl * 1e3,
                ratio(r[1], 16, s->graph_pdl, fg), s->graph[FORM_SLOTS] * 1e3,
@@ -458,7 +529,10 @@ static void print_summary(void)
                ratio(r[5], 16, s->slots_pdl, fg), s->graph[FORM_CHECKED] * 1e3,
                ratio(r[2], 16, s->graph[FORM_CHECKED], fg), s->graph[FORM_UNCHECKED] * 1e3,
                ratio(r[3], 16, s->graph[FORM_UNCHECKED], fg),
-               s->graph[FORM_CHECKED] / s->graph[FORM_UNCHECKED]);
+               s->graph[FORM_CHECKED] / s->graph[FORM_UNCHECKED], s->copy * 1e3,
+               ratio(r[6], 16, s->copy, fg), s->copy_pdl * 1e3, ratio(r[7], 16, s->copy_pdl, fg),
+               s->scatter * 1e3, ratio(r[8], 16, s->scatter, fg), s->scatter_pdl * 1e3,
+               ratio(r[9], 16, s->scatter_pdl, fg));
         printf("%-28s %-4s %-6s %9s %8.2f %7s %8s %7s %8.2f %7s %8s %7s %8.2f %7s %8.2f %7s "
                "%6.2fx\n",
                s->name, s->lay, "single", fss, s->single[FORM_FUSED] * 1e3,
