@@ -684,6 +684,53 @@ __global__ void __launch_bounds__(kRowMaxThreads)
 }
 
 /*
+ * The flat copy (large batches of the unchecked, fused and slots forms): one 16-byte vector a
+ * thread and a grid of all of them, no loop, no shared memory and no barrier, so the
+ * occupancy alone hides the latencies. Each thread looks its token's destination up itself:
+ * the lookup's loads are the same for the whole warp (one transaction each) and for the
+ * token's other warps (L1 hits). Items are ordered as the row kernel's (vector index fastest,
+ * then head, then K | V), token after token, so consecutive threads read and write contiguous
+ * rows. tok_shift: log2(2 * H * vecs) when that is a power of two, else -1. Under PDL the
+ * lookup runs before the wait for the previous kernel, the source load after it.
+ */
+template <int VECS, int MODE>
+__global__ void __launch_bounds__(kThreads)
+    copy_flat_kernel(Geo g, const int32_t *__restrict__ bi, const int32_t *__restrict__ pos_arr,
+                     const int32_t *__restrict__ aip, uint32_t nnz, int32_t tok_shift, int32_t *err,
+                     uint32_t flags)
+{
+    const bool pdl = flags & kPdl;
+    if (pdl)
+        pdl_launch_dependents();
+    const uint32_t per_tok = 2 * g.num_heads * (VECS ? (uint32_t)VECS : g.vecs);
+    const uint32_t x = blockIdx.x * kThreads + threadIdx.x;
+    const uint32_t i = tok_shift >= 0 ? x >> tok_shift : x / per_tok;
+    if (i >= nnz) {
+        if (pdl)
+            pdl_wait();
+        return;
+    }
+    const uint32_t it = x - i * per_tok;
+    int32_t *e = it == 0 ? err : nullptr; /* the token's first thread alone reports */
+    const TokFirst first = token_first<MODE>(g, i, nnz, bi, pos_arr, aip);
+    int64_t dst = -1;
+    if (pdl) {
+        dst = token_rest<MODE>(g, i, aip, e, first);
+        pdl_wait();
+        if (dst < 0)
+            return;
+    }
+    const uint4 v = load_src(
+        item_src<VECS>(g, g.sk + (int64_t)i * g.sk_n, g.sv + (int64_t)i * g.sv_n, it), flags);
+    if (!pdl) {
+        dst = token_rest<MODE>(g, i, aip, e, first);
+        if (dst < 0)
+            return;
+    }
+    store_dst(item_dst<VECS>(g, dst, it), v, flags);
+}
+
+/*
  * The daemon's append (kvp_append_slots_cuda): each token's destination slot was computed on
  * the host by the planner, so the kernel does no page-table lookup at all, and the slots
  * travel inside the launch (a __grid_constant__ parameter, read through the constant cache:
@@ -1029,11 +1076,18 @@ dim3 row_block(const Geo &g, const Knobs &kn, uint32_t nnz, bool pdl, bool check
     return dim3(tpt, tpb);
 }
 
-/* Decode-sized batches take the row kernel (kn.kernel auto), larger ones the block kernel. */
+/* Decode-sized batches take the row kernel (kn.kernel auto), larger ones the block kernel,
+ * or the flat kernel (launch_copy_t says when; it needs the batch's vectors to fit a 32-bit
+ * index). */
 bool row_sized(uint32_t nnz, const Knobs &kn)
 {
     return kn.kernel == KVP_APPEND_CUDA_KERNEL_WARP ||
            (kn.kernel == KVP_APPEND_CUDA_KERNEL_AUTO && nnz <= 16 * num_sms());
+}
+
+bool flat_fits(const Geo &g, uint32_t nnz)
+{
+    return (uint64_t)nnz * 2 * g.num_heads * g.vecs + kThreads <= UINT32_MAX;
 }
 
 template <int VECS, int MODE>
@@ -1057,6 +1111,21 @@ void launch_copy_t(const Geo &g, const int32_t *bi, const int32_t *pos, const in
     }
     /* not reached for the row-only modes */
     constexpr int BM = MODE == kChecked || MODE == kGated ? kUnchecked : MODE;
+    /* auto: the flat kernel for the slots form without PDL only (the H200, one run, prefill
+     * rows: 0.96-0.97x FlashInfer against the block kernel's 0.97-1.00x; with PDL, or with
+     * the fused and unchecked forms' longer per-thread lookups, it was 1-11% slower than the
+     * block kernel, whose lookup runs once per token and whose grid is resident at once) */
+    const bool block_knobs = kn.tpb || kn.blocks_per_sm; /* the block kernel's own */
+    if (!gate && flat_fits(g, nnz) &&
+        (kn.kernel == KVP_APPEND_CUDA_KERNEL_FLAT ||
+         (kn.kernel == KVP_APPEND_CUDA_KERNEL_AUTO && !block_knobs && BM == kSlots && !pdl))) {
+        const uint32_t per_tok = 2 * g.num_heads * g.vecs;
+        const int32_t shift = (per_tok & (per_tok - 1)) ? -1 : __builtin_ctz(per_tok);
+        const uint64_t n = (uint64_t)nnz * per_tok;
+        launch(copy_flat_kernel<VECS, BM>, (uint32_t)((n + kThreads - 1) / kThreads),
+               dim3(kThreads), pdl, s, g, bi, pos, aip, nnz, shift, err, flags);
+        return;
+    }
     uint32_t tpb = tokens_per_block(g, nnz, kn);
     uint64_t blocks = ((uint64_t)nnz + tpb - 1) / tpb;
     uint64_t cap = kn.blocks_per_sm ? (uint64_t)kn.blocks_per_sm * num_sms() : 65535u * 16u;
@@ -1163,6 +1232,9 @@ template <int V> void add_copy_kernels(const void **f, unsigned *n)
     f[(*n)++] = reinterpret_cast<const void *>(copy_kernel<V, kUnchecked>);
     f[(*n)++] = reinterpret_cast<const void *>(copy_kernel<V, kFused>);
     f[(*n)++] = reinterpret_cast<const void *>(copy_kernel<V, kSlots>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_flat_kernel<V, kUnchecked>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_flat_kernel<V, kFused>);
+    f[(*n)++] = reinterpret_cast<const void *>(copy_flat_kernel<V, kSlots>);
     f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kUnchecked>);
     f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kFused>);
     f[(*n)++] = reinterpret_cast<const void *>(copy_row_kernel<V, kChecked>);
@@ -1184,7 +1256,7 @@ extern "C" int kvp__cuda_pack_preload(void); /* kvp_pack_cuda.cu */
 extern "C" int kvp_cuda_kernels_preload(void)
 {
     cudaFuncAttributes a;
-    const void *fns[64];
+    const void *fns[96];
     unsigned n = 0;
     add_copy_kernels<0>(fns, &n);
     add_copy_kernels<4>(fns, &n);

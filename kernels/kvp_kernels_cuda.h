@@ -53,8 +53,10 @@ int kvp_cuda_kernels_preload(void);
  * NULL, or a field 0: automatic, the shapes tests/bench/README.md measured and chose. A field
  * out of range makes the entry point return KVP_EINVAL before anything is queued. */
 typedef struct {
-    uint32_t kernel;           /* KVP_APPEND_CUDA_KERNEL_*: force the warp or the block kernel;
-                                  auto: a warp per token for small batches (decode) */
+    uint32_t kernel;           /* KVP_APPEND_CUDA_KERNEL_*: force the warp, block or flat
+                                  kernel; auto: a warp per token for small batches (decode),
+                                  block for larger ones (flat for the slots form's without
+                                  PDL) */
     uint32_t tokens_per_block; /* block kernel: tokens per block, 1..KVP_APPEND_CUDA_MAX_TPB */
     uint32_t blocks_per_sm;    /* block kernel: cap the grid at this many blocks per SM (the
                                   blocks then loop over the tokens), 1..KVP_APPEND_CUDA_MAX_BPSM */
@@ -74,6 +76,9 @@ enum {
     KVP_APPEND_CUDA_KERNEL_AUTO = 0,
     KVP_APPEND_CUDA_KERNEL_WARP = 1,
     KVP_APPEND_CUDA_KERNEL_BLOCK = 2,
+    /* one vector a thread, a grid of all of them (what auto takes for large batches of the
+     * slots form without PDL) */
+    KVP_APPEND_CUDA_KERNEL_FLAT = 3,
     KVP_APPEND_CUDA_HINT_LD = 1u, /* source loads with ld.global.cs */
     KVP_APPEND_CUDA_HINT_ST = 2u, /* pool stores with st.global.cs */
     KVP_APPEND_CUDA_CHECKED_AUTO = 0,
@@ -94,7 +99,7 @@ static inline int kvp_append_cuda_opts_check(const kvp_append_cuda_opts_t *o)
 {
     if (!o)
         return 0;
-    if (o->kernel > KVP_APPEND_CUDA_KERNEL_BLOCK || o->tokens_per_block > KVP_APPEND_CUDA_MAX_TPB ||
+    if (o->kernel > KVP_APPEND_CUDA_KERNEL_FLAT || o->tokens_per_block > KVP_APPEND_CUDA_MAX_TPB ||
         o->blocks_per_sm > KVP_APPEND_CUDA_MAX_BPSM ||
         o->warps_per_block > KVP_APPEND_CUDA_MAX_WARPS ||
         o->vecs_per_thread > KVP_APPEND_CUDA_MAX_ITEMS ||

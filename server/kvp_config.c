@@ -78,7 +78,7 @@ typedef struct {
             sizeof(names) / sizeof(names[0]) - 1, reload, names                                    \
     }
 
-static const char *const append_kernels[] = {"auto", "warp", "block"};
+static const char *const append_kernels[] = {"auto", "warp", "block", "flat"};
 static const char *const append_hints[] = {"none", "ld", "st", "ldst"};
 
 #define KIB (1ull << 10)

@@ -195,7 +195,8 @@
  *   cuda_plan_upload every Append uploads its plan and runs the page-table kernel, even where
  *                    the slot kernel would do (to compare the two paths). Default false.
  *   append_kernel    the daemon's copy kernel for Appends with copies or over 1024 tokens:
- *                    auto|warp|block (auto: a warp per token for small batches). Default auto.
+ *                    auto|warp|block|flat (auto: a warp per token for small batches, the
+ *                    block kernel for larger ones). Default auto.
  *   append_tokens_per_block  tokens per block of the block kernel; 0: automatic. 0..64.
  *                    Default 0.
  *   append_blocks_per_sm  cap of the block kernel's grid in blocks per SM (a persistent grid);

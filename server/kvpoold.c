@@ -146,8 +146,8 @@ static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
 /* [tuning] -> the cuda backend and the transfers over it. The config's table holds the kernel
  * keys' bounds and names as numbers: they must be the kernels' own. */
 _Static_assert(KVP_APPEND_CUDA_KERNEL_AUTO == 0 && KVP_APPEND_CUDA_KERNEL_WARP == 1 &&
-                   KVP_APPEND_CUDA_KERNEL_BLOCK == 2,
-               "tuning.append_kernel: auto, warp, block");
+                   KVP_APPEND_CUDA_KERNEL_BLOCK == 2 && KVP_APPEND_CUDA_KERNEL_FLAT == 3,
+               "tuning.append_kernel: auto, warp, block, flat");
 _Static_assert(KVP_APPEND_CUDA_HINT_LD == 1 && KVP_APPEND_CUDA_HINT_ST == 2,
                "tuning.append_hints: none, ld, st, ldst");
 _Static_assert(KVP_APPEND_CUDA_MAX_TPB == 64 && KVP_APPEND_CUDA_MAX_BPSM == 1024 &&

@@ -35,7 +35,7 @@
  * plan upload + kernel + error read-back, and an empty launch as the floor; per way the host
  * time of queueing it and of queueing it and synchronising (medians of 2,000, wall clock).
  *
- *   bench_append_cuda [--reps N] [--only SUBSTRING] [--host] [--kernel auto|warp|block]
+ *   bench_append_cuda [--reps N] [--only SUBSTRING] [--host] [--kernel auto|warp|block|flat]
  *                     [--tokens-per-block N] [--blocks-per-sm N] [--warps-per-block N]
  *                     [--hints none|ld|st|ldst] [--vecs-per-thread N]
  *                     [--checked auto|one|block]
@@ -720,7 +720,7 @@ static uint32_t number(const char *flag, const char *text, uint32_t max)
 
 int main(int argc, char **argv)
 {
-    static const char *const kernels[] = {"auto", "warp", "block"};
+    static const char *const kernels[] = {"auto", "warp", "block", "flat"};
     static const char *const hints[] = {"none", "ld", "st", "ldst"};
     static const char *const checked[] = {"auto", "one", "block"};
     for (int i = 1; i < argc; i++)
@@ -731,7 +731,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--host"))
             HOST = 1;
         else if (!strcmp(argv[i], "--kernel") && i + 1 < argc)
-            OPTS.kernel = pick(argv[i], argv[i + 1], kernels, 3), i++;
+            OPTS.kernel = pick(argv[i], argv[i + 1], kernels, 4), i++;
         else if (!strcmp(argv[i], "--tokens-per-block") && i + 1 < argc)
             OPTS.tokens_per_block = number(argv[i], argv[i + 1], KVP_APPEND_CUDA_MAX_TPB), i++;
         else if (!strcmp(argv[i], "--blocks-per-sm") && i + 1 < argc)

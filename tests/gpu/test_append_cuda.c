@@ -432,6 +432,8 @@ START_TEST(kernel_shapes_match_cpu)
          .tokens_per_block = KVP_APPEND_CUDA_MAX_TPB,
          .blocks_per_sm = 1},
         {.blocks_per_sm = 4, .hints = KVP_APPEND_CUDA_HINT_LD | KVP_APPEND_CUDA_HINT_ST},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_FLAT},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_FLAT, .hints = KVP_APPEND_CUDA_HINT_LD},
         {.kernel = KVP_APPEND_CUDA_KERNEL_WARP, .vecs_per_thread = 1},
         {.kernel = KVP_APPEND_CUDA_KERNEL_WARP,
          .vecs_per_thread = KVP_APPEND_CUDA_MAX_ITEMS,
@@ -455,7 +457,7 @@ END_TEST
 START_TEST(bad_kernel_options_are_refused)
 {
     static const kvp_append_cuda_opts_t bad[] = {
-        {.kernel = KVP_APPEND_CUDA_KERNEL_BLOCK + 1},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_FLAT + 1},
         {.tokens_per_block = KVP_APPEND_CUDA_MAX_TPB + 1},
         {.blocks_per_sm = KVP_APPEND_CUDA_MAX_BPSM + 1},
         {.warps_per_block = KVP_APPEND_CUDA_MAX_WARPS + 1},

@@ -462,7 +462,7 @@ static const struct {
     {"tuning.cuda_ready_timeout_ms", "0", "out of range 1..3600000"},
     {"tuning.cuda_ready_timeout_ms", "3600001", "out of range 1..3600000"},
     {"tuning.cuda_plan_upload", "2", "expected true or false"},
-    {"tuning.append_kernel", "bulk", "expected auto|warp|block"},
+    {"tuning.append_kernel", "bulk", "expected auto|warp|block|flat"},
     {"tuning.append_tokens_per_block", "65", "out of range 0..64"},
     {"tuning.append_blocks_per_sm", "1025", "out of range 0..1024"},
     {"tuning.append_warps_per_block", "9", "out of range 0..8"},
