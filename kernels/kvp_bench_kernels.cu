@@ -140,6 +140,22 @@ __global__ void read_last_kernel(kvp_paged_kv_t kv, unsigned long long *sum)
 
 } // namespace
 
+/* A launch of grid x block on stream, under programmatic dependent launch when pdl (at: the
+ * attribute's storage, alive until the launch). */
+static cudaLaunchConfig_t launch_cfg(unsigned grid, unsigned block, void *stream, int pdl,
+                                     cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid ? grid : 1);
+    cfg.blockDim = dim3(block);
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cfg;
+}
+
 extern "C" int kvp_bench_spin_cuda(uint64_t ns, unsigned blocks, void *stream)
 {
     int rc = 0;
@@ -152,15 +168,8 @@ fail:
 
 extern "C" int kvp_bench_empty_pdl_cuda(void *stream)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1);
-    cfg.blockDim = dim3(1);
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = launch_cfg(1, 1, stream, 1, &at);
     int rc = 0;
     KVP_CUDA_TRY(cudaLaunchKernelEx(&cfg, empty_pdl_kernel), rc, fail);
     return 0;
@@ -182,15 +191,8 @@ extern "C" int kvp_bench_plain_copy_cuda(void *dst, const void *src, uint64_t by
     uint64_t threads = (n + v - 1) / v;
     if (threads > cap)
         threads = cap;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((threads + 255) / 256 ? (threads + 255) / 256 : 1));
-    cfg.blockDim = dim3(256);
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = launch_cfg((unsigned)((threads + 255) / 256), 256, stream, pdl, &at);
     const uint4 *s = static_cast<const uint4 *>(src);
     uint4 *d = static_cast<uint4 *>(dst);
     int rc = 0;
@@ -235,15 +237,8 @@ extern "C" int kvp_bench_scatter_copy_cuda(const kvp_paged_kv_t *kv, const void 
         kv->head_dim * kv->elem_bytes % 16)
         return KVP_EINVAL;
     const uint64_t n = (uint64_t)nnz << (kv_shift + 1);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((n + 255) / 256));
-    cfg.blockDim = dim3(256);
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = launch_cfg((unsigned)((n + 255) / 256), 256, stream, pdl, &at);
     int rc = 0;
     KVP_CUDA_TRY(cudaLaunchKernelEx(&cfg, scatter_copy_kernel, *kv,
                                     static_cast<const uint8_t *>(sk),

@@ -198,31 +198,46 @@ typedef struct {
 static summary_t SUM[32];
 static unsigned NSUM;
 
-/* Per-launch ms of a graph of n launches of form, launch i writing layer i % nl of the pool
- * (layer_bytes apart) from source set i % ns (src_bytes apart): so the rows measure the
- * steady state of back-to-back launches, not one buffer sitting in L2. */
-static float graph_ms(const app_arg_t *a0, int form, unsigned flags, int n, unsigned nl,
-                      size_t layer_bytes, unsigned ns, size_t src_set_bytes)
+/* a0 moved to launch i's layer (i % nl, layer_bytes apart) and source set (i % ns,
+ * src_set_bytes apart): so a graph's rows measure the steady state of back-to-back launches,
+ * not one buffer sitting in L2. */
+static app_arg_t arg_at(const app_arg_t *a0, int i, unsigned nl, size_t layer_bytes, unsigned ns,
+                        size_t src_set_bytes)
+{
+    app_arg_t a = *a0;
+    a.kv.k_data = (uint8_t *)a.kv.k_data + (i % nl) * layer_bytes;
+    a.kv.v_data = (uint8_t *)a.kv.v_data + (i % nl) * layer_bytes;
+    a.src.key = (const uint8_t *)a.src.key + (i % ns) * src_set_bytes;
+    a.src.value = (const uint8_t *)a.src.value + (i % ns) * src_set_bytes;
+    return a;
+}
+
+/* Ends the capture begun on S (n launches) and returns the median ms per launch of replaying
+ * it. */
+static float end_capture_ms(int n)
 {
     cudaGraph_t graph;
     graph_arg_t ga;
-    CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < n; i++) {
-        app_arg_t a = *a0;
-        a.form = form;
-        a.flags = flags;
-        a.kv.k_data = (uint8_t *)a.kv.k_data + (i % nl) * layer_bytes;
-        a.kv.v_data = (uint8_t *)a.kv.v_data + (i % nl) * layer_bytes;
-        a.src.key = (const uint8_t *)a.src.key + (i % ns) * src_set_bytes;
-        a.src.value = (const uint8_t *)a.src.value + (i % ns) * src_set_bytes;
-        do_append(&a);
-    }
     CK(cudaStreamEndCapture(S, &graph));
     CK(cudaGraphInstantiate(&ga.exec, graph, 0));
     float ms = time_ms(do_graph, &ga, REPS) / (float)n;
     CK(cudaGraphExecDestroy(ga.exec));
     CK(cudaGraphDestroy(graph));
     return ms;
+}
+
+/* Per-launch ms of a graph of n launches of form (arg_at's rotation). */
+static float graph_ms(const app_arg_t *a0, int form, unsigned flags, int n, unsigned nl,
+                      size_t layer_bytes, unsigned ns, size_t src_set_bytes)
+{
+    CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n; i++) {
+        app_arg_t a = arg_at(a0, i, nl, layer_bytes, ns, src_set_bytes);
+        a.form = form;
+        a.flags = flags;
+        do_append(&a);
+    }
+    return end_capture_ms(n);
 }
 
 /* The bounds of every form on a row, each the same K and V bytes in the same graph shape as
@@ -247,23 +262,12 @@ static float graph_bound_ms(const app_arg_t *a0, const workload_t *w, int kind, 
                             uint8_t *pool, const uint8_t *src, size_t bytes, int n, unsigned nl,
                             size_t layer_bytes, unsigned ns)
 {
-    cudaGraph_t graph;
-    graph_arg_t ga;
     CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < n; i++) {
-        app_arg_t a = *a0;
-        a.kv.k_data = (uint8_t *)a.kv.k_data + (i % nl) * layer_bytes;
-        a.kv.v_data = (uint8_t *)a.kv.v_data + (i % nl) * layer_bytes;
-        a.src.key = (const uint8_t *)a.src.key + (i % ns) * bytes;
-        a.src.value = (const uint8_t *)a.src.value + (i % ns) * bytes;
+        app_arg_t a = arg_at(a0, i, nl, layer_bytes, ns, bytes);
         do_bound(&a, w, kind, pdl, pool + (i % nl) * layer_bytes, src + (i % ns) * bytes, bytes);
     }
-    CK(cudaStreamEndCapture(S, &graph));
-    CK(cudaGraphInstantiate(&ga.exec, graph, 0));
-    float ms = time_ms(do_graph, &ga, REPS) / (float)n;
-    CK(cudaGraphExecDestroy(ga.exec));
-    CK(cudaGraphDestroy(graph));
-    return ms;
+    return end_capture_ms(n);
 }
 
 /* "1.37x" (kvpool / FlashInfer) into buf, or "-" without a FlashInfer figure. */
@@ -790,29 +794,19 @@ int main(int argc, char **argv)
         CK(cudaMalloc((void **)&z, 64));
         CK(cudaMemsetAsync(z, 0, 64, S));
         CK(cudaStreamSynchronize(S));
-        cudaGraph_t graph;
-        graph_arg_t ga;
         CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
         for (int i = 0; i < 100; i++)
             if (kvp_get_seq_lens_cuda(z, z + 4, 1, 16, z + 8, S))
                 exit(1);
-        CK(cudaStreamEndCapture(S, &graph));
-        CK(cudaGraphInstantiate(&ga.exec, graph, 0));
         printf("graph replay floor: %.2f us per launch of a one-thread kernel\n",
-               time_ms(do_graph, &ga, REPS) / 100.0f * 1e3);
-        CK(cudaGraphExecDestroy(ga.exec));
-        CK(cudaGraphDestroy(graph));
+               end_capture_ms(100) * 1e3);
         CK(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
         for (int i = 0; i < 100; i++)
             if (kvp_bench_empty_pdl_cuda(S))
                 exit(1);
-        CK(cudaStreamEndCapture(S, &graph));
-        CK(cudaGraphInstantiate(&ga.exec, graph, 0));
         printf("graph replay floor under PDL: %.2f us per launch of a one-thread kernel that "
                "waits for its predecessor\n\n",
-               time_ms(do_graph, &ga, REPS) / 100.0f * 1e3);
-        CK(cudaGraphExecDestroy(ga.exec));
-        CK(cudaGraphDestroy(graph));
+               end_capture_ms(100) * 1e3);
         CK(cudaFree(z));
     }
     if (HAVE_FI)
