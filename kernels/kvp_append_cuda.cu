@@ -15,7 +15,10 @@
  * against these on the H200 and lost on the large prefill: tests/bench/README.md.)
  *
  * Decode-sized batches take the row kernel instead: whole warps per token, each thread a few
- * vectors, the shape chosen by the batch (row_block; issue #18's sweep on the H200). The
+ * vectors, the shape chosen by the batch (row_block; issue #18's sweep on the H200), the
+ * lookup's first load issued before the source loads. Large batches of the slots form without
+ * PDL take the flat kernel (a thread per vector, copy_flat_kernel), measured faster than the
+ * block kernel there and slower everywhere else (tests/bench/README.md). The
  * same kernels serve four ways of knowing a token's destination (Mode): batch indices and
  * positions (unchecked, or checked: every token validated before any write), the fused
  * lookup from append_indptr and the page table, and slots planned once per step.
