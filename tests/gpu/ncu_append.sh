@@ -10,7 +10,9 @@
 # alone (--clock-control none, METHOD.md) and caches are not flushed between kernels
 # (--cache-control none), as in the benchmark's back-to-back launches.
 #   tests/gpu/ncu_append.sh BENCH OUTDIR [WORKLOAD...]
-# WORKLOAD: a bench --only filter (default: the three decode rows and 4x8192 and 64x256).
+# WORKLOAD: a bench --only filter (default: the three decode rows and 4x8192 and 64x256). On
+# the H200 each workload takes about a minute (up to 120 profiled kernels, each replayed per
+# section): budget ~5 minutes of device time for the default set.
 set -eu
 [ $# -ge 2 ] || { echo "usage: $0 BENCH OUTDIR [WORKLOAD...]" >&2; exit 2; }
 bench=$1
