@@ -144,13 +144,6 @@ __device__ __forceinline__ int64_t slot_dst(const Geo &g, int32_t slot, int32_t 
     return slot_bytes(g, page, slot);
 }
 
-/* The fused append's lookup of token i: its request b from append_indptr, its position from
- * the page table, and the page id it goes to. False (reported in *err) when the token is
- * outside every request, its position negative, or its page id out of range. The lookup
- * first guesses b = i * B / nnz (b = i when every request appends one token: a decode
- * step), which is exact for decode steps and for equal-length prefills, and loads the
- * guess's page-table entries in the same round trip; only a wrong guess pays the binary
- * search. */
 /* The fused lookup's first round trip (the guess's append_indptr and page-table entries),
  * issued apart from the rest so that a kernel can put its source loads in flight before it
  * waits for these. */
@@ -208,6 +201,13 @@ __device__ __forceinline__ bool fused_rest(const Geo &g, uint32_t i,
     return true;
 }
 
+/* The fused append's lookup of token i: its request b from append_indptr, its position from
+ * the page table, and the page id it goes to. False (reported in *err) when the token is
+ * outside every request, its position negative, or its page id out of range. The lookup
+ * first guesses b = i * B / nnz (b = i when every request appends one token: a decode
+ * step), which is exact for decode steps and for equal-length prefills, and loads the
+ * guess's page-table entries in the same round trip; only a wrong guess pays the binary
+ * search. */
 __device__ __forceinline__ bool fused_page_pos(const Geo &g, uint32_t i, uint32_t nnz,
                                                const int32_t *__restrict__ aip, int32_t *err,
                                                int32_t *page_out, int32_t *pos_out)
@@ -382,6 +382,40 @@ __device__ __forceinline__ int64_t token_dst(const Geo &g, uint32_t i, uint32_t 
     return token_rest<MODE>(g, i, aip, err, token_first<MODE>(g, i, nnz, bi, pos_arr, aip));
 }
 
+/* Item it (< a token's 2 * H * vecs; vector index fastest, then head, then K | V) of a
+ * token: whether it is V (kv), its head and its vector. */
+struct Item {
+    uint32_t kv, h, vec;
+};
+
+template <int VECS> __device__ __forceinline__ Item item_of(const Geo &g, uint32_t it)
+{
+    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs, per_kv = g.num_heads * vecs;
+    Item m;
+    m.kv = it >= per_kv;
+    uint32_t r = it - m.kv * per_kv;
+    m.h = r / vecs;
+    m.vec = r - m.h * vecs;
+    return m;
+}
+
+/* Item it's source vector (the token's rows at sk / sv). */
+template <int VECS>
+__device__ __forceinline__ const uint8_t *item_src(const Geo &g, const uint8_t *sk,
+                                                   const uint8_t *sv, uint32_t it)
+{
+    const Item m = item_of<VECS>(g, it);
+    return (m.kv ? sv + (int64_t)m.h * g.sv_h : sk + (int64_t)m.h * g.sk_h) + m.vec * 16;
+}
+
+/* Item it's place in the pool, for the token whose slot is dst (byte offset in K and V). */
+template <int VECS>
+__device__ __forceinline__ uint8_t *item_dst(const Geo &g, int64_t dst, uint32_t it)
+{
+    const Item m = item_of<VECS>(g, it);
+    return (m.kv ? g.v : g.k) + dst + (int64_t)m.h * g.head_stride + m.vec * 16;
+}
+
 /*
  * The copy. A block takes `ntok` consecutive tokens; its threads first issue the loads of
  * their source vectors (which do not depend on the page table), while threads 0..ntok-1 look
@@ -478,27 +512,6 @@ __global__ void __launch_bounds__(kThreads)
  * and the source is loaded after it, so the page-table round trips overlap the previous
  * kernel's tail.
  */
-/* Item it (< the token's 2 * H * vecs; vector index fastest) of a token: its source vector
- * (token rows at sk / sv) and its byte offset from the pool slot. */
-template <int VECS>
-__device__ __forceinline__ const uint8_t *item_src(const Geo &g, const uint8_t *sk,
-                                                   const uint8_t *sv, uint32_t it)
-{
-    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs, per_kv = g.num_heads * vecs;
-    uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-    uint32_t h = r / vecs, vec = r - h * vecs;
-    return (kv ? sv + (int64_t)h * g.sv_h : sk + (int64_t)h * g.sk_h) + vec * 16;
-}
-
-template <int VECS>
-__device__ __forceinline__ uint8_t *item_dst(const Geo &g, int64_t dst, uint32_t it)
-{
-    const uint32_t vecs = VECS ? (uint32_t)VECS : g.vecs, per_kv = g.num_heads * vecs;
-    uint32_t kv = it >= per_kv, r = it - kv * per_kv;
-    uint32_t h = r / vecs, vec = r - h * vecs;
-    return (kv ? g.v : g.k) + dst + (int64_t)h * g.head_stride + vec * 16;
-}
-
 /* Loads items first + k * step (k < n <= kItems, item < the token's 2 * H * vecs) of the
  * token whose source rows start at sk / sv: N of them (0: n of them, each predicated). */
 template <int VECS, int N>
