@@ -746,8 +746,9 @@ START_TEST(checked_refuses_each_bad_entry)
 END_TEST
 
 /* The slots form's own guards: the plan gives -1 (and KVP_ERANGE) to a token whose page id is
- * out of range and the right slot to the others; the append skips a negative slot and one
- * beyond the pool (reporting KVP_ERANGE) and writes the rest, byte-exact with the CPU. */
+ * out of range and the right slot to the others; the append (row, flat and block kernel)
+ * skips a negative slot and one beyond the pool (reporting KVP_ERANGE) and writes the rest,
+ * byte-exact with the CPU. */
 START_TEST(slots_form_guards)
 {
     /* small_init's table: requests of 2, 4 and 1 tokens (pages 3 | 0 | 1 2), pages of 4 */
@@ -772,25 +773,38 @@ START_TEST(slots_form_guards)
     ck_assert_int_eq(read_err(&s), KVP_ERANGE);
     ck_assert_int_eq(hs[3], -1);
     ck_assert_int_eq(hs[0], 3 * 4 + 1);
-    /* the append: slots -1 and 8 * 4 (beyond the pool) skipped, 13 and 2 written */
-    CK(cudaMemsetAsync(s.d_err, 0, 4, S));
+    /* the append: slots -1 and 8 * 4 (beyond the pool) skipped, 13 and 2 written; by each
+     * kernel the slots form can take (auto: the row kernel at this size; the flat kernel auto
+     * takes for large batches; the block kernel), from an untouched pool each time */
     const int32_t slots[4] = {-1, 13, 8 * 4, 2};
     up(d_slots, slots, 16);
-    ck_assert_int_eq(
-        kvp_append_paged_kv_cache_slots_cuda(&s.kv, &s.src, d_slots, 4, s.d_err, 0, NULL, S), 0);
-    ck_assert_int_eq(read_err(&s), KVP_ERANGE);
+    static const kvp_append_cuda_opts_t kernels[] = {
+        {.kernel = KVP_APPEND_CUDA_KERNEL_AUTO},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_FLAT},
+        {.kernel = KVP_APPEND_CUDA_KERNEL_BLOCK},
+    };
     uint8_t *h = malloc(s.pool_bytes);
-    CK(cudaMemcpy(h, s.pool, s.pool_bytes, cudaMemcpyDeviceToHost));
-    /* combined storage: page p's K at byte p * 2048, its V 1024 further, slot offset o at
-     * o * 256 (2 heads * 64 * 2 bytes) in each; the source is 0x11 everywhere */
-    size_t changed = 0;
-    for (size_t i = 0; i < s.pool_bytes; i++) {
-        size_t slot = i / 2048 * 4 + i % 1024 / 256;
-        int written = slot == 13 || slot == 2;
-        ck_assert_int_eq(h[i], written ? 0x11 : 0x5a);
-        changed += written;
+    for (size_t k = 0; k < sizeof(kernels) / sizeof(kernels[0]); k++) {
+        CK(cudaMemsetAsync(s.pool, 0x5a, s.pool_bytes, S));
+        CK(cudaMemsetAsync(s.d_err, 0, 4, S));
+        ck_assert_int_eq(kvp_append_paged_kv_cache_slots_cuda(&s.kv, &s.src, d_slots, 4, s.d_err, 0,
+                                                              &kernels[k], S),
+                         0);
+        ck_assert_msg(read_err(&s) == KVP_ERANGE, "kernel %u: err %d", kernels[k].kernel,
+                      read_err(&s));
+        CK(cudaMemcpy(h, s.pool, s.pool_bytes, cudaMemcpyDeviceToHost));
+        /* combined storage: page p's K at byte p * 2048, its V 1024 further, slot offset o
+         * at o * 256 (2 heads * 64 * 2 bytes) in each; the source is 0x11 everywhere */
+        size_t changed = 0;
+        for (size_t i = 0; i < s.pool_bytes; i++) {
+            size_t slot = i / 2048 * 4 + i % 1024 / 256;
+            int written = slot == 13 || slot == 2;
+            ck_assert_msg(h[i] == (written ? 0x11 : 0x5a), "kernel %u: byte %zu is 0x%02x",
+                          kernels[k].kernel, i, h[i]);
+            changed += written;
+        }
+        ck_assert_uint_eq(changed, 2 * 2 * 256); /* 2 tokens, K and V, 256 bytes each */
     }
-    ck_assert_uint_eq(changed, 2 * 2 * 256); /* 2 tokens, K and V, 256 bytes each */
     free(h);
     CK(cudaFree(d_slots));
     /* host-side refusals */

@@ -1043,6 +1043,11 @@ START_TEST(tuning_key_from_the_file)
     ck_assert_str_eq(c.nccl_lib, "");    /* empty: the loader's libnccl.so.2 */
     ck_assert_uint_eq(c.pack_blocks, 0); /* not in the file: the default */
     ck_assert_int_eq(kvp_config_validate(&c, err, sizeof(err)), 0);
+    /* the newest kernel name, the last of the enum */
+    ck_assert_int_eq(
+        kvp_config_load_string(&c, "[tuning]\nappend_kernel = flat\n", "t.ini", err, sizeof(err)),
+        0);
+    ck_assert_uint_eq(c.append_kernel, 3);
 
     /* a value out of range names the file, the line, the key and the range */
     expect_load_error(
