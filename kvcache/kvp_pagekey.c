@@ -4,6 +4,14 @@
  * over a stack buffer holding the previous key and the page's token ids: a streaming state per
  * page would cost more than the hash itself at page 16 (64 bytes of tokens). Pages of more
  * than STACK_TOKENS tokens go through the streaming API instead.
+ *
+ * Domain separation (issue #26 defect 4): a root key and a page key are different functions.
+ * Root keys hash (salt length, salt) under the seed KVP_PAGEKEY_ROOT_SEED; page keys hash
+ * (previous key, token ids) under seed 0. Before, both were plain XXH3-128, so a salt equal to
+ * (a chain key || one page of ids) made a root equal to that chain's next page key and a
+ * tenant could continue another chain. Page keys keep seed 0 because a seeded XXH3 call on
+ * more than 240 bytes (pages above 56 tokens) derives a secret per call; the root, hashed once
+ * per sequence, pays that instead.
  */
 #include "kvp_pagekey.h"
 
@@ -27,7 +35,16 @@ int kvp_pagekey_root(const void *salt, size_t salt_len, kvp_pagekey_t *out)
 {
     if (!out || salt_len > KVP_PAGEKEY_MAX_SALT || (salt_len && !salt))
         return KVP_EINVAL;
-    *out = salt_len ? from_xxh(XXH3_128bits(salt, salt_len)) : (kvp_pagekey_t){0, 0};
+    /* the salt's length goes first, little-endian, so no salt is a prefix of another's input */
+    uint8_t buf[4 + KVP_PAGEKEY_MAX_SALT];
+    const uint32_t len = (uint32_t)salt_len;
+    buf[0] = (uint8_t)len;
+    buf[1] = (uint8_t)(len >> 8);
+    buf[2] = (uint8_t)(len >> 16);
+    buf[3] = (uint8_t)(len >> 24);
+    if (salt_len)
+        memcpy(buf + 4, salt, salt_len);
+    *out = from_xxh(XXH3_128bits_withSeed(buf, 4 + salt_len, KVP_PAGEKEY_ROOT_SEED));
     return 0;
 }
 

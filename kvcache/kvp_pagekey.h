@@ -2,10 +2,12 @@
 /*
  * kvp_pagekey.h - content keys of full pages (DESIGN.md §9, issue #16): a 128-bit chained hash
  * that names the KV a page holds, so that it can be found again and shared. The key of page i
- * of a sequence is XXH3-128 over (the key of page i-1, the page's page_size token ids as
- * little-endian int32); page 0 chains from the sequence's root key, the XXH3-128 of its salt
- * (bytes that separate what must never mix: LoRA adapter, multimodal inputs, tenant), or the
- * zero key without one. Only full pages have keys; a partial last page stays private.
+ * of a sequence is XXH3-128 (seed 0) over (the key of page i-1, the page's page_size token ids
+ * as little-endian int32); page 0 chains from the sequence's root key, XXH3-128 with seed
+ * KVP_PAGEKEY_ROOT_SEED over (the salt's length as a little-endian uint32, the salt): bytes
+ * that separate what must never mix (LoRA adapter, multimodal inputs, tenant); no salt is the
+ * empty salt. The two domains differ (seed, length prefix), so no salt reproduces a page key of
+ * another chain. Only full pages have keys; a partial last page stays private.
  *
  * A sequence that grows keeps its chain: kvp_pagekey_chain continues from the last key it
  * returned, so a token is hashed once. Pure C (libc and xxHash's header, inlined: nothing to
@@ -23,8 +25,10 @@ typedef struct {
 
 /* Bytes of salt a sequence may carry (what kvp_pagekey_root accepts). */
 #define KVP_PAGEKEY_MAX_SALT 256u
+/* The seed of root keys ("kvpoolrt" as a little-endian word); page keys use seed 0. */
+#define KVP_PAGEKEY_ROOT_SEED 0x74726c6f6f70766bull
 
-/* The root key of a sequence: XXH3-128 of its salt, or the zero key for no salt (salt_len 0).
+/* The root key of a sequence: XXH3-128, seed KVP_PAGEKEY_ROOT_SEED, of le32(salt_len) || salt.
  * Returns 0, or KVP_EINVAL (salt_len above KVP_PAGEKEY_MAX_SALT, or salt NULL with a length). */
 int kvp_pagekey_root(const void *salt, size_t salt_len, kvp_pagekey_t *out);
 
