@@ -12,8 +12,13 @@
  * Copy-on-write count: when m sequences of the batch append into the same partially filled
  * page whose refcount is r, the first min(m, r - 1) of them (in batch order) copy it and the
  * last holder, if it is in the batch, writes in place. A keyed page (a truncate made it the
- * partial tail of a sequence while others held it, kvp_pcache.h) is copied by every holder,
- * the last too, so its content stays findable in the cache. Phase 1 simulates exactly that with a
+ * partial tail of a sequence while others held it, kvp_pcache.h) is copied by every holder but
+ * the last, like any other; the last holder first takes its key away (it leaves the key table,
+ * counted as a rewrite) and then writes in place. It used to copy it too and drop its own
+ * reference in the plan, so the copy's source went to the cache or the free stack before the
+ * copy ran: another Reserve could be handed it, and the daemon's Append aborted pinning it
+ * (issue #26 defect 1). The last holder has no one to keep the source alive for a copy that a
+ * worker runs later, so in place is the only safe choice. Phase 1 simulates exactly that with a
  * per-page scratch counter so the page count it checks is exact, not a bound.
  */
 #include "kvp_plan.h"
@@ -362,9 +367,7 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
         if (it->num_tokens && tail_of(&pm, s->num_tokens)) {
             uint32_t last = s->pages[s->num_pages - 1];
             p->tail_page[i] = last; /* for the cleanup and phase 2: no second look-up */
-            /* a keyed page a truncate left as the tail is copied too, whoever else holds it:
-             * its content stays findable */
-            if (refcount[last] - dec[last] > 1 || (s->chain && s->chain->tail_keyed && pc)) {
+            if (refcount[last] - dec[last] > 1) {
                 cow = 1;
                 dec[last]++;
             }
@@ -472,15 +475,18 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
             p->num_cached_tokens += (uint64_t)f * ps;
         }
         uint32_t last = p->tail_page[i]; /* s->pages[num_pages - 1], set when add > 0 */
-        if (last != NO_PAGE && (refcount[last] > 1 || (s->chain && s->chain->tail_keyed && pc))) {
+        if (last != NO_PAGE && refcount[last] > 1) {
             uint32_t dst = p->new_pages[taken++];
             p->copies[p->num_copies].src = last;
             p->copies[p->num_copies].dst = dst;
             p->num_copies++;
-            kvp_alloc_unref(a, last); /* a keyed page nobody holds now stays cached */
+            kvp_alloc_unref(a, last); /* another holder keeps it: never 0 here */
             s->pages[s->num_pages - 1] = dst;
             if (s->chain)
                 s->chain->tail_keyed = 0;
+        } else if (last != NO_PAGE && s->chain && s->chain->tail_keyed) {
+            kvp__pcache_unkey(pc, last); /* its last holder rewrites it: no longer that key's */
+            s->chain->tail_keyed = 0;
         }
         uint32_t pages_after = pages_for(&pm, (uint64_t)s->num_tokens + add);
         uint32_t fresh = pages_after - s->num_pages;

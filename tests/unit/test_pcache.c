@@ -893,10 +893,14 @@ START_TEST(append_without_token_ids_ends_the_chain)
 }
 END_TEST
 
-START_TEST(a_keyed_partial_page_is_copied_before_an_append)
+/* Issue #26 defect 1: a keyed page a truncate left as the partial tail of sequences that shared
+ * it. While another holder remains, an append copies it (the indexed page keeps its content and
+ * stays findable); its last holder takes its key away and writes in place. The plan used to copy
+ * it for the last holder too and drop that holder's reference, so the copy's source was cached
+ * (or free) before the copy ran: the daemon's Append then aborted pinning it, and a Reserve
+ * handed out a copy whose source another Reserve could be given. */
+START_TEST(a_keyed_partial_page_is_copied_while_shared_and_rewritten_by_its_last_holder)
 {
-    /* truncated into while shared (so it kept its key), then its other holder left: the next
-     * append must not write into the indexed page */
     fx_t f;
     fx_init(&f, 16, 4, 4);
     prompts();
@@ -904,28 +908,44 @@ START_TEST(a_keyed_partial_page_is_copied_before_an_append)
     ck_assert_uint_eq(pub(&f, 1), 2);
     uint32_t a1 = pg(&f, 1, 1);
     ck_assert_int_eq(kvp_seqtab_fork(f.t, 0, 1, 2, 0), 0);
+    ck_assert_int_eq(kvp_seqtab_fork(f.t, 0, 1, 3, 0), 0);
     ck_assert_int_eq(kvp_seqtab_truncate(f.t, 0, 2, 6, 0), 0);
+    ck_assert_int_eq(kvp_seqtab_truncate(f.t, 0, 3, 6, 0), 0);
     ck_assert_int_eq(kvp_seqtab_release(f.t, 0, 1), 0);
-    ck_assert_uint_eq(kvp_alloc_refcount(f.a, a1), 1);
+    ck_assert_uint_eq(kvp_alloc_refcount(f.a, a1), 2);
     ck_assert_uint_eq(kvp_pcache_page_state(f.c, a1), KVP_PAGE_KEYED | KVP_PAGE_INDEXED);
+    /* seq 2 shares a1 with seq 3: it copies, a1 stays indexed with A's content */
     int32_t X[2] = {7006, 7007};
     app(&f, 2, X, 2);
     ck_assert_uint_eq(f.p.num_copies, 1);
     ck_assert_uint_eq(f.p.copies[0].src, a1);
     uint32_t n = pg(&f, 2, 1);
     ck_assert_uint_ne(n, a1);
+    ck_assert_uint_eq(kvp_alloc_refcount(f.a, a1), 1); /* seq 3 holds the source */
     int32_t AX[8];
     memcpy(AX, A, 6 * sizeof(int32_t));
     AX[6] = X[0];
     AX[7] = X[1];
     ck_assert(kvp_pagekey_eq(page_key(&f, n), key_at(NULL, AX, 1, 4)));
     ck_assert(kvp_pagekey_eq(page_key(&f, a1), key_at(NULL, A, 1, 4)));
-    /* a1 was the sole holder's: now nobody's, cached and still findable with A's content */
-    ck_assert_uint_eq(kvp_pcache_page_state(f.c, a1),
-                      KVP_PAGE_KEYED | KVP_PAGE_INDEXED | KVP_PAGE_CACHED);
     ck_assert_uint_eq(look(&f, 0, NULL, A, 8), 2);
     fx_audit(&f);
+    /* seq 3 is a1's last holder: no copy, a1 loses its key (a rewrite) and is written in place */
+    const uint64_t rewrites = stats(&f).evictions[KVP_EVICT_REWRITE];
+    app(&f, 3, X, 1);
+    ck_assert_uint_eq(f.p.num_copies, 0);
+    ck_assert_uint_eq(pg(&f, 3, 1), a1);
+    ck_assert_uint_eq(kvp_alloc_refcount(f.a, a1), 1);
+    ck_assert_uint_eq(kvp_pcache_page_state(f.c, a1), 0);
+    ck_assert_uint_eq(stats(&f).evictions[KVP_EVICT_REWRITE], rewrites + 1);
+    ck_assert_uint_eq(look(&f, 0, NULL, A, 8), 1);
+    fx_audit(&f);
+    /* the page is seq 3's alone: a full page of it keys anew */
+    app(&f, 3, X + 1, 1);
+    ck_assert_uint_eq(kvp_pcache_page_state(f.c, a1), KVP_PAGE_KEYED);
+    fx_audit(&f);
     ck_assert_int_eq(kvp_seqtab_release(f.t, 0, 2), 0);
+    ck_assert_int_eq(kvp_seqtab_release(f.t, 0, 3), 0);
     kvp_pcache_flush(f.c, KVP_PCACHE_NO_SCOPE);
     fx_fini(&f);
 }
@@ -1343,6 +1363,7 @@ typedef struct {
     uint64_t quota[RM_NS];
     uint64_t op;
     /* what the run exercised */
+    uint64_t n_tail_rewrite; /* appends into a keyed partial page by its last holder */
     uint64_t n_ok, n_enospc, n_evict, n_hit, n_rewrite, n_cow, n_pin, n_pin_limit, n_demote,
         n_flush, n_stale, n_twin, n_pub, n_expire;
 } world_t;
@@ -1827,7 +1848,7 @@ static void op_append(world_t *w)
         cow[j] = 0;
         if (add && len0[j] % ps) {
             uint32_t last = q->pages[q->npages - 1];
-            if (w->m.pg[last].ref - dec[last] > 1 || w->m.pg[last].keyed) {
+            if (w->m.pg[last].ref - dec[last] > 1) {
                 cow[j] = 1;
                 need++;
                 dec[last]++;
@@ -1944,8 +1965,14 @@ static void op_append(world_t *w)
            nnz);
     WCHECK(w, p->num_cached_tokens == ncached, "num_cached_tokens");
     /* execute on the shadow pool: copies first, then the tokens where the table says */
-    for (uint32_t i = 0; i < p->num_copies; i++)
+    for (uint32_t i = 0; i < p->num_copies; i++) {
+        /* a copy runs after the plan (a job, or a worker after its Reserve): its source must
+         * still be held by someone, never cached or free (issue #26 defect 1) */
+        WCHECK(w, kvp_alloc_refcount(w->a, p->copies[i].src) >= 1 &&
+                      !(kvp_pcache_page_state(w->c, p->copies[i].src) & KVP_PAGE_CACHED),
+               "copy %u reads page %u, which nobody holds", i, p->copies[i].src);
         memcpy(w->shadow[p->copies[i].dst], w->shadow[p->copies[i].src], sizeof(w->shadow[0]));
+    }
     for (uint32_t j = 0; j < k; j++) {
         uint32_t cnt = (uint32_t)(p->append_indptr[j + 1] - p->append_indptr[j]);
         uint32_t len = (uint32_t)p->seq_lens[j];
@@ -1973,6 +2000,15 @@ static void op_append(world_t *w)
         if (cow[j]) {
             w->n_cow++;
             m_unref(w, oldlast, 0);
+        } else if (add && len0[j] % ps && w->m.pg[oldlast].keyed) {
+            /* a keyed partial page whose last holder writes into it: it loses its key first
+             * (issue #26 defect 1) */
+            if (w->m.pg[oldlast].indexed) {
+                w->m.evictions[KVP_EVICT_REWRITE]++;
+                w->n_rewrite++;
+            }
+            m_lose_key(w, oldlast);
+            w->n_tail_rewrite++;
         }
         for (uint32_t i = 0; i < np; i++)
             q->pages[i] = (uint32_t)row[i];
@@ -2472,7 +2508,8 @@ static void random_run(uint32_t ps, uint32_t np, uint64_t seed, uint64_t ops)
     }
     printf("test_pcache random ps=%u pages=%u seed=%llu ops=%llu: ok=%llu enospc=%llu "
            "evicted=%llu hit_pages=%llu rewrites=%llu cow=%llu published=%llu twins=%llu "
-           "stale=%llu pins=%llu pin_limits=%llu pin_expiries=%llu demoted=%llu flushed=%llu\n",
+           "stale=%llu pins=%llu pin_limits=%llu pin_expiries=%llu demoted=%llu flushed=%llu "
+           "tail_rewrites=%llu\n",
            ps, np, (unsigned long long)seed, (unsigned long long)ops, (unsigned long long)w->n_ok,
            (unsigned long long)w->n_enospc, (unsigned long long)w->n_evict,
            (unsigned long long)w->n_hit, (unsigned long long)w->n_rewrite,
@@ -2480,13 +2517,13 @@ static void random_run(uint32_t ps, uint32_t np, uint64_t seed, uint64_t ops)
            (unsigned long long)w->n_twin, (unsigned long long)w->n_stale,
            (unsigned long long)w->n_pin, (unsigned long long)w->n_pin_limit,
            (unsigned long long)w->n_expire, (unsigned long long)w->n_demote,
-           (unsigned long long)w->n_flush);
+           (unsigned long long)w->n_flush, (unsigned long long)w->n_tail_rewrite);
     fflush(stdout);
     /* the run must have exercised every path */
     if (ops >= 20000)
         ck_assert_msg(
             w->n_ok && w->n_enospc && w->n_evict && w->n_hit &&
-                ((w->n_rewrite && w->n_cow) || ps == 1) && w->n_pub && w->n_twin && w->n_stale &&
+                ((w->n_rewrite && w->n_cow && w->n_tail_rewrite) || ps == 1) && w->n_pub && w->n_twin && w->n_stale &&
                 w->n_pin && w->n_pin_limit && w->n_expire && w->n_demote && w->n_flush,
             "seed %llu: a path was never taken (see the counts above)", (unsigned long long)seed);
     /* everything back: sequences, pins, then the cached pages */
@@ -2542,7 +2579,7 @@ static Suite *pcache_suite(void)
     tcase_add_test(tc, reserve_over_free_plus_cached_changes_nothing);
     tcase_add_test(tc, fork_shares_the_chain);
     tcase_add_test(tc, a_stale_ref_does_not_publish);
-    tcase_add_test(tc, a_keyed_partial_page_is_copied_before_an_append);
+    tcase_add_test(tc, a_keyed_partial_page_is_copied_while_shared_and_rewritten_by_its_last_holder);
     tcase_add_test(tc, the_chain_remembers_the_tokens_of_one_full_page);
     tcase_add_test(tc, a_scope_is_reset_only_when_nothing_of_it_lives_on);
     tcase_add_test(tc, flushed_pages_stay_out_of_the_residence_histogram);
