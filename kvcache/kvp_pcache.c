@@ -335,6 +335,7 @@ void kvp__pcache_chain_start(kvp_chain_t *ch, uint32_t scope, kvp_pagekey_t root
     ch->priority = (uint8_t)priority;
     ch->prev_full = 0;
     ch->tail_keyed = 0;
+    ch->tail_foreign = 0;
     ch->retention_ms = retention_ms;
     ch->num_keyed = ch->num_handed = ch->pend_n = 0;
     ch->root = ch->last = root;
@@ -440,8 +441,10 @@ void kvp__pcache_truncated(kvp_pcache_t *c, kvp_seq_t *s, uint32_t old_tokens)
 {
     const uint32_t ps = c->ps, L = s->num_tokens, full = L / ps, rem = L % ps;
     kvp_chain_t *ch = s->chain; /* a sequence without one holds no keyed page */
-    if (ch)
+    if (ch) {
         ch->tail_keyed = 0;
+        ch->tail_foreign = rem != 0; /* whoever wrote the kept rows, the next writer did not */
+    }
     if (rem) {
         uint32_t p = s->pages[full];
         if ((c->flags[p] & F_KEYED) && kvp_alloc_refcount(c->a, p) == 1)
@@ -667,13 +670,35 @@ uint32_t kvp_pcache_take_unpublished(kvp_pcache_t *c, kvp_seq_t *s, kvp_pcache_r
     return n;
 }
 
+uint32_t kvp_pcache_take_written(kvp_pcache_t *c, kvp_seq_t *s, uint32_t from_page,
+                                 kvp_pcache_ref_t *out, uint32_t max)
+{
+    kvp_chain_t *ch = s->chain;
+    if (!ch || from_page >= ch->num_keyed)
+        return 0;
+    uint32_t n = 0;
+    for (uint32_t k = from_page; k < ch->num_keyed && n < max; k++) {
+        const uint32_t p = s->pages[k];
+        if (c->flags[p] != F_KEYED)
+            continue; /* linked, or a twin of an indexed page */
+        out[n].page = p;
+        out[n].gen = c->gen[p];
+        n++;
+    }
+    /* handed out when nothing before them still waits for its writer's Commit; otherwise that
+     * Commit takes them again, and publish skips them while this writer's pins hold them */
+    if (ch->num_handed >= from_page)
+        ch->num_handed = ch->num_keyed;
+    return n;
+}
+
 uint32_t kvp_pcache_publish(kvp_pcache_t *c, const kvp_pcache_ref_t *refs, uint32_t n)
 {
     uint32_t done = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t p = refs[i].page;
         if (p >= c->np || c->gen[p] != refs[i].gen || c->flags[p] != F_KEYED ||
-            kvp_alloc_refcount(c->a, p) == 0)
+            kvp_alloc_refcount(c->a, p) == 0 || kvp_alloc_pins(c->a, p))
             continue;
         if (kvp_pcache_find(c, c->scope[p], c->key[p]) != NIL)
             continue; /* the same content is findable already: this copy stays private */

@@ -126,9 +126,20 @@ typedef struct {
 uint32_t kvp_pcache_take_unpublished(kvp_pcache_t *c, kvp_seq_t *s, kvp_pcache_ref_t *out,
                                      uint32_t max);
 
+/* The pages a writer's plan filled, for that writer to publish once its copy completed (the
+ * daemon-run Append: issue #26 defect 2): the keyed, unindexed pages of s from page index
+ * from_page (kvp_plan_t.publish_from) to its last keyed page, as refs (page, generation), at most
+ * max. Taken right after the plan, they name exactly what the writer wrote: a sequence that
+ * grows, is released or whose id is reused while the copy runs changes pages or generations,
+ * never these refs. Marks them handed out unless earlier pages still wait for a Commit (which
+ * then takes these too; publish skips them while the writer's pins hold them). */
+uint32_t kvp_pcache_take_written(kvp_pcache_t *c, kvp_seq_t *s, uint32_t from_page,
+                                 kvp_pcache_ref_t *out, uint32_t max);
+
 /* Makes the pages findable: each ref whose page still has that generation, is keyed, held
- * (refcount >= 1) and not indexed goes into the key table unless its (scope, key) is already
- * there. Returns how many became findable. */
+ * (refcount >= 1), not pinned by the allocator (no daemon copy still writes or reads it) and
+ * not indexed goes into the key table unless its (scope, key) is already there. Returns how
+ * many became findable. */
 uint32_t kvp_pcache_publish(kvp_pcache_t *c, const kvp_pcache_ref_t *refs, uint32_t n);
 
 /* kvp_pcache_take_unpublished + kvp_pcache_publish of everything s keyed (the daemon's own

@@ -29,6 +29,9 @@ typedef struct kvp_chain {
     uint8_t prev_full;  /* tok[ps..2ps) holds the tokens of page num_keyed - 1 */
     uint8_t tail_keyed; /* a truncate left a keyed page (shared then) as the partial last page:
                            the next append must not write into it while it is keyed */
+    uint8_t tail_foreign; /* the partial last page holds rows a worker wrote (Reserve) or a
+                             truncate kept: a daemon-run Append that fills it did not write all
+                             of it, so it does not publish it (kvp_plan_t.publish_from) */
     uint32_t retention_ms;
     uint32_t num_keyed;  /* pages [0, num_keyed) of the sequence have its keys */
     uint32_t num_handed; /* of them, handed out for publishing (or linked) */

@@ -55,6 +55,7 @@ void kvp_plan_free(kvp_plan_t *p)
     free(p->linked);
     free(p->link_pages);
     free(p->chains);
+    free(p->publish_from);
     kvp_plan_init(p);
 }
 
@@ -85,8 +86,8 @@ static int grow_batch(kvp_plan_t *p, uint32_t n)
                      (void **)&p->seqs,          (void **)&p->tail_page,
                      (void **)&p->cached_tokens, (void **)&p->key_off,
                      (void **)&p->linked,        (void **)&p->chains,
-                     (void **)&p->created};
-    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 4, 4, 4, 4, sizeof(void *), 1};
+                     (void **)&p->publish_from,  (void **)&p->created};
+    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 4, 4, 4, 4, sizeof(void *), 4, 1};
     for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint32_t cc = c;
         if (grow(bufs[i], &cc, n + 1, sizes[i]))
@@ -287,7 +288,7 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
     const uint32_t max_ns = kvp__seqtab_max_namespaces(t);
     kvp_alloc_t *a = kvp_seqtab_alloc(t);
     kvp_pcache_t *pc = kvp_seqtab_pcache(t);
-    static const kvp_plan_cache_t no_cache = {0, 0, 0, KVP_PCACHE_DEFAULT_PRIORITY, 0};
+    static const kvp_plan_cache_t no_cache = {.priority = KVP_PCACHE_DEFAULT_PRIORITY};
     if (!cache)
         cache = &no_cache;
     if (!pc)
@@ -497,6 +498,16 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
         s->num_tokens += add;
         s->last_touch_ms = now_ms;
         if (ch) {
+            /* what the writer may publish: from the page of its first row, unless that page
+             * already holds rows of a worker (or a truncate) and the writer is the daemon */
+            const uint32_t old_tail = tail_of(&pm, s->num_tokens - add);
+            const uint32_t first = (s->num_tokens - add) / ps;
+            p->publish_from[i] =
+                old_tail && s->chain->tail_foreign && cache->daemon_writes ? first + 1 : first;
+            if (add && !cache->daemon_writes)
+                s->chain->tail_foreign = 1;
+            else if (add && (old_tail == 0 || old_tail + add >= ps))
+                s->chain->tail_foreign = 0; /* the partial page left is this copy's alone */
             const uint32_t nfull = items[i].num_tokens / ps;
             const int have_pre = ch == CH_START && cache->reuse;
             kvp__pcache_chain_append(pc, s, content[i].token_ids + (size_t)f * ps, add,
@@ -505,6 +516,8 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
         } else if (add && s->chain) {
             s->chain->tracked = 0; /* tokens without ids: the chain ends here */
         }
+        if (content && !ch)
+            p->publish_from[i] = UINT32_MAX;
         if (s->ns != run_ns) {
             kvp__seqtab_account(t, run_ns, (int64_t)run_tokens, (int64_t)run_refs);
             run_ns = s->ns;

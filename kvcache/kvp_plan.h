@@ -50,6 +50,7 @@ typedef struct {
     uint8_t reuse;         /* link the longest findable full-page prefix first */
     uint8_t leave_last;    /* reuse leaves at least one token of the item to append */
     uint8_t priority;      /* retention priority of the new chains (kvp_pcache_set_retention) */
+    uint8_t daemon_writes; /* the daemon's own copy writes the rows (Append), not a worker */
     uint32_t retention_ms; /* and its duration (0: no end) */
 } kvp_plan_cache_t;
 
@@ -73,6 +74,9 @@ typedef struct {
     uint32_t *cached_tokens;   /* [batch_size]: tokens linked from the cache (reuse only) */
     uint64_t num_cached_tokens; /* their sum */
     uint32_t num_evicted;       /* cached pages this plan evicted to get its pages */
+    uint32_t *publish_from;     /* [batch_size], with content: the first page index of each item
+                                   whose every row this plan's writer wrote or a daemon-run
+                                   Append did (kvp_pcache_take_written); UINT32_MAX: none */
     uint32_t fail_index;       /* on error: the batch item that caused it (or batch_size) */
     /* private: capacities and scratch */
     uint32_t cap_batch, cap_indices, cap_copies, cap_new;

@@ -245,6 +245,7 @@ int kvp__rpc_take_content(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io
     cache->reuse = has_opts && opts->reuse;
     cache->leave_last = has_opts && opts->leave_last;
     cache->priority = (uint8_t)prio;
+    cache->daemon_writes = 0; /* Append sets it */
     cache->retention_ms = has_opts ? opts->retention_ms : 0;
     return 1;
 }

@@ -66,7 +66,8 @@ struct kvp_rpc_job {
     uint32_t batch_size, nnz, num_copies, num_indices;
     int32_t *kv_indptr, *kv_indices, *kv_last_page_len, *append_indptr, *seq_lens;
     int32_t *cached_tokens; /* [batch_size]: linked from the prefix cache (0s without reuse) */
-    int publish;            /* publish the pages keyed once the copy completed */
+    kvp_pcache_ref_t *refs; /* the pages it fills, published once the copy completed */
+    uint32_t num_refs;
     int reused;             /* cached_tokens answers (CacheOptions.reuse) */
     int32_t *batch_indices, *positions;
     kvp_page_copy_t *copies;

@@ -180,6 +180,7 @@ static int check_source(const kvp_rpc_t *r, const kvp_src_layout_t *src, const k
 
 static void job_free_arrays(kvp_rpc_job_t *j)
 {
+    free(j->refs);
     free(j->kv_indptr);
     free(j->pinned);
     free(j->seq_ids);
@@ -352,6 +353,31 @@ static int take_rank_sources(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Append
     return 0;
 }
 
+/* The pages the plan's items fill (kvp_pcache_take_written) as refs the caller frees: exactly
+ * what this Append writes, so that neither a Reserve on the same sequence nor a new sequence
+ * under a released id while the copy runs gets published by it (issue #26 defect 2). Out of
+ * memory, none: the pages stay private, which is always safe. */
+static kvp_pcache_ref_t *take_written(kvp_rpc_t *r, uint32_t n, uint32_t *num)
+{
+    const kvp_plan_t *p = &r->plan;
+    uint64_t total = 0;
+    *num = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (p->publish_from[i] < p->seqs[i]->num_pages)
+            total += p->seqs[i]->num_pages - p->publish_from[i];
+    kvp_pcache_ref_t *refs = total ? malloc(total * sizeof(*refs)) : NULL;
+    if (!refs) {
+        if (total)
+            kvp_log(KVP_LOG_WARNING, "append pages left private pages=%llu reason=\"no memory\"",
+                    (unsigned long long)total);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        *num += kvp_pcache_take_written(r->pc, p->seqs[i], p->publish_from[i], refs + *num,
+                                        (uint32_t)(total - *num));
+    return refs;
+}
+
 KVP_RPC_HANDLER(append)
 {
     const uint64_t id = req->id;
@@ -396,6 +422,7 @@ KVP_RPC_HANDLER(append)
     content = kvp__rpc_take_content(r, s, io, n, q->has_cache, &q->cache, &cache, resp, id);
     if (content < 0)
         return KVP_RPC_DONE;
+    cache.daemon_writes = 1;
     reuse = content && cache.reuse;
     if ((reuse && n != 1) || (!reuse && q->skip_tokens)) {
         kvp_rpc_error(resp, id, KVP_EINVAL,
@@ -455,7 +482,10 @@ KVP_RPC_HANDLER(append)
     }
     r->counters.pages_allocated_total += r->plan.num_new_pages;
     if (reuse && r->plan.nnz == 0) { /* all of it was cached: nothing to copy */
-        kvp_pcache_publish_seq(r->pc, kvp_seqtab_find(r->seqs, s->ns, r->items[0].seq_id));
+        uint32_t nref;
+        kvp_pcache_ref_t *refs = take_written(r, n, &nref);
+        kvp_pcache_publish(r->pc, refs, nref);
+        free(refs);
         kvp__rpc_ok(io, id);
         io->resp.body.append.completed = true;
         io->resp.body.append.has_table = true;
@@ -470,8 +500,8 @@ KVP_RPC_HANDLER(append)
     r->counters.cow_copies_total += r->plan.num_copies;
     kvp_rpc_job_t *j = make_job(r, io->call, sb ? &sb->buf : NULL, ranks, num_ranks, &layout, lb,
                                 le, id, (uint32_t)q->sync);
-    if (j)
-        j->publish = content && lb == 0 && le == L; /* every layer written: findable */
+    if (j && content && lb == 0 && le == L) /* every layer written: findable once done */
+        j->refs = take_written(r, n, &j->num_refs);
     if (!j) {
         /* the plan is committed but cannot be executed: give the pages back by rolling the
          * sequences back to their previous lengths */
@@ -533,11 +563,7 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
         return;
     }
     r->counters.append_bytes_total += j->bytes;
-    for (uint32_t b = 0; j->publish && b < j->batch_size; b++) {
-        kvp_seq_t *sq = kvp_seqtab_find(r->seqs, j->ns, j->seq_ids[b]);
-        if (sq)
-            kvp_pcache_publish_seq(r->pc, sq);
-    }
+    kvp_pcache_publish(r->pc, j->refs, j->num_refs); /* exactly the pages it wrote */
     kvp__rpc_ok(io, j->req_id);
     kvpool_AppendResponse *ar = &io->resp.body.append;
     ar->completed = true; /* run() returns once the copy is done (kvp_backend.h) */

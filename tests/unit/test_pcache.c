@@ -951,6 +951,61 @@ START_TEST(a_keyed_partial_page_is_copied_while_shared_and_rewritten_by_its_last
 }
 END_TEST
 
+/* Issue #26 defect 2: a daemon-run Append publishes, when its copy completes, exactly the pages
+ * its plan filled (taken right after the plan), not whatever the sequence holds by then: not the
+ * pages a Reserve on the same sequence keyed meanwhile, nor those of a new sequence under the id
+ * after a release; and not a page whose earlier rows a worker wrote (Reserve). */
+START_TEST(an_append_publishes_exactly_the_pages_it_wrote)
+{
+    fx_t f;
+    fx_init(&f, 32, 4, 4);
+    prompts();
+    kvp_plan_cache_t daemon = DEF;
+    daemon.daemon_writes = 1;
+    /* seq 5: the job's 8 tokens, then a Reserve of 4 more while the copy runs */
+    ck_assert_int_eq(app_c(&f, 5, A, 8, NULL, daemon), 0);
+    ck_assert_uint_eq(f.p.publish_from[0], 0);
+    kvp_pcache_ref_t job[8], more[8];
+    ck_assert_uint_eq(kvp_pcache_take_written(f.c, seq(&f, 5), 0, job, 8), 2);
+    app(&f, 5, A + 8, 4);
+    ck_assert_uint_eq(kvp_pcache_publish(f.c, job, 2), 2);
+    ck_assert_uint_eq(look(&f, 0, NULL, A, 12), 2); /* not the Reserve's third page */
+    ck_assert_uint_eq(kvp_pcache_take_unpublished(f.c, seq(&f, 5), more, 8), 1); /* its Commit */
+    ck_assert_uint_eq(more[0].page, pg(&f, 5, 2));
+    /* seq 6: released and reserved again under the same id while the copy runs */
+    ck_assert_int_eq(app_c(&f, 6, B, 8, NULL, daemon), 0);
+    ck_assert_uint_eq(kvp_pcache_take_written(f.c, seq(&f, 6), 0, job, 8), 2);
+    ck_assert_int_eq(kvp_seqtab_release(f.t, 0, 6), 0);
+    app(&f, 6, C, 8);
+    ck_assert_uint_eq(kvp_pcache_publish(f.c, job, 2), 0);
+    ck_assert_uint_eq(look(&f, 0, NULL, C, 8), 0);
+    ck_assert_uint_eq(look(&f, 0, NULL, B, 8), 0);
+    /* seq 7: a Reserve wrote 2 rows of page 1; the Append that fills it did not write it all */
+    app(&f, 7, D, 6);
+    ck_assert_int_eq(app_c(&f, 7, D + 6, 6, NULL, daemon), 0);
+    ck_assert_uint_eq(f.p.publish_from[0], 2);
+    ck_assert_uint_eq(kvp_pcache_take_written(f.c, seq(&f, 7), 2, job, 8), 1);
+    ck_assert_uint_eq(job[0].page, pg(&f, 7, 2));
+    /* the page before waits for the worker's Commit: it takes both, the job publishes its own */
+    ck_assert_uint_eq(kvp_pcache_publish(f.c, job, 1), 1);
+    ck_assert_uint_eq(kvp_pcache_take_unpublished(f.c, seq(&f, 7), more, 8), 3);
+    ck_assert_uint_eq(kvp_pcache_publish(f.c, more, 3), 2);
+    ck_assert_uint_eq(look(&f, 0, NULL, D, 12), 3);
+    /* a daemon copy still pinning a page holds its publication back */
+    app(&f, 8, E, 4);
+    ck_assert_uint_eq(kvp_pcache_take_unpublished(f.c, seq(&f, 8), more, 8), 1);
+    kvp_alloc_pin(f.a, more[0].page);
+    ck_assert_uint_eq(kvp_pcache_publish(f.c, more, 1), 0);
+    kvp_alloc_unpin(f.a, more[0].page);
+    ck_assert_uint_eq(kvp_pcache_publish(f.c, more, 1), 1);
+    fx_audit(&f);
+    for (uint64_t id = 5; id <= 8; id++)
+        ck_assert_int_eq(kvp_seqtab_release(f.t, 0, id), 0);
+    kvp_pcache_flush(f.c, KVP_PCACHE_NO_SCOPE);
+    fx_fini(&f);
+}
+END_TEST
+
 START_TEST(the_chain_remembers_the_tokens_of_one_full_page)
 {
     fx_t f;
@@ -1326,6 +1381,7 @@ typedef struct {
     kvp_pagekey_t root;
     uint32_t nkeyed, handed;
     uint8_t knows_last; /* RM_ONE_PAGE_TOKENS: the chain holds the tokens of its last full page */
+    uint8_t foreign;    /* its partial last page holds rows a worker wrote, or a truncate kept */
     kvp_pagekey_t keys[RM_LEN];
 } mseq_t;
 
@@ -1364,6 +1420,7 @@ typedef struct {
     uint64_t op;
     /* what the run exercised */
     uint64_t n_tail_rewrite; /* appends into a keyed partial page by its last holder */
+    uint64_t n_job_refs;     /* pages a daemon-run Append took to publish when its copy is done */
     uint64_t n_ok, n_enospc, n_evict, n_hit, n_rewrite, n_cow, n_pin, n_pin_limit, n_demote,
         n_flush, n_stale, n_twin, n_pub, n_expire;
 } world_t;
@@ -1782,6 +1839,34 @@ static void m_key_pages(world_t *w, mseq_t *q)
     }
 }
 
+static void rm_pend(world_t *w, const kvp_pcache_ref_t *refs, const uint32_t *rgen, uint32_t n);
+
+/* A daemon-run Append's job takes the pages its plan filled (kvp_pcache_take_written) and
+ * publishes them when its copy completes: here, a later op_publish_pending, after the sequence
+ * may have grown through a Reserve, been truncated, released, or its slot reused (issue #26
+ * defect 2). Checks the refs against the model. */
+static void rm_take_written(world_t *w, mseq_t *q, uint32_t from)
+{
+    kvp_pcache_ref_t refs[RM_LEN];
+    uint32_t rgen[RM_LEN], want = 0;
+    kvp_seq_t *s = kvp_seqtab_find(w->t, 0, q->id);
+    uint32_t n = kvp_pcache_take_written(w->c, s, from, refs, RM_LEN);
+    for (uint32_t i = from; i < q->nkeyed; i++) {
+        const mpage_t *g = &w->m.pg[q->pages[i]];
+        if (!g->keyed || g->indexed)
+            continue;
+        WCHECK(w, want < n && refs[want].page == q->pages[i] && refs[want].gen == g->gen,
+               "take_written ref %u: page %u, model page %u", want,
+               want < n ? refs[want].page : UINT32_MAX, q->pages[i]);
+        rgen[want++] = g->gen;
+    }
+    WCHECK(w, n == want, "take_written: %u refs, model %u", n, want);
+    if (q->handed >= from)
+        q->handed = q->nkeyed;
+    w->n_job_refs += n;
+    rm_pend(w, refs, rgen, n);
+}
+
 static void op_append(world_t *w)
 {
     uint32_t ps = w->ps, k = 0, n = 1 + rnd(w, 3);
@@ -1796,6 +1881,7 @@ static void op_append(world_t *w)
                            .reuse = rnd(w, 10) < 7,
                            .leave_last = rnd(w, 10) < 3,
                            .priority = (uint8_t)rm_prios[rnd(w, 7)],
+                           .daemon_writes = rnd(w, 2), /* a daemon-run Append: its job */
                            .retention_ms = rm_rets[rnd(w, 5)]};
     for (uint32_t j = 0; j < n; j++) {
         int si = rnd(w, 3) == 0 ? pick_free(w) : pick_live(w);
@@ -2040,11 +2126,24 @@ static void op_append(world_t *w)
         }
         if (start[j])
             q->knows_last = f[j] > 0; /* a linked page's tokens are the request's */
+        if (start[j])
+            q->foreign = 0;
         if (q->chain == 1 && ids[j]) {
+            /* what this plan's writer may publish, and what its copy leaves in the tail */
+            const uint32_t blen = start[j] ? f[j] * ps : len0[j], radd = len - blen;
+            const uint32_t from = blen / ps + (blen % ps && q->foreign && cc.daemon_writes);
+            WCHECK(w, p->publish_from[j] == from, "publish_from[%u] %u, model %u", j,
+                   p->publish_from[j], from);
+            if (radd && !cc.daemon_writes)
+                q->foreign = 1;
+            else if (radd && (blen % ps == 0 || blen % ps + radd >= ps))
+                q->foreign = 0;
             uint32_t nk0 = q->nkeyed;
             m_key_pages(w, q);
             if (q->nkeyed > nk0)
                 q->knows_last = 1;
+            if (cc.daemon_writes)
+                rm_take_written(w, q, from);
         }
     }
 }
@@ -2098,6 +2197,7 @@ static void op_truncate(world_t *w)
         m_unref(w, q->pages[i], 0);
     q->npages = np;
     q->len = L;
+    q->foreign = rem != 0;
     if (rem) {
         mpage_t *g = &w->m.pg[q->pages[full]];
         if (g->keyed && g->ref == 1) {
@@ -2201,7 +2301,14 @@ static void op_take(world_t *w)
         rm_publish(w, refs, rgen, n);
         return;
     }
-    for (uint32_t i = 0; i < n; i++) { /* commit later (the oldest goes when full) */
+    rm_pend(w, refs, rgen, n);
+}
+
+/* Refs published later (a commit whose event is pending, a job whose copy runs): the oldest
+ * goes when the list is full. */
+static void rm_pend(world_t *w, const kvp_pcache_ref_t *refs, const uint32_t *rgen, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
         if (w->nrefs == RM_REFS) {
             memmove(w->refs, w->refs + 1, (RM_REFS - 1) * sizeof(w->refs[0]));
             memmove(w->rgen, w->rgen + 1, (RM_REFS - 1) * sizeof(w->rgen[0]));
@@ -2509,7 +2616,7 @@ static void random_run(uint32_t ps, uint32_t np, uint64_t seed, uint64_t ops)
     printf("test_pcache random ps=%u pages=%u seed=%llu ops=%llu: ok=%llu enospc=%llu "
            "evicted=%llu hit_pages=%llu rewrites=%llu cow=%llu published=%llu twins=%llu "
            "stale=%llu pins=%llu pin_limits=%llu pin_expiries=%llu demoted=%llu flushed=%llu "
-           "tail_rewrites=%llu\n",
+           "tail_rewrites=%llu job_refs=%llu\n",
            ps, np, (unsigned long long)seed, (unsigned long long)ops, (unsigned long long)w->n_ok,
            (unsigned long long)w->n_enospc, (unsigned long long)w->n_evict,
            (unsigned long long)w->n_hit, (unsigned long long)w->n_rewrite,
@@ -2517,13 +2624,14 @@ static void random_run(uint32_t ps, uint32_t np, uint64_t seed, uint64_t ops)
            (unsigned long long)w->n_twin, (unsigned long long)w->n_stale,
            (unsigned long long)w->n_pin, (unsigned long long)w->n_pin_limit,
            (unsigned long long)w->n_expire, (unsigned long long)w->n_demote,
-           (unsigned long long)w->n_flush, (unsigned long long)w->n_tail_rewrite);
+           (unsigned long long)w->n_flush, (unsigned long long)w->n_tail_rewrite,
+           (unsigned long long)w->n_job_refs);
     fflush(stdout);
     /* the run must have exercised every path */
     if (ops >= 20000)
         ck_assert_msg(
             w->n_ok && w->n_enospc && w->n_evict && w->n_hit &&
-                ((w->n_rewrite && w->n_cow && w->n_tail_rewrite) || ps == 1) && w->n_pub && w->n_twin && w->n_stale &&
+                ((w->n_rewrite && w->n_cow && w->n_tail_rewrite) || ps == 1) && w->n_job_refs && w->n_pub && w->n_twin && w->n_stale &&
                 w->n_pin && w->n_pin_limit && w->n_expire && w->n_demote && w->n_flush,
             "seed %llu: a path was never taken (see the counts above)", (unsigned long long)seed);
     /* everything back: sequences, pins, then the cached pages */
@@ -2580,6 +2688,7 @@ static Suite *pcache_suite(void)
     tcase_add_test(tc, fork_shares_the_chain);
     tcase_add_test(tc, a_stale_ref_does_not_publish);
     tcase_add_test(tc, a_keyed_partial_page_is_copied_while_shared_and_rewritten_by_its_last_holder);
+    tcase_add_test(tc, an_append_publishes_exactly_the_pages_it_wrote);
     tcase_add_test(tc, the_chain_remembers_the_tokens_of_one_full_page);
     tcase_add_test(tc, a_scope_is_reset_only_when_nothing_of_it_lives_on);
     tcase_add_test(tc, flushed_pages_stay_out_of_the_residence_histogram);
