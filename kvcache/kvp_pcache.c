@@ -65,7 +65,7 @@ struct kvp_pcache {
     pin_t *pins;
     uint32_t *pin_free, num_pin_free;
     uint64_t pin_seq;
-    uint64_t *ns_pinned, *ns_quota;
+    uint64_t *ns_quota; /* pinned-page quotas; what pins hold is the table's ns pinned_pages */
     uint32_t *ns_pins;
     kvp_pcache_scope_stats_t *sc;
     kvp_pcache_stats_t st;
@@ -524,13 +524,12 @@ int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcach
     c->bucket = malloc((size_t)nb * 4);
     c->pins = calloc(cfg->max_pins, sizeof(pin_t));
     c->pin_free = malloc((size_t)cfg->max_pins * 4);
-    c->ns_pinned = calloc(c->max_ns, 8);
     c->ns_quota = malloc((size_t)c->max_ns * 8);
     c->ns_pins = calloc(c->max_ns, 4);
     c->sc = calloc(cfg->max_scopes, sizeof(*c->sc));
     if (!c->key || !c->scope || !c->gen || !c->hnext || !c->prev || !c->next || !c->ret ||
         !c->hpos || !c->rel || !c->flags || !c->prio || !c->pinrefs || !c->heap || !c->bucket ||
-        !c->pins || !c->pin_free || !c->ns_pinned || !c->ns_quota || !c->ns_pins || !c->sc) {
+        !c->pins || !c->pin_free || !c->ns_quota || !c->ns_pins || !c->sc) {
         c->t = NULL; /* not attached yet */
         kvp_pcache_destroy(c);
         return KVP_ENOMEM;
@@ -548,7 +547,7 @@ int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcach
     c->num_pin_free = cfg->max_pins;
     c->st.bytes = sizeof(*c) + np * (sizeof(kvp_pagekey_t) + 4 * 8 + 8 + 1 + 1 + 2) +
                   (size_t)nb * 4 + (size_t)cfg->max_pins * (sizeof(pin_t) + 4) +
-                  (size_t)c->max_ns * 20 + (size_t)cfg->max_scopes * sizeof(*c->sc);
+                  (size_t)c->max_ns * 12 + (size_t)cfg->max_scopes * sizeof(*c->sc);
     kvp__alloc_set_cache(c->a, c);
     kvp__seqtab_set_cache(t, c);
     *out = c;
@@ -564,7 +563,7 @@ static void drop_pin(kvp_pcache_t *c, uint32_t idx)
             c->st.pinned_pages--;
         kvp_alloc_unref(c->a, p);
     }
-    c->ns_pinned[pin->ns] -= pin->num_pages;
+    c->t->ns[pin->ns].pinned_pages -= pin->num_pages;
     c->ns_pins[pin->ns]--;
     c->st.pins--;
     free(pin->pages);
@@ -592,7 +591,6 @@ void kvp_pcache_destroy(kvp_pcache_t *c)
     free(c->sc);
     free(c->ns_pins);
     free(c->ns_quota);
-    free(c->ns_pinned);
     free(c->pin_free);
     free(c->pins);
     free(c->bucket);
@@ -755,10 +753,13 @@ int kvp_pcache_pin(kvp_pcache_t *c, uint32_t ns, uint32_t scope, kvp_pagekey_t r
     if (!pages)
         return KVP_ENOMEM;
     uint32_t f = walk(c, scope, root, tokens, num_tokens, pages);
+    const kvp_ns_stats_t *nst = &c->t->ns[ns];
     int rc = 0;
     if (f == 0)
         rc = KVP_ENOENT;
-    else if (c->ns_quota[ns] < f || c->ns_pinned[ns] > c->ns_quota[ns] - f || !c->num_pin_free)
+    else if (c->ns_quota[ns] < f || c->t->ns[ns].pinned_pages > c->ns_quota[ns] - f ||
+             !c->num_pin_free ||
+             (nst->max_page_refs && nst->page_refs + nst->pinned_pages + f > nst->max_page_refs))
         rc = KVP_ELIMIT;
     if (rc) {
         free(pages);
@@ -780,7 +781,7 @@ int kvp_pcache_pin(kvp_pcache_t *c, uint32_t ns, uint32_t scope, kvp_pagekey_t r
         if (c->pinrefs[pages[k]]++ == 0)
             c->st.pinned_pages++;
     }
-    c->ns_pinned[ns] += f;
+    c->t->ns[ns].pinned_pages += f;
     c->ns_pins[ns]++;
     c->st.pins++;
     *pin_id = pin->id;
@@ -797,6 +798,26 @@ int kvp_pcache_unpin(kvp_pcache_t *c, uint32_t ns, uint64_t pin_id)
     int pages = (int)c->pins[idx].num_pages;
     drop_pin(c, idx);
     return pages;
+}
+
+uint32_t kvp_pcache_unpin_ns(kvp_pcache_t *c, uint32_t ns)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->max_pins && ns < c->max_ns && c->ns_pins[ns]; i++)
+        if (c->pins[i].id && c->pins[i].ns == ns) {
+            drop_pin(c, i);
+            n++;
+        }
+    return n;
+}
+
+uint64_t kvp_pcache_ns_last_expiry(const kvp_pcache_t *c, uint32_t ns)
+{
+    uint64_t e = 0;
+    for (uint32_t i = 0; i < c->max_pins && ns < c->max_ns && c->ns_pins[ns]; i++)
+        if (c->pins[i].id && c->pins[i].ns == ns && c->pins[i].expires_ms > e)
+            e = c->pins[i].expires_ms;
+    return e;
 }
 
 uint32_t kvp_pcache_expire(kvp_pcache_t *c, uint64_t now_ms)
@@ -823,7 +844,7 @@ uint64_t kvp_pcache_next_expiry(const kvp_pcache_t *c)
 
 uint64_t kvp_pcache_ns_pinned_pages(const kvp_pcache_t *c, uint32_t ns)
 {
-    return ns < c->max_ns ? c->ns_pinned[ns] : 0;
+    return ns < c->max_ns ? c->t->ns[ns].pinned_pages : 0;
 }
 
 uint32_t kvp_pcache_ns_pins(const kvp_pcache_t *c, uint32_t ns)
@@ -1074,10 +1095,10 @@ int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len)
                        (unsigned long long)s->id);
     }
     for (uint32_t n = 0; n < c->max_ns; n++)
-        if (nsp[n] != c->ns_pinned[n] || nspins[n] != c->ns_pins[n])
+        if (nsp[n] != c->t->ns[n].pinned_pages || nspins[n] != c->ns_pins[n])
             AUDIT_FAIL("namespace %u: pinned pages %llu/%llu, pins %u/%u (counted/kept)", n,
-                       (unsigned long long)nsp[n], (unsigned long long)c->ns_pinned[n], nspins[n],
-                       c->ns_pins[n]);
+                       (unsigned long long)nsp[n], (unsigned long long)c->t->ns[n].pinned_pages,
+                       nspins[n], c->ns_pins[n]);
     for (uint32_t s = 0; s < c->max_scopes; s++)
         if (sc[s].indexed_pages != c->sc[s].indexed_pages ||
             sc[s].cached_pages != c->sc[s].cached_pages)

@@ -160,9 +160,11 @@ int kvp_pcache_set_retention(kvp_pcache_t *c, kvp_seq_t *s, uint32_t priority,
 int kvp_pcache_set_pin_quota(kvp_pcache_t *c, uint32_t ns, uint64_t max_pinned_pages);
 
 /* Pins the findable prefix of tokens (scope, root) for namespace ns until now_ms + ttl_ms:
- * a reference on each page. Returns 0 and *pin_id (never 0), *pages (>= 1); KVP_ENOENT (no
- * page of it is findable), KVP_ELIMIT (the namespace's quota, or max_pins), KVP_ENOMEM,
- * KVP_EINVAL (bad ns or scope). Nothing changes on error. */
+ * a reference on each page. Its pages count in the namespace's pinned_pages (kvp_ns_stats_t),
+ * against its pinned-page quota and its page quota (max_page_refs covers the page references
+ * of its sequences and of its pins: issue #26 defect 6). Returns 0 and *pin_id (never 0),
+ * *pages (>= 1); KVP_ENOENT (no page of it is findable), KVP_ELIMIT (either quota, or
+ * max_pins), KVP_ENOMEM, KVP_EINVAL (bad ns or scope). Nothing changes on error. */
 int kvp_pcache_pin(kvp_pcache_t *c, uint32_t ns, uint32_t scope, kvp_pagekey_t root,
                    const int32_t *tokens, uint64_t num_tokens, uint64_t now_ms, uint64_t ttl_ms,
                    uint64_t *pin_id, uint32_t *pages);
@@ -170,6 +172,11 @@ int kvp_pcache_pin(kvp_pcache_t *c, uint32_t ns, uint32_t scope, kvp_pagekey_t r
 /* Drops a pin of namespace ns. Returns the pages it held (>= 1) or KVP_ENOENT (no such pin
  * of ns). */
 int kvp_pcache_unpin(kvp_pcache_t *c, uint32_t ns, uint64_t pin_id);
+
+/* Drops every pin of namespace ns (it is being released); returns how many. O(max_pins). */
+uint32_t kvp_pcache_unpin_ns(kvp_pcache_t *c, uint32_t ns);
+/* The latest expiry (ms) of ns's pins, 0 without one. O(max_pins). */
+uint64_t kvp_pcache_ns_last_expiry(const kvp_pcache_t *c, uint32_t ns);
 
 /* Drops every pin whose time is up at now_ms; returns how many. Also moves pages whose
  * retention duration ended to the default priority. */

@@ -378,7 +378,8 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
         total_pages += pages_after;
         ns_refs[it->ns] += fresh + linked;
         const kvp_ns_stats_t *nst = kvp__seqtab_ns(t, it->ns);
-        if (nst->max_page_refs && nst->page_refs + ns_refs[it->ns] > nst->max_page_refs)
+        if (nst->max_page_refs &&
+            nst->page_refs + nst->pinned_pages + ns_refs[it->ns] > nst->max_page_refs)
             rc = KVP_ELIMIT;
         else if (pages_after > s->cap_pages && kvp__seq_reserve(s, pages_after))
             rc = KVP_ENOMEM;

@@ -193,7 +193,7 @@ int kvp_seqtab_fork(kvp_seqtab_t *t, uint32_t ns, uint64_t parent, uint64_t chil
     if (kvp_seqtab_find(t, ns, child))
         return KVP_EEXIST;
     kvp_ns_stats_t *n = &t->ns[ns];
-    if (n->max_page_refs && n->page_refs + p->num_pages > n->max_page_refs)
+    if (n->max_page_refs && n->page_refs + n->pinned_pages + p->num_pages > n->max_page_refs)
         return KVP_ELIMIT;
     uint32_t *pages = NULL;
     struct kvp_chain *chain = NULL;

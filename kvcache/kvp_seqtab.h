@@ -64,8 +64,9 @@ typedef struct {
     uint32_t num_seqs;
     uint64_t num_tokens;
     uint64_t page_refs;
+    uint64_t pinned_pages; /* its prefix-cache pins' page references (kvp_pcache_pin) */
     uint32_t max_seqs;
-    uint64_t max_page_refs;
+    uint64_t max_page_refs; /* over page_refs + pinned_pages: pins count against the quota */
 } kvp_ns_stats_t;
 
 /* Creates an empty table over `alloc` for pages of `page_size` tokens. Returns 0, KVP_EINVAL

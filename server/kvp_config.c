@@ -139,9 +139,13 @@ static const setting_t settings[] = {
     S(limits, uid_max_seqs, T_U32, 0, 1u << 26, true),
     S(limits, max_cache_scopes, T_U32, 1, 1u << 20, false),
     S(limits, max_pins, T_U32, 1, 65535, false),
+    S(limits, ns_max_pins, T_U32, 0, 65535, true),
+    S(limits, uid_max_pins, T_U32, 0, 65535, true),
     S(limits, ns_max_pinned_pages, T_U32, 0, UINT32_MAX, true),
+    S(limits, uid_max_pinned_pages, T_U32, 0, UINT32_MAX, true),
+    S(limits, ns_max_priority, T_U32, 0, 100, true),
     S(limits, pin_max_ttl_ms, T_U32, 1, UINT32_MAX, true),
-    S(limits, max_lookup_tokens, T_U32, 1, INT32_MAX, true),
+    S(limits, max_lookup_tokens, T_U32, 0, INT32_MAX, true),
     S(access, allowed_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, allowed_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
     S(access, pool_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
@@ -744,9 +748,13 @@ void kvp_config_defaults(kvp_config_t *cfg)
     cfg->uid_max_seqs = 16384;
     cfg->max_cache_scopes = 256;
     cfg->max_pins = 1024;
-    cfg->ns_max_pinned_pages = 16384;
+    cfg->ns_max_pins = 64;
+    cfg->uid_max_pins = 256;
+    cfg->ns_max_pinned_pages = 0; /* derived from the pool */
+    cfg->uid_max_pinned_pages = 0;
+    cfg->ns_max_priority = 50;
     cfg->pin_max_ttl_ms = 86400000;
-    cfg->max_lookup_tokens = 1u << 20;
+    cfg->max_lookup_tokens = 0; /* derived from the page size */
     cfg->commit_poll_ms = 1;
     cfg->max_batch = 4096;
     cfg->max_batch_tokens = 1048576;

@@ -136,13 +136,30 @@
  *   max_cache_scopes       scopes known at once (a namespace's private one, and each name a
  *                          Hello gives; one with no namespace and nothing held is reused).
  *                          1..1048576. Default 256.
- *   max_pins               pins alive at once (Pin). 1..65535. Default 1024.
+ *   Pins hold pages against eviction, so each has a share (issue #26 defects 5, 6); a Pin
+ *   above one is RESOURCE_EXHAUSTED naming the limit it hit. Pinned pages also count against
+ *   ns_max_pages, and a namespace kept only for its pins counts as an idle namespace of its
+ *   uid (uid_max_idle_namespaces). Root and the daemon's uid are exempt from the uid_ keys.
+ *   max_pins               pins alive at once over the daemon. 1..65535. Default 1024.
+ *   ns_max_pins            pins of one namespace. 0..65535 (0: no limit). Default 64.
+ *   uid_max_pins           pins over all the namespaces one uid owns. 0..65535 (0: no
+ *                          limit). Default 256.
  *   ns_max_pinned_pages    pages one namespace may keep pinned (a page in two pins counts
- *                          twice); a Pin above it is RESOURCE_EXHAUSTED. 0: no limit. Default
- *                          16384. Reloadable.
+ *                          twice). 0: derived from the pool, num_pages / 8 (at least 1); set
+ *                          num_pages or more for no limit. Default 0. Reloadable.
+ *   uid_max_pinned_pages   the same over all the namespaces of one uid. 0: num_pages / 4 (at
+ *                          least 1). Default 0. Reloadable.
+ *   ns_max_priority        highest retention priority (CacheOptions.priority) a non-operator
+ *                          may give; above it a request is PERMISSION_DENIED. Eviction is
+ *                          daemon-wide, lowest priority first, so a tenant's priority ranks
+ *                          its pages against every other tenant's: the operators keep the
+ *                          range above this for what they decide. 0..100. Default 50.
  *   pin_max_ttl_ms         longest pin (a Pin asking more is cut to it). Default 86400000.
  *                          Reloadable.
- *   max_lookup_tokens      tokens one Lookup or Pin may carry. Default 1048576. Reloadable.
+ *   max_lookup_tokens      tokens one Lookup or Pin may carry: the work of one call on the
+ *                          event loop (every other client waits behind it). 0: 16384 pages'
+ *                          worth, 16384 x page_size tokens, at most 1048576 (about 1 ms of
+ *                          the loop on the CI machine at page size 4). Default 0. Reloadable.
  *   [access]         who may connect (checked on each connection with SO_PEERCRED and
  *                    SO_PEERGROUPS; a peer that is refused gets PERMISSION_DENIED and is
  *                    disconnected). The daemon's own uid and root may always connect.
@@ -335,7 +352,11 @@ typedef struct {
     uint32_t uid_max_seqs;
     uint32_t max_cache_scopes;
     uint32_t max_pins;
+    uint32_t ns_max_pins;
+    uint32_t uid_max_pins;
     uint32_t ns_max_pinned_pages;
+    uint32_t uid_max_pinned_pages;
+    uint32_t ns_max_priority;
     uint32_t pin_max_ttl_ms;
     uint32_t max_lookup_tokens;
     /* [access] */

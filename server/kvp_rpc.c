@@ -208,11 +208,14 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
     r->lim.uid_max_namespaces = lim->uid_max_namespaces;
     r->lim.pin_max_ttl_ms = lim->pin_max_ttl_ms;
     r->lim.max_lookup_tokens = lim->max_lookup_tokens;
+    r->lim.ns_max_pins = lim->ns_max_pins;
+    r->lim.uid_max_pins = lim->uid_max_pins;
     r->lim.ns_max_pinned_pages = lim->ns_max_pinned_pages;
+    r->lim.uid_max_pinned_pages = lim->uid_max_pinned_pages;
+    r->lim.ns_max_priority = lim->ns_max_priority;
     for (uint32_t i = 0; i < r->ns.max; i++)
         if (r->ns.ns[i].in_use)
-            kvp_pcache_set_pin_quota(
-                r->pc, i, lim->ns_max_pinned_pages ? lim->ns_max_pinned_pages : UINT64_MAX);
+            kvp_pcache_set_pin_quota(r->pc, i, kvp__rpc_ns_pin_quota(r));
     r->lim.uid_max_idle_namespaces = lim->uid_max_idle_namespaces;
     r->lim.uid_max_seqs = lim->uid_max_seqs;
     r->lim.pool_access = lim->pool_access;
@@ -302,17 +305,32 @@ static void cap_idle_namespaces(kvp_rpc_t *r, uint32_t uid)
     for (;;) {
         uint32_t idle = 0;
         int first = -1;
+        uint64_t first_end = 0;
         for (uint32_t i = 0; i < r->ns.max; i++) {
             const kvp_ns_t *n = &r->ns.ns[i];
-            if (!n->in_use || n->owner_uid != uid || n->sessions || !n->expires_at_ms)
+            if (!n->in_use || n->owner_uid != uid || n->sessions ||
+                (!n->expires_at_ms && !n->pins_only))
                 continue;
+            /* a namespace kept only for its pins is idle too, until its last pin ends (issue
+             * #26 defect 6): it holds pages as a leased one does */
+            const uint64_t end =
+                n->pins_only ? kvp_pcache_ns_last_expiry(r->pc, i) : n->expires_at_ms;
             idle++;
-            if (first < 0 || n->expires_at_ms < r->ns.ns[first].expires_at_ms)
-                first = (int)i;
+            if (first < 0 || end < first_end)
+                first = (int)i, first_end = end;
         }
         if (idle <= cap)
             return;
-        r->ns.ns[first].expires_at_ms = 0;
+        kvp_ns_t *n = &r->ns.ns[first];
+        if (n->pins_only) {
+            uint32_t pins = kvp_pcache_unpin_ns(r->pc, (uint32_t)first);
+            kvp_log(KVP_LOG_INFO, "namespace released ns=%s pins=%u reason=uid_max_idle_namespaces",
+                    n->name, pins);
+            kvp__rpc_scope_leave(r, (uint32_t)first);
+            kvp_ns_forget(&r->ns, (uint32_t)first);
+            continue;
+        }
+        n->expires_at_ms = 0;
         release_namespace(r, (uint32_t)first, "uid_max_idle_namespaces");
     }
 }
@@ -329,9 +347,8 @@ void kvp_rpc_session_close(kvp_rpc_t *r, kvp_session_t *s, uint64_t now_ms)
     if (attached) {
         const uint32_t owner = r->ns.ns[s->ns].owner_uid;
         if (kvp_ns_detach(&r->ns, s->ns, now_ms))
-            release_namespace(r, s->ns, "lease 0");
-        else
-            cap_idle_namespaces(r, owner);
+            release_namespace(r, s->ns, "lease 0"); /* may stay for its pins: idle then */
+        cap_idle_namespaces(r, owner);
     }
     if (s->prev)
         s->prev->next = s->next;
@@ -386,6 +403,22 @@ int kvp__rpc_check_name(kvpool_Response *resp, uint64_t id, const char *field, c
         return KVP_EINVAL;
     }
     return 0;
+}
+
+/* Undoes what a refused Hello did to namespace ns: a namespace that existed gets its record
+ * back exactly as it was (sessions, lease, pending expiry, pins_only); a new one goes with its
+ * scope and retry window. It used to detach with time 0, which rewrote a leased namespace's
+ * expiry: released at the next tick, or never with lease_ms 0 (issue #26 defect 7). */
+static void hello_undo(kvp_rpc_t *r, uint32_t ns, const kvp_ns_t *saved)
+{
+    if (saved) {
+        r->ns.ns[ns] = *saved;
+        return;
+    }
+    r->ns.ns[ns].sessions = 0;
+    kvp_dedup_close(&r->dedup, ns);
+    kvp__rpc_scope_leave(r, ns);
+    kvp_ns_forget(&r->ns, ns);
 }
 
 KVP_RPC_HANDLER(hello)
@@ -474,6 +507,9 @@ KVP_RPC_HANDLER(hello)
                       name, r->ns.ns[existing].sessions);
         return 0;
     }
+    kvp_ns_t saved; /* what a refused Hello must give back (hello_undo) */
+    if (existing >= 0)
+        saved = r->ns.ns[existing];
     uint32_t ns;
     int rc = kvp_ns_attach(&r->ns, name, s->uid, lease, set_lease, &ns);
     if (rc) {
@@ -493,17 +529,11 @@ KVP_RPC_HANDLER(hello)
     }
     r->ns.ns[ns].pins_only = 0; /* a namespace kept for its pins is back */
     if (kvp__rpc_scope_join(r, s, ns, h->cache_scope, existing < 0, resp, id)) {
-        kvp_ns_detach(&r->ns, ns, 0);
-        if (existing < 0)
-            kvp_ns_forget(&r->ns, ns);
+        hello_undo(r, ns, existing >= 0 ? &saved : NULL);
         return 0;
     }
     if ((rc = kvp_dedup_open(&r->dedup, ns))) {
-        kvp_ns_detach(&r->ns, ns, 0);
-        if (existing < 0) {
-            kvp__rpc_scope_leave(r, ns);
-            kvp_ns_forget(&r->ns, ns);
-        }
+        hello_undo(r, ns, existing >= 0 ? &saved : NULL);
         kvp_rpc_error(resp, id, rc, "no memory for the namespace's retry window");
         return 0;
     }
@@ -515,7 +545,7 @@ KVP_RPC_HANDLER(hello)
     hr->has_pool = true;
     kvp__rpc_fill_pool_info(r, &hr->pool);
     if (h->want_pool_fds && (rc = kvp__rpc_attach_pool_fds(r, s, io, &hr->pool))) {
-        kvp_ns_detach(&r->ns, ns, 0);
+        hello_undo(r, ns, existing >= 0 ? &saved : NULL);
         kvp_rpc_error(resp, id, KVP_EINTERNAL, "cannot export the pool: %s", kvp_strerror(rc));
         return 0;
     }

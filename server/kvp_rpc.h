@@ -68,10 +68,13 @@ typedef struct {
     /* who may receive the pool fds (access.pool_uids / pool_gids); all zero: everyone */
     kvp_pool_access_t pool_access;
     /* the prefix cache (kvp_config.h, limits.max_cache_scopes ... and access.cache_scopes);
-     * 0: 256 scopes, 1024 pins, no pinned-page quota, a day, 1 Mi tokens */
+     * 0: 256 scopes, 1024 pins, no per-namespace or per-uid pin count, pinned pages derived
+     * from the pool, priority up to 100, a day, 16384 pages' worth of tokens */
     uint32_t max_cache_scopes;
     uint32_t max_pins;
-    uint32_t ns_max_pinned_pages; /* 0: none */
+    uint32_t ns_max_pins, uid_max_pins;                 /* 0: none */
+    uint32_t ns_max_pinned_pages, uid_max_pinned_pages; /* 0: num_pages / 8, / 4 */
+    uint32_t ns_max_priority;                           /* 0: 100 (no limit) */
     uint32_t pin_max_ttl_ms;
     uint32_t max_lookup_tokens;
     kvp_scope_access_t scope_access;

@@ -70,6 +70,23 @@ uint32_t kvp__rpc_ns_scope(const kvp_rpc_t *r, uint32_t ns)
     return r->ns.ns[ns].scope1 - 1;
 }
 
+/* A pool-derived default: num_pages / div, at least 1 (kvp_config.h, limits.*_pinned_pages). */
+static uint64_t pool_share(const kvp_rpc_t *r, uint32_t set, uint32_t div)
+{
+    if (set)
+        return set;
+    uint64_t n = r->backend->geom.num_pages / div;
+    return n ? n : 1;
+}
+
+uint64_t kvp__rpc_ns_pin_quota(const kvp_rpc_t *r)
+{
+    return pool_share(r, r->lim.ns_max_pinned_pages, 8);
+}
+
+/* The prefix for namespaces' private scope names: no Hello may name one as its cache_scope. */
+#define PRIVATE_SCOPE_PREFIX "ns:"
+
 static int find_scope(const kvp_rpc_t *r, const char *name, int shared, uint32_t uid)
 {
     for (uint32_t i = 0; i < max_scopes(r); i++) {
@@ -113,6 +130,16 @@ int kvp__rpc_scope_join(kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns, const
     int shared = 0;
     uint32_t uid = n->owner_uid;
     if (name[0]) {
+        if (!strncmp(name, PRIVATE_SCOPE_PREFIX, strlen(PRIVATE_SCOPE_PREFIX))) {
+            /* issue #26 defect 3: a uid that named another namespace's private scope could
+             * then flush it by name */
+            kvp_rpc_error(resp, id, KVP_EPERM,
+                          "cache_scope '%s': names starting with '" PRIVATE_SCOPE_PREFIX
+                          "' are the namespaces' private scopes (leave cache_scope empty for "
+                          "yours)",
+                          name);
+            return KVP_EPERM;
+        }
         if (kvp_access_scope_check(&r->lim.scope_access, name, s->uid, &shared)) {
             kvp_rpc_error(resp, id, KVP_EPERM,
                           "uid %u may not join cache scope '%s' (access.cache_scopes)", s->uid,
@@ -122,7 +149,7 @@ int kvp__rpc_scope_join(kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns, const
         snprintf(key, sizeof(key), "%s", name);
         uid = shared ? 0 : s->uid;
     } else {
-        snprintf(key, sizeof(key), "ns:%s", n->name);
+        snprintf(key, sizeof(key), PRIVATE_SCOPE_PREFIX "%s", n->name);
     }
     if (n->scope1) { /* every session of a namespace is in its scope */
         if (!name[0] || (int)kvp__rpc_ns_scope(r, ns) == find_scope(r, key, shared, uid))
@@ -148,8 +175,7 @@ int kvp__rpc_scope_join(kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns, const
     }
     r->scopes[sc].namespaces++;
     n->scope1 = (uint32_t)sc + 1;
-    kvp_pcache_set_pin_quota(r->pc, ns,
-                             r->lim.ns_max_pinned_pages ? r->lim.ns_max_pinned_pages : UINT64_MAX);
+    kvp_pcache_set_pin_quota(r->pc, ns, kvp__rpc_ns_pin_quota(r));
     return 0;
 }
 
@@ -228,6 +254,16 @@ int kvp__rpc_take_content(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io
         if (opts->priority > KVP_PCACHE_MAX_PRIORITY) {
             kvp_rpc_error(resp, id, KVP_EINVAL, "cache.priority %u above %u", opts->priority,
                           KVP_PCACHE_MAX_PRIORITY);
+            return -1;
+        }
+        const uint32_t cap =
+            r->lim.ns_max_priority ? r->lim.ns_max_priority : KVP_PCACHE_MAX_PRIORITY;
+        if (opts->priority > cap && !kvp__rpc_is_operator(r, s->uid)) {
+            /* eviction is daemon-wide: a tenant's priority ranks its pages against everyone's */
+            kvp_rpc_error(resp, id, KVP_EPERM,
+                          "cache.priority %u above limits.ns_max_priority %u (the range above it "
+                          "is the operators')",
+                          opts->priority, cap);
             return -1;
         }
         prio = opts->priority;
@@ -340,6 +376,16 @@ KVP_RPC_HANDLER(commit)
     uint32_t n;
     if (kvp__rpc_take_batch(r, s, io, 0, &n, resp, id))
         return 0;
+    if (kvp_access_pool_check(&r->lim.pool_access, s->uid, s->gid)) {
+        /* issue #26 defect 8: a Commit says "I wrote these pages"; a uid refused the pool's
+         * memory cannot have, so its word would publish whatever rows the pages held */
+        kvp_rpc_error(resp, id, KVP_EPERM,
+                      "uid %u may not receive the pool's memory (access.pool_uids / pool_gids), "
+                      "so it cannot have written pages to commit: daemon-run Append publishes "
+                      "what it copies",
+                      s->uid);
+        return 0;
+    }
     if (elen && elen != KVP_BACKEND_IPC_HANDLE_BYTES) {
         kvp_rpc_error(resp, id, KVP_EINVAL, "event_handle is %u bytes, not %u", elen,
                       KVP_BACKEND_IPC_HANDLE_BYTES);
@@ -404,9 +450,16 @@ KVP_RPC_HANDLER(commit)
 
 /* ---- Lookup, Pin, Unpin, CacheFlush ------------------------------------------------------ */
 
+/* limits.max_lookup_tokens; 0: 16384 pages' worth (at most 2^20 tokens). Finding a page costs
+ * about the same whatever its size (a hash of its ids and a probe), so the work of one call on
+ * the loop is bounded in pages: one client's Lookups must not stall everyone else's calls
+ * (issue #26, "no fairness on the loop"). */
 static uint32_t max_lookup(const kvp_rpc_t *r)
 {
-    return r->lim.max_lookup_tokens ? r->lim.max_lookup_tokens : 1u << 20;
+    if (r->lim.max_lookup_tokens)
+        return r->lim.max_lookup_tokens;
+    uint64_t t = 16384ull * r->backend->geom.page_size;
+    return t < (1u << 20) ? (uint32_t)t : 1u << 20;
 }
 
 KVP_RPC_HANDLER(lookup)
@@ -457,6 +510,59 @@ KVP_RPC_HANDLER(lookup)
     return 0;
 }
 
+/* Whether a pin of f more pages would pass one of the pin shares (kvp_config.h; issue #26
+ * defects 5 and 6): the daemon's pin table, the namespace's pins and pinned pages, its page
+ * quota (pins count against it), and its owner uid's pins and pinned pages over all its
+ * namespaces (operators exempt). Names the limit hit in why. kvp_pcache_pin checks the
+ * namespace's page quotas again; here they are checked first to say which one. */
+static int pin_refused(const kvp_rpc_t *r, uint32_t ns, uint64_t f, char *why, size_t len)
+{
+    const kvp_ns_t *n = &r->ns.ns[ns];
+    kvp_pcache_stats_t st;
+    kvp_pcache_stats(r->pc, &st);
+    const uint32_t max_pins = r->lim.max_pins ? r->lim.max_pins : 1024;
+    const uint32_t ns_pins = kvp_pcache_ns_pins(r->pc, ns);
+    kvp_ns_stats_t nst;
+    kvp_seqtab_ns_stats(r->seqs, ns, &nst);
+    const uint64_t ns_quota = kvp__rpc_ns_pin_quota(r);
+    if (st.pins >= max_pins)
+        snprintf(why, len, "the daemon holds %u pins (limits.max_pins)", st.pins);
+    else if (r->lim.ns_max_pins && ns_pins >= r->lim.ns_max_pins)
+        snprintf(why, len, "namespace '%s' holds %u pins (limits.ns_max_pins)", n->name, ns_pins);
+    else if (nst.pinned_pages + f > ns_quota)
+        snprintf(why, len,
+                 "namespace '%s' pins %llu pages; %llu more pass limits.ns_max_pinned_pages %llu",
+                 n->name, (unsigned long long)nst.pinned_pages, (unsigned long long)f,
+                 (unsigned long long)ns_quota);
+    else if (nst.max_page_refs && nst.page_refs + nst.pinned_pages + f > nst.max_page_refs)
+        snprintf(why, len,
+                 "namespace '%s' holds %llu page references and pins %llu pages; %llu more pass "
+                 "limits.ns_max_pages %llu",
+                 n->name, (unsigned long long)nst.page_refs, (unsigned long long)nst.pinned_pages,
+                 (unsigned long long)f, (unsigned long long)nst.max_page_refs);
+    else if (!kvp__rpc_is_operator(r, n->owner_uid)) {
+        uint32_t pins = 0;
+        uint64_t pages = 0;
+        for (uint32_t i = 0; i < r->ns.max; i++)
+            if (r->ns.ns[i].in_use && r->ns.ns[i].owner_uid == n->owner_uid) {
+                pins += kvp_pcache_ns_pins(r->pc, i);
+                pages += kvp_pcache_ns_pinned_pages(r->pc, i);
+            }
+        const uint64_t uid_quota = pool_share(r, r->lim.uid_max_pinned_pages, 4);
+        if (r->lim.uid_max_pins && pins >= r->lim.uid_max_pins)
+            snprintf(why, len, "uid %u holds %u pins (limits.uid_max_pins)", n->owner_uid, pins);
+        else if (pages + f > uid_quota)
+            snprintf(why, len,
+                     "uid %u pins %llu pages; %llu more pass limits.uid_max_pinned_pages %llu",
+                     n->owner_uid, (unsigned long long)pages, (unsigned long long)f,
+                     (unsigned long long)uid_quota);
+        else
+            return 0;
+    } else
+        return 0;
+    return 1;
+}
+
 KVP_RPC_HANDLER(pin)
 {
     const uint64_t id = req->id;
@@ -475,18 +581,22 @@ KVP_RPC_HANDLER(pin)
     const uint32_t ttl = q->ttl_ms == 0 || q->ttl_ms > max_ttl ? max_ttl : q->ttl_ms;
     kvp_pagekey_t root;
     kvp_pagekey_root(q->salt.bytes, q->salt.size, &root); /* size bounded by the options */
+    const uint32_t scope = kvp__rpc_ns_scope(r, s->ns);
+    const uint32_t f = kvp_pcache_lookup(r->pc, scope, root, b->token_ids.data, ntok, 0);
+    char why[200];
+    if (f && pin_refused(r, s->ns, f, why, sizeof(why))) {
+        kvp_rpc_error(resp, id, KVP_ELIMIT, "pin of %u pages refused: %s", f, why);
+        return 0;
+    }
     uint64_t pin_id;
     uint32_t pages = 0;
-    int rc = kvp_pcache_pin(r->pc, s->ns, kvp__rpc_ns_scope(r, s->ns), root, b->token_ids.data,
-                            ntok, now_ms, ttl, &pin_id, &pages);
+    int rc = kvp_pcache_pin(r->pc, s->ns, scope, root, b->token_ids.data, ntok, now_ms, ttl,
+                            &pin_id, &pages);
     if (rc) {
         kvp_rpc_error(resp, id, rc,
-                      rc == KVP_ENOENT   ? "nothing of this prompt is cached"
-                      : rc == KVP_ELIMIT ? "pin over quota: namespace '%s' pins %llu pages "
-                                           "(limits.ns_max_pinned_pages, limits.max_pins)"
-                                         : "cannot pin in namespace '%s' (%llu pinned)",
-                      r->ns.ns[s->ns].name,
-                      (unsigned long long)kvp_pcache_ns_pinned_pages(r->pc, s->ns));
+                      rc == KVP_ENOENT ? "nothing of this prompt is cached"
+                                       : "cannot pin in namespace '%s': %s",
+                      r->ns.ns[s->ns].name, kvp_strerror(rc));
         return 0;
     }
     kvp__rpc_ok(io, id);
@@ -533,7 +643,11 @@ KVP_RPC_HANDLER(cache_flush)
         }
         if (q->all) {
             pages = kvp_pcache_flush(r->pc, KVP_PCACHE_NO_SCOPE);
-        } else {
+        } else if (!op) {
+            /* the caller's own scope: the (name, uid) pair it joined, never another uid's
+             * scope of the same name (issue #26 defect 3) */
+            pages = kvp_pcache_flush(r->pc, own);
+        } else { /* operators: every scope of that name */
             int found = 0;
             for (uint32_t i = 0; i < max_scopes(r); i++)
                 if (r->scopes[i].in_use && !strcmp(r->scopes[i].name, q->scope)) {

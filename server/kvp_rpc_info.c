@@ -223,21 +223,32 @@ KVP_RPC_HANDLER(pool_info)
 
 /* The text goes into a buffer the rpc state keeps (allocated on the first scrape over the
  * socket: most daemons are scraped over HTTP, which has its own). */
+static size_t metrics_text(kvp_rpc_t *r, const kvp_session_t *viewer, char *buf, size_t cap,
+                           uint64_t now_ms);
+
 KVP_RPC_HANDLER(metrics)
 {
-    (void)s;
     if (!r->metrics_buf && !(r->metrics_buf = malloc(KVP_RPC_METRICS_CAP))) {
         kvp_rpc_error(&io->resp, req->id, KVP_ENOMEM, "no memory for the metrics text");
         return KVP_RPC_DONE;
     }
     kvp__rpc_ok(io, req->id);
-    r->metrics_text.len = kvp_rpc_metrics_text(r, r->metrics_buf, KVP_RPC_METRICS_CAP, now_ms);
+    r->metrics_text.len = metrics_text(r, s, r->metrics_buf, KVP_RPC_METRICS_CAP, now_ms);
     r->metrics_text.s = r->metrics_buf;
     kvp_text_bind_encode(&io->resp.body.metrics.text, &r->metrics_text);
     return KVP_RPC_DONE;
 }
 
 size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms)
+{
+    return metrics_text(r, NULL, buf, cap, now_ms);
+}
+
+/* The metrics text; with a viewer (a Metrics call over the socket) only the namespaces it may
+ * see (kvp__rpc_may_see_ns, as Stats and ListSequences: issue #26), without one (the operator's
+ * HTTP endpoint) every namespace. */
+static size_t metrics_text(kvp_rpc_t *r, const kvp_session_t *viewer, char *buf, size_t cap,
+                           uint64_t now_ms)
 {
     const kvp_backend_t *be = r->backend;
     const char *names[KVP_METRICS_MAX_CALLS];
@@ -272,7 +283,7 @@ size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms
     kvp_pcache_stats(r->pc, &m.cache);
     m.has_cache = 1;
     for (uint32_t i = 0; i < r->ns.max && m.num_ns < n; i++) {
-        if (!r->ns.ns[i].in_use)
+        if (!r->ns.ns[i].in_use || (viewer && !kvp__rpc_may_see_ns(r, viewer, i)))
             continue;
         kvp_ns_stats_t st;
         kvp_seqtab_ns_stats(r->seqs, i, &st);

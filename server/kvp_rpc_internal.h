@@ -197,6 +197,8 @@ int kvp__rpc_scope_join(kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns, const
 /* A namespace goes: leaves its scope. Returns 1 when it still has pins (keep its slot). */
 int kvp__rpc_scope_leave(kvp_rpc_t *r, uint32_t ns);
 uint32_t kvp__rpc_ns_scope(const kvp_rpc_t *r, uint32_t ns);
+/* limits.ns_max_pinned_pages as it applies: 0 is derived from the pool (num_pages / 8). */
+uint64_t kvp__rpc_ns_pin_quota(const kvp_rpc_t *r);
 /* Reserve / Append: the batch's token ids and salts into r->content and the options into
  * *cache. Returns 1 when the batch uses the cache (content then set), 0 when not, or -1 with
  * an error answered in resp. r->items must hold the batch. */
