@@ -507,7 +507,7 @@ KVP_RPC_HANDLER(hello)
                       name, r->ns.ns[existing].sessions);
         return 0;
     }
-    kvp_ns_t saved; /* what a refused Hello must give back (hello_undo) */
+    kvp_ns_t saved = {0}; /* what a refused Hello must give back (hello_undo) */
     if (existing >= 0)
         saved = r->ns.ns[existing];
     uint32_t ns;

@@ -2,7 +2,8 @@
 /*
  * bench_prefix.c - the prefix cache (issue #16, DESIGN.md §9): what a fully cached prompt
  * costs the daemon, in-process and over the socket, and what allocation costs when every page
- * must be evicted first. One run prints five parts, then the figures as key=value lines:
+ * must be evicted first; and what one client's large Lookups cost another's Ping. One run
+ * prints six parts, then the figures as key=value lines:
  *
  *   hash_tokens_per_s       content keys (kvp_pagekey_chain) of a 32,768-token prompt at page
  *                           16, one core: median of per-call rates, rotating among 8 prompts.
@@ -28,18 +29,31 @@
  *   cache_bytes_per_page    kvp_pcache_stats().bytes / num_pages at 65,536 pages, with the
  *                           daemon's defaults (256 scopes, 4,096 pins, 256 namespaces);
  *                           other sizes and the bytes per page added beside it.
+ *   flood_*                 a bystander's Ping under a Lookup flood (issue #26): a kvpoold
+ *                           (host backend, page 4, 16,384 pages cached as 256 prompts of 256
+ *                           tokens) twice, with the old cap (--set limits.max_lookup_tokens=
+ *                           1048576: Lookups of 4,096 prompts) and with its default; in each,
+ *                           --flood-clients (2) connections send back-to-back Lookups of the
+ *                           largest size the daemon accepts (whole hits), while a bystander in
+ *                           another namespace pings --pings (2,000) times 0-1 ms apart, at most
+ *                           8 s, idle first: Ping p50/p99/max, and a Lookup's own time (alone,
+ *                           and under the flood). ~20 s.
  *
- * --quick (the CTest smoke run): 20 rounds and requests, 2 eviction rounds; --no-daemon skips
- * the socket part.
+ * --quick (the CTest smoke run): 20 rounds and requests, 2 eviction rounds, no flood part
+ * (200 pings with --flood); --no-daemon skips the socket and flood parts; --flood runs the
+ * flood part only. $KVPOOLD names the daemon (kvp_harness.h).
  *
  * A benchmark, not a test: no figure is asserted. It stops (exit 1) only when what it
  * measures did not happen (a hit that found less than the whole prompt, an allocation that
  * failed), since its figure would then mean nothing.
  *
- *   bench_prefix [--rounds N] [--requests N] [--quick] [--no-daemon]
+ *   bench_prefix [--rounds N] [--requests N] [--quick] [--no-daemon] [--flood] [--pings N]
+ *                [--flood-clients N]
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -610,21 +624,400 @@ out:
     return res;
 }
 
+/* ---- part 6: a bystander's Ping under a Lookup flood (issue #26) --------------------------- */
+
+/* Issue #26's shape: page 4, prompts of 256 tokens, a Lookup of 4,096 of them (1 Mi tokens:
+ * the old limits.max_lookup_tokens) is the largest a client could send. The flood's prompts
+ * are FAIR_CACHED distinct prompts, cached first and repeated, so every Lookup hashes and finds
+ * every page of every prompt (whole-prompt hits), the most work a token can cost. */
+#define FAIR_PS           4u
+#define FAIR_PROMPT       256u
+#define FAIR_CACHED       256u  /* 16,384 pages cached: one Lookup under the new cap */
+#define FAIR_MAX_PROMPTS  4096u /* 4,096 x 256 = 1,048,576 tokens */
+#define FAIR_POOL_PAGES   20480u
+#define FAIR_ALONE_CALLS  10u
+#define FAIR_MAX_LOOKUPS  65536u        /* per flood client: times kept */
+#define FAIR_PHASE_MAX_NS 8000000000ull /* a ping phase ends after 8 s, pings or not */
+
+typedef struct {
+    double p50_us, p99_us, max_us;
+    uint32_t n;
+    double secs;
+} fair_lat_t;
+
+/* One flood client: its own connection, back-to-back Lookups of tok[lens] until stop. */
+typedef struct {
+    const char *sock;
+    const int32_t *tok;
+    const uint32_t *lens;
+    uint32_t n;
+    const atomic_int *stop;
+    atomic_uint done; /* Lookups answered */
+    uint64_t *ns;     /* [FAIR_MAX_LOOKUPS] round trips */
+    int failed;
+    char err[256];
+} fair_flood_t;
+
+typedef struct {
+    uint32_t lookup_tokens, flood_lookups;
+    double alone_p50_us, flood_p50_us, flood_secs;
+    fair_lat_t idle, flood;
+    int ok;
+} fair_result_t;
+
+static int fair_connect(const char *sock, const char *ns, kvp_client_t **c, char *err,
+                        size_t err_len)
+{
+    kvp_client_opts_t o = {.socket_path = sock,
+                           .ns = ns,
+                           .client_name = "bench_prefix",
+                           .timeout_ms = 60000,
+                           .map_pool = 0};
+    return kvp_client_connect(&o, c, err, err_len);
+}
+
+/* Checks a Lookup's answer: every prompt a whole-prompt hit. */
+static int fair_all_found(const uint32_t *cached, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (cached[i] != FAIR_PROMPT)
+            return 0;
+    return 1;
+}
+
+static void *fair_flood_main(void *arg)
+{
+    fair_flood_t *f = arg;
+    kvp_client_t *c = NULL;
+    uint32_t *cached = malloc(f->n * sizeof(uint32_t));
+    if (!cached) {
+        snprintf(f->err, sizeof(f->err), "out of memory");
+        goto fail;
+    }
+    if (fair_connect(f->sock, "flood", &c, f->err, sizeof(f->err)))
+        goto fail;
+    while (!atomic_load(f->stop)) {
+        uint64_t t0 = now_ns();
+        int rc = kvp_client_lookup(c, f->tok, f->lens, f->n, NULL, NULL, cached);
+        uint64_t t1 = now_ns();
+        if (rc || !fair_all_found(cached, f->n)) {
+            snprintf(f->err, sizeof(f->err), "a flood Lookup: rc %d, %s", rc,
+                     rc ? kvp_client_last_error(c) : "not every prompt found whole");
+            goto fail;
+        }
+        uint32_t i = atomic_load(&f->done);
+        if (i < FAIR_MAX_LOOKUPS)
+            f->ns[i] = t1 - t0;
+        atomic_store(&f->done, i + 1);
+    }
+    kvp_client_close(c);
+    free(cached);
+    return NULL;
+fail:
+    f->failed = 1;
+    atomic_store(&f->done, UINT32_MAX / 2); /* wakes the waiter */
+    kvp_client_close(c);
+    free(cached);
+    return NULL;
+}
+
+/* Pings up to `pings` times (after 20 warm-up pings), each after a random 0-1 ms pause so that
+ * pings land at random points of the daemon's work; stops after FAIR_PHASE_MAX_NS. */
+static int fair_pings(kvp_client_t *c, uint64_t *ns, uint32_t pings, fair_lat_t *out)
+{
+    uint64_t x = 0x2545f4914f6cdd1dull, start = 0;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < pings + 20; r++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        struct timespec gap = {0, (long)(x % 1000000)};
+        nanosleep(&gap, NULL);
+        uint64_t t0 = now_ns();
+        if (kvp_client_ping(c, NULL))
+            return -1;
+        uint64_t t1 = now_ns();
+        if (r == 20)
+            start = t0;
+        if (r >= 20) {
+            ns[n++] = t1 - t0;
+            if (t1 - start > FAIR_PHASE_MAX_NS)
+                break;
+        }
+    }
+    out->n = n;
+    out->secs = (double)(now_ns() - start) / 1e9;
+    out->p50_us = quantile(ns, n, 0.5) / 1e3;
+    out->p99_us = quantile(ns, n, 0.99) / 1e3;
+    out->max_us = quantile(ns, n, 1.0) / 1e3;
+    return 0;
+}
+
+/* The largest Lookup of whole FAIR_PROMPT-token prompts the daemon accepts, at most
+ * FAIR_MAX_PROMPTS: asks for the most, then for what the refusal names as the limit
+ * ("... above N (limits.max_lookup_tokens)"), else half. Returns the prompts, 0 on failure. */
+static uint32_t fair_probe(kvp_client_t *c, const int32_t *tok, const uint32_t *lens,
+                           uint32_t *cached)
+{
+    uint32_t n = FAIR_MAX_PROMPTS;
+    while (n > 0) {
+        int rc = kvp_client_lookup(c, tok, lens, n, NULL, NULL, cached);
+        if (rc == 0)
+            return fair_all_found(cached, n) ? n : 0;
+        const char *e = kvp_client_last_error(c);
+        if (!strstr(e, "max_lookup_tokens") && !strstr(e, "max_batch")) {
+            fprintf(stderr, "bench_prefix: a Lookup of %u prompts: %s\n", n, e);
+            return 0;
+        }
+        const char *above = strstr(e, "max_lookup_tokens") ? strstr(e, "above ") : NULL;
+        uint32_t next = above ? (uint32_t)(strtoul(above + 6, NULL, 10) / FAIR_PROMPT) : n / 2;
+        n = next < n ? next : n / 2;
+    }
+    fprintf(stderr, "bench_prefix: the daemon accepts no Lookup of one %u-token prompt\n",
+            FAIR_PROMPT);
+    return 0;
+}
+
+/* One daemon configuration (extra: its --set arguments, NULL-terminated, may be empty):
+ * caches the prompts, finds the largest Lookup, times it alone, then the bystander's pings
+ * idle and under `floods` flooding clients. */
+static fair_result_t fair_run(const char *const *extra, uint32_t pings, uint32_t floods,
+                              const int32_t *tok, const uint32_t *lens)
+{
+    fair_result_t res = {0};
+    const char *args[32] = {"--log-level",    "warning",
+                            "--backend",      "host",
+                            "--num-layers",   "2",
+                            "--num-kv-heads", "2",
+                            "--head-dim",     "16",
+                            "--set",          "pool.num_pages=20480", /* FAIR_POOL_PAGES */
+                            "--set",          "pool.page_size=4"};    /* FAIR_PS */
+    uint32_t na = 14;
+    for (uint32_t i = 0; extra[i] && na < 31; i++)
+        args[na++] = extra[i];
+    kvp_daemon_t d;
+    if (kvp_daemon_start(&d, args)) {
+        fprintf(stderr, "bench_prefix: kvpoold did not start: flood part skipped\n");
+        return res;
+    }
+    kvp_client_t *setup = NULL, *by = NULL;
+    fair_flood_t *fl = calloc(floods, sizeof(fair_flood_t));
+    pthread_t *th = calloc(floods, sizeof(pthread_t));
+    uint32_t *cached = malloc(FAIR_MAX_PROMPTS * sizeof(uint32_t));
+    uint64_t *ids = malloc(FAIR_CACHED * sizeof(uint64_t));
+    uint64_t *ns = malloc(((size_t)pings + FAIR_MAX_LOOKUPS * (size_t)floods) * sizeof(uint64_t));
+    int32_t *ip = malloc((FAIR_CACHED + 1) * sizeof(int32_t));
+    int32_t *idx = malloc(FAIR_CACHED * (FAIR_PROMPT / FAIR_PS) * sizeof(int32_t));
+    if (!fl || !th || !cached || !ids || !ns || !ip || !idx)
+        die("out of memory");
+    atomic_int stop = 0;
+    uint32_t started = 0;
+    char err[256];
+    /* the cache: FAIR_CACHED prompts reserved with their token ids, committed (nothing to
+     * write in-process), released; the setup connection keeps the namespace (and its scope)
+     * alive for the run */
+    if (fair_connect(d.sock, "flood", &setup, err, sizeof(err)) ||
+        fair_connect(d.sock, "bystander", &by, err, sizeof(err))) {
+        fprintf(stderr, "bench_prefix: connect: %s\n", err);
+        goto out;
+    }
+    for (uint32_t i = 0; i < FAIR_CACHED; i++)
+        ids[i] = i + 1;
+    kvp_page_table_t table = {.kv_indptr = ip,
+                              .kv_indices = idx,
+                              .cap_batch = FAIR_CACHED + 1,
+                              .cap_indices = FAIR_CACHED * (FAIR_PROMPT / FAIR_PS)};
+    kvp_cache_opts_t keyed = {.token_ids = tok, .priority = -1};
+    uint32_t pages = 0, published = 0;
+    if (kvp_client_reserve_cached(setup, ids, lens, FAIR_CACHED, &keyed, &table) ||
+        kvp_client_commit(setup, ids, FAIR_CACHED, NULL, &pages, &published) ||
+        kvp_client_release(setup, ids, FAIR_CACHED, NULL)) {
+        fprintf(stderr, "bench_prefix: caching the prompts: %s\n", kvp_client_last_error(setup));
+        goto out;
+    }
+    if (published != FAIR_CACHED * (FAIR_PROMPT / FAIR_PS)) {
+        fprintf(stderr, "bench_prefix: the commit published %u pages, not %u\n", published,
+                FAIR_CACHED * (FAIR_PROMPT / FAIR_PS));
+        goto out;
+    }
+    const uint32_t n = fair_probe(setup, tok, lens, cached);
+    if (n == 0)
+        goto out;
+    res.lookup_tokens = n * FAIR_PROMPT;
+    /* the Lookup alone: the loop's time per call, nothing else running */
+    for (uint32_t r = 0; r < FAIR_ALONE_CALLS; r++) {
+        uint64_t t0 = now_ns();
+        int rc = kvp_client_lookup(setup, tok, lens, n, NULL, NULL, cached);
+        ns[r] = now_ns() - t0;
+        if (rc || !fair_all_found(cached, n)) {
+            fprintf(stderr, "bench_prefix: a Lookup alone: %s\n", kvp_client_last_error(setup));
+            goto out;
+        }
+    }
+    res.alone_p50_us = quantile(ns, FAIR_ALONE_CALLS, 0.5) / 1e3;
+    if (fair_pings(by, ns, pings, &res.idle)) {
+        fprintf(stderr, "bench_prefix: an idle Ping: %s\n", kvp_client_last_error(by));
+        goto out;
+    }
+    /* the flood: each client's first Lookup answered before the bystander starts */
+    for (; started < floods; started++) {
+        fair_flood_t *f = &fl[started];
+        *f = (fair_flood_t){.sock = d.sock,
+                            .tok = tok,
+                            .lens = lens,
+                            .n = n,
+                            .stop = &stop,
+                            .ns = ns + pings + (size_t)started * FAIR_MAX_LOOKUPS};
+        atomic_init(&f->done, 0);
+        if (pthread_create(&th[started], NULL, fair_flood_main, f))
+            break;
+    }
+    for (uint32_t i = 0; i < started; i++)
+        while (atomic_load(&fl[i].done) == 0) {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+    uint32_t before = 0;
+    for (uint32_t i = 0; i < started; i++)
+        before += atomic_load(&fl[i].done);
+    uint64_t t0 = now_ns();
+    int ping_rc = started == floods ? fair_pings(by, ns, pings, &res.flood) : -1;
+    uint64_t t1 = now_ns();
+    atomic_store(&stop, 1);
+    res.flood_secs = (double)(t1 - t0) / 1e9;
+    for (uint32_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    if (ping_rc) {
+        fprintf(stderr, "bench_prefix: a Ping under the flood: %s\n",
+                started < floods ? "a flood client did not start" : kvp_client_last_error(by));
+        goto out;
+    }
+    /* every flood client's Lookups but its first (made before the others started),
+     * gathered behind the pings' slots */
+    uint64_t *all = ns + pings;
+    uint32_t m = 0, after = 0;
+    for (uint32_t i = 0; i < started; i++) {
+        if (fl[i].failed) {
+            fprintf(stderr, "bench_prefix: flood client %u: %s\n", i, fl[i].err);
+            goto out;
+        }
+        uint32_t k = atomic_load(&fl[i].done);
+        after += k;
+        k = k < FAIR_MAX_LOOKUPS ? k : FAIR_MAX_LOOKUPS;
+        memmove(all + m, fl[i].ns + 1, (k - 1) * sizeof(uint64_t));
+        m += k - 1;
+    }
+    if (m == 0) {
+        fprintf(stderr, "bench_prefix: the flood clients made one Lookup each\n");
+        goto out;
+    }
+    res.flood_lookups = after - before;
+    res.flood_p50_us = quantile(all, m, 0.5) / 1e3;
+    res.ok = 1;
+out:
+    atomic_store(&stop, 1);
+    kvp_client_close(by);
+    kvp_client_close(setup);
+    if (kvp_daemon_stop(&d, SIGTERM) != 0)
+        res.ok = 0;
+    free(fl);
+    free(th);
+    free(cached);
+    free(ids);
+    free(ns);
+    free(ip);
+    free(idx);
+    return res;
+}
+
+static void fair_print(const char *what, const fair_result_t *r, uint32_t floods)
+{
+    printf("   %s: Lookups of %u prompts x %u = %u tokens\n", what, r->lookup_tokens / FAIR_PROMPT,
+           FAIR_PROMPT, r->lookup_tokens);
+    printf("     a Lookup alone: p50 %.1f us (%.1f ns/token); under the flood: p50 %.1f us, "
+           "%u Lookups of %u clients in %.1f s\n",
+           r->alone_p50_us, r->alone_p50_us * 1e3 / r->lookup_tokens, r->flood_p50_us,
+           r->flood_lookups, floods, r->flood_secs);
+    printf("     %-30s %10s %10s %10s %8s\n", "bystander Ping", "p50 us", "p99 us", "max us",
+           "pings");
+    printf("     %-30s %10.1f %10.1f %10.1f %8u\n", "idle", r->idle.p50_us, r->idle.p99_us,
+           r->idle.max_us, r->idle.n);
+    printf("     %-30s %10.1f %10.1f %10.1f %8u\n", "under the flood", r->flood.p50_us,
+           r->flood.p99_us, r->flood.max_us, r->flood.n);
+}
+
+static void fair_keys(const char *name, const fair_result_t *r)
+{
+    printf("flood_%s_lookup_tokens=%u\n", name, r->lookup_tokens);
+    printf("flood_%s_lookup_alone_p50_us=%.1f\n", name, r->alone_p50_us);
+    printf("flood_%s_lookup_p50_us=%.1f\n", name, r->flood_p50_us);
+    printf("flood_%s_ping_idle_p50_us=%.1f\n", name, r->idle.p50_us);
+    printf("flood_%s_ping_idle_p99_us=%.1f\n", name, r->idle.p99_us);
+    printf("flood_%s_ping_p50_us=%.1f\n", name, r->flood.p50_us);
+    printf("flood_%s_ping_p99_us=%.1f\n", name, r->flood.p99_us);
+    printf("flood_%s_ping_max_us=%.1f\n", name, r->flood.max_us);
+}
+
+/* Both configurations, the old cap first. Returns 0, or -1 when either failed. */
+static int bench_flood(uint32_t pings, uint32_t floods, fair_result_t *old_cap, fair_result_t *dflt)
+{
+    int32_t *tok = malloc((size_t)FAIR_MAX_PROMPTS * FAIR_PROMPT * sizeof(int32_t));
+    uint32_t *lens = malloc(FAIR_MAX_PROMPTS * sizeof(uint32_t));
+    if (!tok || !lens)
+        die("out of memory");
+    /* prompt i is cached prompt i % FAIR_CACHED */
+    fill_tokens(tok, (size_t)FAIR_CACHED * FAIR_PROMPT, 0x2626);
+    for (uint32_t i = 0; i < FAIR_MAX_PROMPTS; i++) {
+        lens[i] = FAIR_PROMPT;
+        if (i >= FAIR_CACHED)
+            memcpy(tok + (size_t)i * FAIR_PROMPT, tok + (size_t)(i % FAIR_CACHED) * FAIR_PROMPT,
+                   FAIR_PROMPT * sizeof(int32_t));
+    }
+    static const char *const old_args[] = {
+        "--set", "limits.max_lookup_tokens=1048576", "--set", "limits.max_batch=4096",
+        "--set", "server.max_frame_bytes=16MiB",     NULL};
+    static const char *const no_args[] = {NULL};
+    printf("\n6. a bystander's Ping under a Lookup flood (issue #26): kvpoold (host backend, "
+           "%u pages of %u, %u prompts of %u tokens cached: %u pages), %u flood clients "
+           "(namespace flood, a connection each) sending back-to-back Lookups of the largest "
+           "size the daemon accepts, every prompt a cached one (whole hits); a bystander "
+           "(namespace bystander) pings up to %u times, 0-1 ms apart, at most %.0f s; the "
+           "daemon: %s\n",
+           FAIR_POOL_PAGES, FAIR_PS, FAIR_CACHED, FAIR_PROMPT,
+           FAIR_CACHED * (FAIR_PROMPT / FAIR_PS), floods, pings, FAIR_PHASE_MAX_NS / 1e9,
+           getenv("KVPOOLD") ? getenv("KVPOOLD") : "the build's");
+    *old_cap = fair_run(old_args, pings, floods, tok, lens);
+    if (old_cap->ok)
+        fair_print("old cap (--set limits.max_lookup_tokens=1048576)", old_cap, floods);
+    *dflt = fair_run(no_args, pings, floods, tok, lens);
+    if (dflt->ok)
+        fair_print("the daemon's default limits.max_lookup_tokens", dflt, floods);
+    free(tok);
+    free(lens);
+    return old_cap->ok && dflt->ok ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
-    uint32_t rounds = 1000, requests = 2000, evict_rounds = 31;
-    int daemon = 1;
+    uint32_t rounds = 1000, requests = 2000, evict_rounds = 31, pings = 2000, floods = 2;
+    int daemon = 1, quick = 0, flood_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
             rounds = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--requests") && i + 1 < argc)
             requests = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--pings") && i + 1 < argc)
+            pings = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--flood-clients") && i + 1 < argc)
+            floods = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--quick"))
-            rounds = 20, requests = 20, evict_rounds = 2;
+            rounds = 20, requests = 20, evict_rounds = 2, pings = 200, quick = 1;
         else if (!strcmp(argv[i], "--no-daemon"))
             daemon = 0;
+        else if (!strcmp(argv[i], "--flood"))
+            flood_only = 1;
         else {
-            fprintf(stderr, "usage: %s [--rounds N] [--requests N] [--quick] [--no-daemon]\n",
+            fprintf(stderr,
+                    "usage: %s [--rounds N] [--requests N] [--quick] [--no-daemon] [--flood] "
+                    "[--pings N] [--flood-clients N]\n",
                     argv[0]);
             return 2;
         }
@@ -633,6 +1026,20 @@ int main(int argc, char **argv)
         rounds = 10;
     if (requests < 10)
         requests = 10;
+    if (pings < 10)
+        pings = 10;
+    if (floods < 1 || floods > 64)
+        floods = floods < 1 ? 1 : 64;
+    fair_result_t old_cap = {0}, dflt = {0};
+    if (flood_only) {
+        int rc = bench_flood(pings, floods, &old_cap, &dflt);
+        printf("\n");
+        if (old_cap.ok)
+            fair_keys("old_cap", &old_cap);
+        if (dflt.ok)
+            fair_keys("default", &dflt);
+        return rc ? 1 : 0;
+    }
     printf("prefix cache benchmark (issue #16): page %u, prompt %u tokens (%u pages)\n\n", PS,
            PROMPT, PROMPT_PAGES);
     double hash = bench_hash(rounds);
@@ -643,6 +1050,7 @@ int main(int argc, char **argv)
     evict_result_t ev = bench_evict(evict_rounds, EVICT_PAGES);
     evict_result_t ev_small = bench_evict(evict_rounds * 4, HIT_PAGES);
     double bpp = bench_bytes();
+    int flood_rc = daemon && !quick ? bench_flood(pings, floods, &old_cap, &dflt) : 0;
 
     printf("\ntargets (issue #16): hash >= 800 M tokens/s: %s; hit <= 3 ns/token (reserve): %s; "
            "eviction >= 20 M pages/s: %s; <= 64 bytes/page: %s\n",
@@ -669,5 +1077,9 @@ int main(int argc, char **argv)
     printf("free_alloc_pages_per_s=%.0f\n", ev.free_pps);
     printf("evict_alloc_4096_pages_per_s=%.0f\n", ev_small.alloc_pps);
     printf("cache_bytes_per_page=%.1f\n", bpp);
-    return daemon && !sock.ok ? 1 : 0;
+    if (old_cap.ok)
+        fair_keys("old_cap", &old_cap);
+    if (dflt.ok)
+        fair_keys("default", &dflt);
+    return (daemon && !sock.ok) || flood_rc ? 1 : 0;
 }
