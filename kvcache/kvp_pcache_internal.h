@@ -24,11 +24,11 @@ struct kvp_seqtab;
  * (kvp_seq_t.chain), allocated once the sequence has token ids from its first token on. */
 typedef struct kvp_chain {
     uint32_t scope;
-    uint8_t tracked;    /* keys its pages; 0 once an append came without token ids */
-    uint8_t priority;   /* retention of the pages it keys or links */
-    uint8_t prev_full;  /* tok[ps..2ps) holds the tokens of page num_keyed - 1 */
-    uint8_t tail_keyed; /* a truncate left a keyed page (shared then) as the partial last page:
-                           the next append must not write into it while it is keyed */
+    uint8_t tracked;      /* keys its pages; 0 once an append came without token ids */
+    uint8_t priority;     /* retention of the pages it keys or links */
+    uint8_t prev_full;    /* tok[ps..2ps) holds the tokens of page num_keyed - 1 */
+    uint8_t tail_keyed;   /* a truncate left a keyed page (shared then) as the partial last page:
+                             the next append must not write into it while it is keyed */
     uint8_t tail_foreign; /* the partial last page holds rows a worker wrote (Reserve) or a
                              truncate kept: a daemon-run Append that fills it did not write all
                              of it, so it does not publish it (kvp_plan_t.publish_from) */

@@ -62,22 +62,22 @@ typedef struct {
 
 typedef struct {
     uint32_t batch_size;
-    uint32_t nnz;              /* append_indptr[batch_size] */
-    uint32_t num_copies;       /* copy-on-write copies to run before the append */
-    uint32_t num_new_pages;    /* pages this plan took from the free stack */
-    int32_t *kv_indptr;        /* [batch_size + 1] */
-    int32_t *kv_indices;       /* [kv_indptr[batch_size]] */
-    int32_t *kv_last_page_len; /* [batch_size]; 0 for an empty sequence */
-    int32_t *append_indptr;    /* [batch_size + 1] */
-    int32_t *seq_lens;         /* [batch_size], lengths after the append */
-    kvp_plan_copy_t *copies;   /* [num_copies] */
-    uint32_t *cached_tokens;   /* [batch_size]: tokens linked from the cache (reuse only) */
+    uint32_t nnz;               /* append_indptr[batch_size] */
+    uint32_t num_copies;        /* copy-on-write copies to run before the append */
+    uint32_t num_new_pages;     /* pages this plan took from the free stack */
+    int32_t *kv_indptr;         /* [batch_size + 1] */
+    int32_t *kv_indices;        /* [kv_indptr[batch_size]] */
+    int32_t *kv_last_page_len;  /* [batch_size]; 0 for an empty sequence */
+    int32_t *append_indptr;     /* [batch_size + 1] */
+    int32_t *seq_lens;          /* [batch_size], lengths after the append */
+    kvp_plan_copy_t *copies;    /* [num_copies] */
+    uint32_t *cached_tokens;    /* [batch_size]: tokens linked from the cache (reuse only) */
     uint64_t num_cached_tokens; /* their sum */
     uint32_t num_evicted;       /* cached pages this plan evicted to get its pages */
     uint32_t *publish_from;     /* [batch_size], with content: the first page index of each item
                                    whose every row this plan's writer wrote or a daemon-run
                                    Append did (kvp_pcache_take_written); UINT32_MAX: none */
-    uint32_t fail_index;       /* on error: the batch item that caused it (or batch_size) */
+    uint32_t fail_index;        /* on error: the batch item that caused it (or batch_size) */
     /* private: capacities and scratch */
     uint32_t cap_batch, cap_indices, cap_copies, cap_new;
     uint32_t *new_pages;

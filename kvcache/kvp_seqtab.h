@@ -37,7 +37,7 @@ typedef struct {
     uint32_t cap_pages;
     uint32_t *pages; /* [num_pages], physical page ids in sequence order */
     uint64_t last_touch_ms;
-    uint64_t mark; /* planner scratch: batch epoch that last saw this sequence */
+    uint64_t mark;           /* planner scratch: batch epoch that last saw this sequence */
     struct kvp_chain *chain; /* prefix cache: content keys of its pages; NULL without token ids */
 } kvp_seq_t;
 

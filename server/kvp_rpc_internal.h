@@ -68,7 +68,7 @@ struct kvp_rpc_job {
     int32_t *cached_tokens; /* [batch_size]: linked from the prefix cache (0s without reuse) */
     kvp_pcache_ref_t *refs; /* the pages it fills, published once the copy completed */
     uint32_t num_refs;
-    int reused;             /* cached_tokens answers (CacheOptions.reuse) */
+    int reused; /* cached_tokens answers (CacheOptions.reuse) */
     int32_t *batch_indices, *positions;
     kvp_page_copy_t *copies;
     uint32_t *pinned;
@@ -131,8 +131,8 @@ struct kvp_rpc {
     kvp_counters_t counters;                           /* kvp_metrics.h */
     char *metrics_buf; /* [KVP_RPC_METRICS_CAP], the text of the last Metrics call */
     kvp_text_t metrics_text;
-    held_buf_t *held;                                  /* buffers that jobs in flight read */
-    kvp_xfer_t *xfer;                                  /* transfers between daemons */
+    held_buf_t *held; /* buffers that jobs in flight read */
+    kvp_xfer_t *xfer; /* transfers between daemons */
     /* the pool fds were handed to sessions of two different uids (kvp__rpc_attach_pool_fds):
      * sticky, a process keeps its mapping after it disconnects */
     int pool_fds_given, pool_shared_across_uids;

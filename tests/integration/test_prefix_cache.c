@@ -57,10 +57,9 @@ static void start(unsigned num_pages, const char *const *extra)
 {
     char pages[16];
     snprintf(pages, sizeof(pages), "%u", num_pages);
-    const char *args[64] = {"--backend",      "host", "--num-layers", "2",
-                            "--num-pages",    pages,  "--page-size",  "4",
-                            "--num-kv-heads", "2",    "--head-dim",   "16",
-                            "--dtype",        "fp16", "--set",        "server.socket_mode=0666",
+    const char *args[64] = {"--backend", "host", "--num-layers", "2", "--num-pages", pages,
+                            "--page-size", "4", "--num-kv-heads", "2", "--head-dim", "16",
+                            "--dtype", "fp16", "--set", "server.socket_mode=0666",
                             /* the pools here are tiny (pressure): pin page quotas not derived
                              * from them (num_pages / 8) unless a test sets its own */
                             "--set", "limits.ns_max_pinned_pages=4096", "--set",
@@ -1256,7 +1255,8 @@ START_TEST(a_pin_over_the_namespace_quota_is_refused_and_changes_nothing)
     ck_assert_uint_eq(p1.pin_expires_ms, 60000); /* cut to limits.pin_max_ttl_ms */
     expect_cache(5, 0, 2, 1);
     kvp_stats_summary_t before = summary();
-    fails(&w, (cmd_t){.op = OP_PIN, .prompt = 2, .len = 12}, KVP_ENOSPC, "limits.ns_max_pinned_pages");
+    fails(&w, (cmd_t){.op = OP_PIN, .prompt = 2, .len = 12}, KVP_ENOSPC,
+          "limits.ns_max_pinned_pages");
     expect_cache(5, 0, 2, 1);
     kvp_stats_summary_t after = summary();
     ck_assert_uint_eq(after.used_pages, before.used_pages);
@@ -1265,7 +1265,8 @@ START_TEST(a_pin_over_the_namespace_quota_is_refused_and_changes_nothing)
     res_t p2 = ok(&w, (cmd_t){.op = OP_PIN, .prompt = 2, .len = 5}); /* 1 page: 3 in all */
     ck_assert_uint_eq(p2.pin_pages, 1);
     ck_assert_uint_eq(p2.pin_tokens, 4);
-    fails(&w, (cmd_t){.op = OP_PIN, .prompt = 1, .len = 4}, KVP_ENOSPC, "limits.ns_max_pinned_pages");
+    fails(&w, (cmd_t){.op = OP_PIN, .prompt = 1, .len = 4}, KVP_ENOSPC,
+          "limits.ns_max_pinned_pages");
     expect_cache(5, 0, 3, 2);
     ck_assert_uint_eq(ok(&w, (cmd_t){.op = OP_UNPIN, .pin_id = p1.pin_id}).n, 2);
     res_t p3 = ok(&w, (cmd_t){.op = OP_PIN, .prompt = 2, .len = 8}); /* 1 + 2 */
@@ -1624,7 +1625,8 @@ START_TEST(bad_input_gets_a_clear_status_and_changes_nothing)
     /* a pin over the quota (2 pages) */
     ck_assert_uint_eq(ok(&w, (cmd_t){.op = OP_PIN, .prompt = 1, .len = 8}).pin_pages, 2);
     s0 = snap();
-    fails(&w, (cmd_t){.op = OP_PIN, .prompt = 2, .len = 8}, KVP_ENOSPC, "limits.ns_max_pinned_pages");
+    fails(&w, (cmd_t){.op = OP_PIN, .prompt = 2, .len = 8}, KVP_ENOSPC,
+          "limits.ns_max_pinned_pages");
     unchanged(&s0, "a pin over quota");
 
     /* Commit of an unknown sequence: all exist or nothing is published */

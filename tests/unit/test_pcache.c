@@ -2054,8 +2054,9 @@ static void op_append(world_t *w)
     for (uint32_t i = 0; i < p->num_copies; i++) {
         /* a copy runs after the plan (a job, or a worker after its Reserve): its source must
          * still be held by someone, never cached or free (issue #26 defect 1) */
-        WCHECK(w, kvp_alloc_refcount(w->a, p->copies[i].src) >= 1 &&
-                      !(kvp_pcache_page_state(w->c, p->copies[i].src) & KVP_PAGE_CACHED),
+        WCHECK(w,
+               kvp_alloc_refcount(w->a, p->copies[i].src) >= 1 &&
+                   !(kvp_pcache_page_state(w->c, p->copies[i].src) & KVP_PAGE_CACHED),
                "copy %u reads page %u, which nobody holds", i, p->copies[i].src);
         memcpy(w->shadow[p->copies[i].dst], w->shadow[p->copies[i].src], sizeof(w->shadow[0]));
     }
@@ -2629,11 +2630,12 @@ static void random_run(uint32_t ps, uint32_t np, uint64_t seed, uint64_t ops)
     fflush(stdout);
     /* the run must have exercised every path */
     if (ops >= 20000)
-        ck_assert_msg(
-            w->n_ok && w->n_enospc && w->n_evict && w->n_hit &&
-                ((w->n_rewrite && w->n_cow && w->n_tail_rewrite) || ps == 1) && w->n_job_refs && w->n_pub && w->n_twin && w->n_stale &&
-                w->n_pin && w->n_pin_limit && w->n_expire && w->n_demote && w->n_flush,
-            "seed %llu: a path was never taken (see the counts above)", (unsigned long long)seed);
+        ck_assert_msg(w->n_ok && w->n_enospc && w->n_evict && w->n_hit &&
+                          ((w->n_rewrite && w->n_cow && w->n_tail_rewrite) || ps == 1) &&
+                          w->n_job_refs && w->n_pub && w->n_twin && w->n_stale && w->n_pin &&
+                          w->n_pin_limit && w->n_expire && w->n_demote && w->n_flush,
+                      "seed %llu: a path was never taken (see the counts above)",
+                      (unsigned long long)seed);
     /* everything back: sequences, pins, then the cached pages */
     for (int i = 0; i < RM_SEQS; i++)
         if (w->m.sq[i].live)
@@ -2687,7 +2689,8 @@ static Suite *pcache_suite(void)
     tcase_add_test(tc, reserve_over_free_plus_cached_changes_nothing);
     tcase_add_test(tc, fork_shares_the_chain);
     tcase_add_test(tc, a_stale_ref_does_not_publish);
-    tcase_add_test(tc, a_keyed_partial_page_is_copied_while_shared_and_rewritten_by_its_last_holder);
+    tcase_add_test(tc,
+                   a_keyed_partial_page_is_copied_while_shared_and_rewritten_by_its_last_holder);
     tcase_add_test(tc, an_append_publishes_exactly_the_pages_it_wrote);
     tcase_add_test(tc, the_chain_remembers_the_tokens_of_one_full_page);
     tcase_add_test(tc, a_scope_is_reset_only_when_nothing_of_it_lives_on);
