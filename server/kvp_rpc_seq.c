@@ -481,8 +481,8 @@ KVP_RPC_HANDLER(append)
         return KVP_RPC_DONE;
     }
     r->counters.pages_allocated_total += r->plan.num_new_pages;
-    if (reuse && r->plan.nnz == 0) { /* all of it was cached and linked: nothing to copy or
-                                         * publish (linked pages are findable already) */
+    /* all of it was cached and linked: nothing to copy or publish (linked pages are findable) */
+    if (reuse && r->plan.nnz == 0) {
         kvp__rpc_ok(io, id);
         io->resp.body.append.completed = true;
         io->resp.body.append.has_table = true;
