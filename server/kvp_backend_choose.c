@@ -7,7 +7,7 @@
  */
 #include <stdio.h>
 
-#include "kvp_backend.h"
+#include "kvp_backend_choose.h"
 #include "kvp_error.h"
 #include "kvp_log.h"
 

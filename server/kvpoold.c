@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "kvp_backend.h"
+#include "kvp_backend_choose.h"
 #include "kvp_config.h"
 #include "kvp_error.h"
 #include "kvp_http.h"

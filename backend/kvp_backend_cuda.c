@@ -41,7 +41,6 @@
 #include "kvp_backend.h"
 #include "kvp_error.h"
 #include "kvp_log.h"
-#include "kvpool.pb.h"
 
 #ifdef KVP_HAVE_CUDA
 
@@ -241,12 +240,12 @@ static int cuda_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
                       !done_event_out || !done_event_len))
         return KVP_EINVAL;
     switch (kind) {
-    case kvpool_BufferKind_BUFFER_MEMFD:
-    case kvpool_BufferKind_BUFFER_CUDA_VMM_FD:
+    case KVP_BUFFER_MEMFD:
+    case KVP_BUFFER_CUDA_VMM_FD:
         if (fd < 0)
             return KVP_EINVAL;
         break;
-    case kvpool_BufferKind_BUFFER_CUDA_IPC:
+    case KVP_BUFFER_CUDA_IPC:
         if (fd >= 0 || !ipc_handle || ipc_len != KVP_BACKEND_IPC_HANDLE_BYTES)
             return KVP_EINVAL;
         break;
@@ -254,7 +253,7 @@ static int cuda_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
         return KVP_EINVAL;
     }
     int di = device_index(cb, device);
-    if (di < 0 && kind == kvpool_BufferKind_BUFFER_MEMFD)
+    if (di < 0 && kind == KVP_BUFFER_MEMFD)
         di = 0; /* host memory: any device of the pool may read it */
     if (di < 0)
         return KVP_EINVAL;
@@ -266,10 +265,10 @@ static int cuda_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
     out->device_index = (uint32_t)di;
     int rc = 0;
     KVP_CUDA_TRY(cudaSetDevice(cb->dev[di].ordinal), rc, fail);
-    if (kind == kvpool_BufferKind_BUFFER_MEMFD) {
+    if (kind == KVP_BUFFER_MEMFD) {
         if ((rc = import_memfd(buf, cb->dev[di].ordinal, fd, size_bytes)))
             goto fail;
-    } else if (kind == kvpool_BufferKind_BUFFER_CUDA_IPC) {
+    } else if (kind == KVP_BUFFER_CUDA_IPC) {
         if ((rc = import_ipc(buf, ipc_handle, size_bytes)))
             goto fail;
     } else {
@@ -624,7 +623,7 @@ static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
         }
     }
     for (uint32_t g = 0; g < cb->num_devices && e->nnz && !refused; g++)
-        if (feed[g] && e->sync == kvpool_SyncMode_SYNC_EVENT && feed[g]->ready)
+        if (feed[g] && e->sync == KVP_SYNC_EVENT && feed[g]->ready)
             refused = wait_ready(feed[g], cb->ready_timeout_ms);
     const uint64_t t1 = now_ns();
     /* page ids name the same slots on every device: copies run everywhere. Devices are locked
@@ -879,7 +878,7 @@ int kvp_backend_cuda_create(const kvp_geom_t *g, const int *devices, int num_dev
     cb->base.ops = &cuda_ops;
     cb->base.geom = *g;
     cb->base.derived = derived;
-    cb->base.kind = kvpool_BackendKind_BACKEND_CUDA;
+    cb->base.kind = KVP_BACKEND_CUDA;
     cb->base.src_align_bytes = 16;
     atomic_init(&cb->poisoned, 0);
     cb->base.tuning = *tuning;

@@ -71,6 +71,17 @@ const kvp_rpc_call_t kvp__rpc_calls[] = {
 };
 #define NUM_CALLS (sizeof(kvp__rpc_calls) / sizeof(kvp__rpc_calls[0]))
 _Static_assert(NUM_CALLS <= KVP_METRICS_MAX_CALLS, "raise KVP_METRICS_MAX_CALLS");
+/* The backends name the wire's enums with their own (kvp_backend.h): the same values. */
+_Static_assert((int)KVP_BACKEND_HOST == (int)kvpool_BackendKind_BACKEND_HOST &&
+                   (int)KVP_BACKEND_CUDA == (int)kvpool_BackendKind_BACKEND_CUDA,
+               "kvp_backend_kind_t != BackendKind");
+_Static_assert((int)KVP_BUFFER_MEMFD == (int)kvpool_BufferKind_BUFFER_MEMFD &&
+                   (int)KVP_BUFFER_CUDA_VMM_FD == (int)kvpool_BufferKind_BUFFER_CUDA_VMM_FD &&
+                   (int)KVP_BUFFER_CUDA_IPC == (int)kvpool_BufferKind_BUFFER_CUDA_IPC,
+               "kvp_buffer_kind_t != BufferKind");
+_Static_assert((int)KVP_SYNC_NONE == (int)kvpool_SyncMode_SYNC_NONE &&
+                   (int)KVP_SYNC_EVENT == (int)kvpool_SyncMode_SYNC_EVENT,
+               "kvp_sync_mode_t != SyncMode");
 const unsigned kvp__rpc_num_calls = NUM_CALLS;
 int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t now_ms,
                    kvp_rpc_t **out)

@@ -16,7 +16,6 @@
 #include "kvp_backend.h"
 #include "kvp_error.h"
 #include "kvp_log.h"
-#include "kvpool.pb.h"
 
 typedef struct {
     kvp_backend_t base;
@@ -105,7 +104,7 @@ static int host_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
     const uint64_t size_bytes = req->size_bytes;
     if (done_event_len)
         *done_event_len = 0;
-    if (kind != kvpool_BufferKind_BUFFER_MEMFD || fd < 0 || size_bytes == 0)
+    if (kind != KVP_BUFFER_MEMFD || fd < 0 || size_bytes == 0)
         return KVP_EINVAL;
     /* The daemon maps the buffer PROT_READ: a descriptor opened write-only (a memfd reopened
      * through /proc/self/fd with O_WRONLY) or O_PATH cannot be mapped (mmap: EACCES). */
@@ -217,7 +216,7 @@ int kvp_backend_host_create(const kvp_geom_t *g, kvp_backend_t **out)
         goto fail;
     h->base.geom = *g;
     h->base.ops = &host_ops;
-    h->base.kind = kvpool_BackendKind_BACKEND_HOST;
+    h->base.kind = KVP_BACKEND_HOST;
     h->fd = memfd_create("kvpool-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (h->fd < 0) {
         rc = -errno;

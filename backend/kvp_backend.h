@@ -17,7 +17,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvp_config.h"
 #include "kvp_geom.h"
 #include "kvp_kernels.h"
 #include "kvp_kernels_cuda.h"
@@ -26,8 +25,22 @@
 
 typedef struct kvp_backend kvp_backend_t;
 
+/* The backend's own names for what the wire schema also names (kvpool.proto's BackendKind,
+ * BufferKind, SyncMode): the same values, which the rpc layer checks at compile time
+ * (kvp_rpc.c), so no backend includes the generated protocol header. */
+typedef enum { KVP_BACKEND_HOST = 0, KVP_BACKEND_CUDA = 1 } kvp_backend_kind_t;
+typedef enum {
+    KVP_BUFFER_MEMFD = 0,       /* host memory: a sealed memfd */
+    KVP_BUFFER_CUDA_VMM_FD = 1, /* device memory exported as a POSIX fd */
+    KVP_BUFFER_CUDA_IPC = 2     /* a cudaIpcMemHandle_t */
+} kvp_buffer_kind_t;
+typedef enum {
+    KVP_SYNC_NONE = 0, /* done when run() returns */
+    KVP_SYNC_EVENT = 1 /* cuda: wait on the worker's event, record the fence after */
+} kvp_sync_mode_t;
+
 /* How the cuda backend, its kernels and the transfers over it run: the [tuning] keys of
- * kvp_config.h, which kvpoold hands down (kvp_backend_choose); all zero: the defaults. The
+ * the configuration, which kvpoold hands down (server/kvp_backend_choose.h); all zero: the defaults. The
  * backend keeps a copy in b->tuning, where the transfer engine (kvp_xfer.c, created by the rpc
  * layer from the backend) finds its part. The host backend uses none of it. */
 typedef struct {
@@ -42,7 +55,7 @@ typedef struct {
 
 /* A buffer a worker registered: opaque to the dispatch except its size. */
 typedef struct {
-    uint32_t kind; /* kvpool_BufferKind */
+    uint32_t kind; /* kvp_buffer_kind_t */
     uint64_t size_bytes;
     void *host_ptr;        /* host backend: the daemon's mapping of the worker's memfd */
     void *priv;            /* backend state */
@@ -70,18 +83,18 @@ typedef struct {
     uint32_t num_rank_src;
     KVP_SRC_LAYOUT_MEMBER; /* where the source rows are (common/kvp_layout.h) */
     uint32_t layer_begin, layer_end;
-    uint32_t sync; /* kvpool_SyncMode: 0 none (done when run() returns), 1 event (cuda) */
+    uint32_t sync; /* kvp_sync_mode_t */
 } kvp_exec_t;
 
 /* Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t (the proto's bound too). */
 #define KVP_BACKEND_IPC_HANDLE_BYTES 64
 
-/* A worker buffer to import (RegisterBufferRequest, decoded): kind BUFFER_MEMFD or
- * BUFFER_CUDA_VMM_FD arrives as fd, BUFFER_CUDA_IPC as the ipc_handle bytes with fd -1.
+/* A worker buffer to import (RegisterBufferRequest, decoded): kind KVP_BUFFER_MEMFD or
+ * KVP_BUFFER_CUDA_VMM_FD arrives as fd, KVP_BUFFER_CUDA_IPC as the ipc_handle bytes with fd -1.
  * device: the request's CUDA ordinal. event_handle (event_len 0: none) is the worker's
  * interprocess "ready" event. The pointers are borrowed for the call. */
 typedef struct {
-    uint32_t kind; /* kvpool_BufferKind */
+    uint32_t kind; /* kvp_buffer_kind_t */
     int fd;
     uint64_t size_bytes;
     int32_t device;
@@ -131,7 +144,7 @@ struct kvp_backend {
     const kvp_backend_ops_t *ops;
     kvp_geom_t geom;
     kvp_geom_derived_t derived;
-    int kind;                 /* kvpool_BackendKind */
+    int kind;                 /* kvp_backend_kind_t */
     uint64_t map_granularity; /* cuda: VMM granularity of the exported pool fds; host: 0 */
     uint64_t map_bytes;       /* cuda: bytes of each exported allocation (pool_bytes rounded
                                  up to map_granularity); host: 0 */
@@ -180,15 +193,5 @@ int kvp_backend_cuda_device(const kvp_backend_t *b, uint32_t g, int *ordinal, vo
 /* 1 when this build has CUDA and at least one GPU is usable (driver present,
  * cudaGetDeviceCount > 0), else 0. */
 int kvp_backend_cuda_probe(void);
-
-/* ---- choosing a backend (kvp_backend_choose.c) ---- */
-
-/* Creates the backend cfg asks for (cfg validated): pool.backend = cuda -> the cuda backend on
- * pool.devices with tuning (NULL: the defaults; an error when unavailable); host -> the host
- * backend (one device only); auto -> cuda when kvp_backend_cuda_probe() says a GPU is usable,
- * else host. Returns 0 or a code with a one-line reason in err (err_len bytes). Loop thread, at
- * start. */
-int kvp_backend_choose(const kvp_config_t *cfg, const kvp_backend_tuning_t *tuning,
-                       kvp_backend_t **out, char *err, size_t err_len);
 
 #endif

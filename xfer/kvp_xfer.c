@@ -309,7 +309,7 @@ void kvp_xfer_set_config(kvp_xfer_t *x, const kvp_xfer_config_t *cfg)
 
 int kvp_xfer_check_ready(kvp_xfer_t *x, char *why, size_t why_len)
 {
-    if (x->b->kind != 1 /* kvpool_BackendKind_BACKEND_CUDA */) {
+    if (x->b->kind != KVP_BACKEND_CUDA) {
         snprintf(why, why_len, "transfers need the cuda backend (this daemon runs %s)",
                  x->b->ops->name);
         return KVP_EUNAVAIL;
