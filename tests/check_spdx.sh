@@ -6,14 +6,12 @@
 # systemd units and entries, container files, pyproject). Data files (fuzz corpora and
 # regressions) and Markdown are not sources. Exits 1 naming each file that lacks it.
 #   tests/check_spdx.sh [SOURCE_DIR]
+# The files are source_files.sh's: git's in a checkout, found on disk without git (a release
+# tarball), less build trees and virtual environments.
 set -eu
 root=${1:-$(dirname "$0")/..}
+files=$(sh "$(dirname "$0")/source_files.sh" "$root")
 cd "$root"
-if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    files=$(git ls-files --cached --others --exclude-standard)
-else # a source tree without git (a release tarball): every file under it
-    files=$(find . -type f ! -path './.git/*' | sed 's|^\./||')
-fi
 bad=0
 n=0
 for f in $files; do

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,4 +195,24 @@ long kvp_daemon_rss_kib(const kvp_daemon_t *d)
             break;
     fclose(f);
     return kib;
+}
+
+static uint64_t monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int kvp_wait_until(int (*cond)(void *arg), void *arg, unsigned timeout_ms)
+{
+    const uint64_t end = monotonic_ms() + (uint64_t)timeout_ms * (kvp_daemon_wrapped() ? 12 : 1);
+    for (;;) {
+        if (cond(arg))
+            return 1;
+        if (monotonic_ms() >= end)
+            return 0;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL); /* EINTR: one poll early, harmless */
+    }
 }

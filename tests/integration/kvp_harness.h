@@ -8,6 +8,9 @@
  * $KVP_TEST_DAEMON_WRAPPER (words separated by spaces) prefixes the daemon's command line, e.g.
  * "valgrind --error-exitcode=99 --leak-check=full" (tests/valgrind.sh): the daemon then keeps
  * its pid (valgrind runs in the process it was started as), so signals and /proc still reach it.
+ *
+ * kvp_wait_until orders a test's events by the state it needs (the daemon has seen a close, a
+ * count came back): a fixed sleep is either too short on a loaded machine or wasted time.
  */
 #ifndef KVP_HARNESS_H
 #define KVP_HARNESS_H
@@ -52,5 +55,12 @@ int kvp_daemon_stop(kvp_daemon_t *d, int sig);
 
 /* Prints the daemon's log to stderr (for failures). */
 void kvp_daemon_dump_log(const kvp_daemon_t *d);
+
+/* Waits for a state of the daemon instead of sleeping a guessed time: calls cond(arg) at once,
+ * then every 5 ms, until it returns nonzero or timeout_ms have passed (12 times that under
+ * KVP_TEST_DAEMON_WRAPPER, whose daemon is slow). cond runs on the calling thread and may call
+ * the daemon (Stats, /proc). Returns 1 when cond held, 0 at the deadline; the caller then
+ * asserts the state it waited for, so a timeout fails with that assertion's message. */
+int kvp_wait_until(int (*cond)(void *arg), void *arg, unsigned timeout_ms);
 
 #endif

@@ -593,11 +593,61 @@ static uint32_t num_seqs(kvp_client_t *c)
     return st.num_seqs;
 }
 
+typedef struct {
+    kvp_client_t *c;
+    uint32_t want;
+} seqs_arg_t;
+
+static int seqs_are(void *arg)
+{
+    const seqs_arg_t *a = arg;
+    return num_seqs(a->c) == a->want;
+}
+
+/* Waits up to 10 s until the pool holds want sequences (a release on a drop or an expiry is
+ * the daemon's own doing, seen asynchronously), then asserts it. */
 static void wait_seqs(kvp_client_t *c, uint32_t want)
 {
-    for (int i = 0; i < 1000 && num_seqs(c) != want; i++)
-        usleep(10000);
+    seqs_arg_t a = {c, want};
+    kvp_wait_until(seqs_are, &a, 10000);
     ck_assert_uint_eq(num_seqs(c), want);
+}
+
+typedef struct {
+    kvp_raw_t w; /* an observer session of the operator: sees every namespace */
+    kvpool_Response *resp;
+    const char *ns;
+} detach_arg_t;
+
+/* Whether Stats shows no session in namespace a->ns (or no such namespace). */
+static int ns_detached(void *arg)
+{
+    detach_arg_t *a = arg;
+    kvpool_Request q = {.id = 0, .which_body = kvpool_Request_stats_tag};
+    if (kvp_raw_call(&a->w, &q, NULL, 0, a->resp) != kvpool_Code_OK)
+        return 0;
+    const kvpool_Stats *st = &a->resp->body.stats.stats;
+    for (pb_size_t i = 0; i < st->namespaces_count; i++)
+        if (strcmp(st->namespaces[i].name, a->ns) == 0)
+            return st->namespaces[i].sessions == 0;
+    return 1;
+}
+
+/* Waits until the daemon has handled the close of every session of namespace ns: a dropped
+ * connection is seen asynchronously, and what a lease keeps can only be checked after that. */
+static void wait_detached(const char *ns)
+{
+    detach_arg_t a = {.resp = calloc(1, sizeof(kvpool_Response)), .ns = ns};
+    ck_assert_ptr_nonnull(a.resp);
+    kvp_raw_open(&a.w, DMN.sock);
+    kvpool_Request q = {.id = 1, .which_body = kvpool_Request_hello_tag};
+    q.body.hello.protocol_version = KVP_PROTOCOL_VERSION;
+    q.body.hello.observer = true;
+    ck_assert_int_eq(kvp_raw_call(&a.w, &q, NULL, 0, a.resp), kvpool_Code_OK);
+    const int ok = kvp_wait_until(ns_detached, &a, 10000);
+    kvp_raw_close(&a.w);
+    free(a.resp);
+    ck_assert_msg(ok, "namespace %s still has a session after 10 s", ns);
 }
 
 START_TEST(killed_worker_loses_only_what_its_lease_says)
@@ -614,7 +664,7 @@ START_TEST(killed_worker_loses_only_what_its_lease_says)
     w = doomed_worker("leased", 3000, 7);
     kill(w, SIGKILL);
     waitpid(w, NULL, 0);
-    usleep(200000);
+    wait_detached("leased");
     ck_assert_uint_eq(num_seqs(obs), 1);
     kvp_client_t *again = connect_ns("leased", 3000);
     uint64_t id = 1;
@@ -622,7 +672,7 @@ START_TEST(killed_worker_loses_only_what_its_lease_says)
     ck_assert_int_eq(kvp_client_page_table(again, &id, 1, table(&tb)), 0);
     ck_assert_int_eq(tb.t.seq_lens[0], 7);
     kvp_client_close(again);
-    usleep(500000);
+    wait_detached("leased");
     ck_assert_uint_eq(num_seqs(obs), 1); /* lease runs from the last detach */
     wait_seqs(obs, 0);
     kvp_stats_summary_t st;
@@ -711,9 +761,10 @@ START_TEST(sigterm_under_load_applies_every_answered_request_and_exits_0)
         }
     }
     close(pp[1]);
-    /* let them run, then read the acknowledged count while the daemon still serves */
-    usleep(300000);
+    /* under load: SIGTERM once every worker's first append is applied (it makes the worker's
+     * sequence); they go on appending until the daemon stops them or the pool is full */
     kvp_client_t *obs = connect_ns("observer", 0);
+    wait_seqs(obs, N);
     kvp_client_close(obs);
     int code_fd = pp[0];
     ck_assert_int_eq(kill(DMN.pid, SIGTERM), 0);
