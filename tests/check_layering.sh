@@ -67,7 +67,8 @@ if grep -rnE '#\s*include\s*[<"](uv\.h|pb\.h|pb_(encode|decode)\.h|sys/socket\.h
     echo "layering: cuda/ must use CUDA and libc only" >&2; fail=1
 fi
 
-stray=$(git -C "$root" ls-files -co --exclude-standard '*.cu' 2>/dev/null | grep -v -e '^kernels/' -e '^tests/bench/' | head -5)
+# the tree's files, from git or (a release tarball) from disk: source_files.sh
+stray=$(sh "$(dirname "$0")/source_files.sh" "$root" | grep -e '\.cu$' | grep -v -e '^kernels/' -e '^tests/bench/' | head -5)
 if [ -n "$stray" ]; then
     echo "layering: CUDA sources outside kernels/: $stray" >&2; fail=1
 fi
