@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvp_client_internal.h - the message-building and reply-decoding steps of libkvpool, apart
- * from the socket, so unit tests can check the bytes the client puts on the wire against the
- * daemon's decoder (tests/unit/test_client_wire.c). Not installed and not exported from the
- * shared library; the public API is kvpool.h.
+ * kvp_client_internal.h - what libkvpool's files share and the public API does not show: the
+ * message-building and reply-decoding steps apart from the socket (kvp_client_wire.c, checked
+ * against the daemon's decoder by tests/unit/test_client_wire.c), and the handle's scratch
+ * request, round trip and error slot (kvp_client.c), through which the files of the calls
+ * (kvp_client_seq.c, _cache.c, _xfer.c, _admin.c, _cuda.c) talk to the daemon. Not installed
+ * and not exported from the shared library (kvp__ names); the public API is kvpool.h.
  */
 #ifndef KVP_CLIENT_INTERNAL_H
 #define KVP_CLIENT_INTERNAL_H
@@ -37,6 +39,15 @@ int kvp__client_cache_options(kvpool_CacheOptions *o, bool *has, const kvp_cache
  * sets the other fields of the body. Returns 0, or KVP_EINVAL for a body without a batch. */
 int kvp__client_request_batch(kvpool_Request *req, pb_size_t which_body, kvp_batch_arrays_t *b);
 
+/* sum(v[0..n)) into *out; 0, or KVP_EINVAL when it does not fit in uint32. */
+int kvp__client_sum_u32(const uint32_t *v, uint32_t n, uint32_t *out);
+
+/* The salts of n sequences or prompts (salt_lens NULL: none) as the salts and salt_lens arrays
+ * of b, borrowed until the request is encoded. Returns 0 or KVP_EINVAL with *why set (salts
+ * without salt_lens, salt bytes without salts, more than 4 GiB of them). */
+int kvp__client_salt_arrays(kvp_batch_arrays_t *b, const uint8_t *salts, const uint32_t *salt_lens,
+                            uint32_t n, const char **why);
+
 /* Points r at the arrays of t with their capacities (t may be NULL), cached_tokens with cap
  * cap_batch. An array whose pointer is NULL is a sink: its bytes are skipped and counted.
  * copies are counted in (src, dst) pairs. */
@@ -55,7 +66,10 @@ int kvp__client_decode_response(kvpool_Response *resp, kvp_reply_arrays_t *r, co
 int kvp__client_table_fill(kvp_page_table_t *t, const kvpool_Response *resp,
                            const kvp_reply_arrays_t *r);
 
-/* ---- the handle's internals for kvp_client_cuda.c (the CUDA section of kvpool.h) ---- */
+/* batch_size of the page table a decoded resp carries (0 when it carries none). */
+uint32_t kvp__client_response_batch_size(const kvpool_Response *resp);
+
+/* ---- the handle's internals for the files of the calls (kvp_client.c holds the handle) ---- */
 
 /* kvp_client_append with a synchronisation mode (SYNC_EVENT for the cuda backend). */
 int kvp__client_append(kvp_client_t *c, const uint64_t *seq_ids, const uint32_t *num_tokens,
@@ -76,6 +90,10 @@ int kvp__client_append_completed(const kvp_client_t *c);
  * call on the handle). */
 kvpool_Request *kvp__client_request(kvp_client_t *c, pb_size_t which_body);
 
+/* The scratch request as it is (not zeroed): for kvp__client_request_batch, which zeroes it
+ * itself. Valid until the next call on the handle. */
+kvpool_Request *kvp__client_scratch_request(kvp_client_t *c);
+
 /* Sends the scratch request with nfds fds attached (borrowed, not closed), decodes the answer
  * into the scratch response (bulk arrays into r; NULL skips them) and checks its id, status and
  * body (expect; 0 accepts any). Fds attached to the answer are closed. Returns 0 or the code,
@@ -89,6 +107,10 @@ const kvpool_Response *kvp__client_response(const kvp_client_t *c);
 /* Leaves a printf-formatted reason in last_error and returns rc. */
 int kvp__client_fail(kvp_client_t *c, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* The handle's per-call timeout, and a new one (Import waits for the whole transfer). */
+uint32_t kvp__client_timeout_ms(const kvp_client_t *c);
+void kvp__client_set_timeout_ms(kvp_client_t *c, uint32_t timeout_ms);
 
 /* The handle's slot for kvp_client_cuda.c's state (NULL until that file makes one). */
 void **kvp__client_cuda_state(kvp_client_t *c);

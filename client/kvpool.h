@@ -2,7 +2,8 @@
 /*
  * kvpool.h - libkvpool, the C client of kvpoold. A model worker (or any tool) includes this one
  * header: connect, say hello, map the pool, register a staging buffer, and append / reserve /
- * fork / truncate / release sequences, read page tables and statistics.
+ * fork / truncate / release sequences, read page tables and statistics; an operator's tool reads
+ * the daemon-wide figures (stats of every namespace, sessions, metrics) through it too.
  *
  * One handle = one connection = one session of one namespace. Calls are blocking, answered in
  * order, each bounded by the handle's timeout; a handle is not thread-safe (use one per
@@ -153,9 +154,10 @@ typedef struct {
 /* sizeof the public struct called type_name (each struct typedef of this header:
  * "kvp_client_opts_t", "kvp_pool_info_t", "kvp_page_table_t", "kvp_source_t",
  * "kvp_rank_source_t", "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t",
- * "kvp_cache_opts_t", "kvp_pin_t", "kvp_cache_stats_t"),
- * 0 for any other name: bindings that mirror the structs (the Python package's ctypes) check
- * their copies against it. */
+ * "kvp_cache_opts_t", "kvp_pin_t", "kvp_cache_stats_t", "kvp_namespace_stats_t",
+ * "kvp_scope_stats_t", "kvp_daemon_stats_t", "kvp_seq_info_t", "kvp_session_info_t"), 0 for any
+ * other name: bindings that mirror the structs (the Python package's ctypes) check their copies
+ * against it. */
 size_t kvp_client_sizeof(const char *type_name);
 
 /* The version of the libkvpool that is running: KVP_VERSION_STRING of the library's own build
@@ -374,13 +376,125 @@ typedef struct {
  * how many. */
 int kvp_client_list_transfers(kvp_client_t *c, kvp_transfer_info_t *out, uint32_t max, uint32_t *n);
 
-/* Low-level access for tools (kvpoolctl): sends an already-filled Request (zero-initialised,
- * then the body set; its id is set here) and decodes the Response into *resp, binding bulk
- * arrays to `arrays` (may be NULL: bulk fields are skipped; an array whose data is NULL is
- * skipped but counted). Descriptors attached to the response are closed. Types are
- * kvpool_Request / kvpool_Response / kvp_reply_arrays_t from kvp_wire.h; declared void here so
- * this header does not need nanopb's. Returns the transport or status code; KVP_ELIMIT when a
- * bound array or text is smaller than the reply. */
+/* ---- daemon-wide reads for operators and monitoring (kvpoolctl speaks only through these) ---
+ * What the daemon shows of itself beyond the caller's own sequences: the whole Stats answer
+ * with its namespaces and cache scopes, a namespace's sequences, the connected sessions, the
+ * audit's verdict, the Prometheus text and the pool description. An observer handle
+ * (kvp_client_opts_t.observer) may make all of them; each lists only what the caller's uid may
+ * see (the daemon decides). The wire bounds what one answer holds: */
+#define KVP_CLIENT_NAME_BYTES          65  /* a namespace, client or scope name, NUL included */
+#define KVP_CLIENT_SCOPE_NAME_BYTES    72  /* a scope as Stats names it ("ns:<namespace>") */
+#define KVP_CLIENT_MAX_NAMESPACES      64  /* namespaces in one Stats answer */
+#define KVP_CLIENT_MAX_SCOPES          64  /* cache scopes in one Stats answer */
+#define KVP_CLIENT_MAX_SEQS_LISTED     256 /* sequences in one kvp_client_list_seqs page */
+#define KVP_CLIENT_MAX_SESSIONS        256 /* sessions kvp_client_list_clients returns */
+#define KVP_CLIENT_MAX_TRANSFERS       32  /* transfers kvp_client_list_transfers returns */
+#define KVP_CLIENT_AUDIT_MESSAGE_BYTES 256 /* the audit's text, NUL included */
+
+/* One namespace of a Stats answer (kvpool.proto NamespaceStats). */
+typedef struct {
+    char name[KVP_CLIENT_NAME_BYTES];
+    uint32_t num_seqs, sessions, lease_ms;
+    uint32_t dedup_entries; /* request ids its dedup window remembers (kept or not) */
+    uint64_t num_tokens, page_refs;
+    uint64_t lease_expires_in_ms; /* 0 while a session is attached */
+    uint64_t dedup_bytes;         /* of answers its dedup window keeps for retries */
+} kvp_namespace_stats_t;
+
+/* One cache scope of a Stats answer (kvpool.proto CacheScopeStats). */
+typedef struct {
+    char name[KVP_CLIENT_SCOPE_NAME_BYTES]; /* a scope name, or "ns:<namespace>" (private) */
+    uint32_t uid;                           /* of an unlisted scope; 0 for shared ones */
+    uint32_t namespaces;                    /* attached */
+    uint32_t cached_pages;                  /* findable, held by nobody */
+    uint32_t indexed_pages;                 /* findable, held or not */
+    uint64_t query_tokens, hit_tokens;      /* tokens asked for (Lookup, reuse); of them found */
+} kvp_scope_stats_t;
+
+/* The whole Stats answer. Zero the struct, then set the arrays and their caps (entries); the
+ * call fills the rest. An array left NULL (cap 0) is not wanted; entries beyond a cap are
+ * dropped (caps of KVP_CLIENT_MAX_NAMESPACES and KVP_CLIENT_MAX_SCOPES drop nothing). */
+typedef struct {
+    kvp_stats_summary_t summary; /* what kvp_client_stats returns */
+    uint64_t dedup_bytes;        /* answers kept for retries, all namespaces */
+    uint64_t dedup_evictions_total;
+    uint32_t namespaces_total;         /* namespaces visible to the caller (0 from a daemon that
+                                          does not count them: then num_namespaces is all) */
+    int namespaces_truncated;          /* the answer lists only some of them */
+    int pool_shared_across_uids;       /* the pool fds went to sessions of two uids since start */
+    int has_cache;                     /* the answer carries the prefix cache's figures */
+    kvp_cache_stats_t cache;           /* as kvp_client_cache_stats (0s without has_cache) */
+    kvp_namespace_stats_t *namespaces; /* [cap_namespaces] */
+    kvp_scope_stats_t *scopes;         /* [cap_scopes]: the cache's scopes visible to the caller */
+    uint32_t cap_namespaces, cap_scopes;
+    uint32_t num_namespaces, num_scopes; /* filled: entries written */
+} kvp_daemon_stats_t;
+
+/* Stats, all of it, into *out (arrays and caps set by the caller, the rest overwritten; all 0
+ * from a daemon that sends no figures). Returns 0 or the call's code; KVP_EINVAL for out NULL
+ * or an array NULL with a cap. */
+int kvp_client_daemon_stats(kvp_client_t *c, kvp_daemon_stats_t *out);
+
+/* One sequence of a ListSequences answer (kvpool.proto SequenceInfo). */
+typedef struct {
+    uint64_t seq_id;
+    uint64_t idle_ms; /* since a call last touched it */
+    uint32_t num_tokens, num_pages;
+    uint32_t shared_pages; /* of its pages, those another sequence holds too */
+} kvp_seq_info_t;
+
+/* One page of the sequences of namespace ns (ListSequences): ns NULL or "" is the caller's own
+ * (an observer must name one; KVP_EINVAL), at most 64 bytes. Starts at cursor (0: the first)
+ * and writes at most max entries (1..KVP_CLIENT_MAX_SEQS_LISTED; a larger max gets that many)
+ * into out; *n receives how many, *next_cursor (may be NULL) where the next page starts, 0
+ * when none is left. KVP_ENOENT: no namespace ns; KVP_EPERM: another uid's namespace. */
+int kvp_client_list_seqs(kvp_client_t *c, const char *ns, uint32_t cursor, kvp_seq_info_t *out,
+                         uint32_t max, uint32_t *n, uint32_t *next_cursor);
+
+/* One connected session (kvpool.proto ClientInfo). */
+typedef struct {
+    uint64_t session_id;
+    uint64_t requests;              /* answered so far */
+    uint64_t connected_ms;          /* since it connected */
+    char ns[KVP_CLIENT_NAME_BYTES]; /* the namespace it attached to; "" for an observer */
+    char client_name[KVP_CLIENT_NAME_BYTES];
+    int32_t pid;
+    uint32_t uid, gid;
+    uint32_t buffers; /* staging buffers registered */
+} kvp_session_info_t;
+
+/* The sessions the caller may see (ListClients: an operator all, another uid its own and
+ * those attached to its namespaces), the first max of them into out[max]; *n receives how
+ * many (a max of KVP_CLIENT_MAX_SESSIONS drops none). */
+int kvp_client_list_clients(kvp_client_t *c, kvp_session_info_t *out, uint32_t max, uint32_t *n);
+
+/* The daemon's audit, its verdict as data: returns 0 with *ok 1 (clean) or 0 (a violation, or
+ * the audit could not run) and the daemon's text ("ok" when clean) in message (len bytes,
+ * NUL-terminated, cut to fit: KVP_CLIENT_AUDIT_MESSAGE_BYTES holds it all; NULL or len 0: not
+ * wanted); or the call's code when the daemon
+ * could not be asked. kvp_client_audit is the same with a violation as KVP_EAUDIT. */
+int kvp_client_audit_report(kvp_client_t *c, int *ok, char *message, size_t len);
+
+/* The daemon's metrics in the Prometheus text exposition format 0.0.4 (what its HTTP endpoint
+ * serves), into text (cap bytes, NUL-terminated); *len (may be NULL) receives its length
+ * without the NUL. KVP_ELIMIT: the text needs more than cap bytes. */
+int kvp_client_metrics(kvp_client_t *c, char *text, size_t cap, size_t *len);
+
+/* Asks the daemon for its pool description again (PoolInfo, no descriptors) into *out.
+ * kvp_client_pool_info returns the copy Hello brought, which the daemon keeps for its life. */
+int kvp_client_get_pool_info(kvp_client_t *c, kvp_pool_info_t *out);
+
+/* The protocol version this library speaks (kvpool.proto HelloRequest.protocol_version); a
+ * daemon of another one refuses the Hello. Any thread. */
+unsigned kvp_client_protocol_version(void);
+
+/* Low-level access for tests and tools that need a call libkvpool does not wrap: sends an
+ * already-filled Request (zero-initialised, then the body set; its id is set here) and decodes
+ * the Response into *resp, binding bulk arrays to `arrays` (may be NULL: bulk fields are skipped;
+ * an array whose data is NULL is skipped but counted). Descriptors attached to the response are
+ * closed. Types are kvpool_Request / kvpool_Response / kvp_reply_arrays_t from kvp_wire.h; declared
+ * void here so this header does not need nanopb's. Returns the transport or status code; KVP_ELIMIT
+ * when a bound array or text is smaller than the reply. */
 int kvp_client_call_raw(kvp_client_t *c, void *request, void *response, void *arrays);
 
 /* ---- CUDA (cuda backend) ------------------------------------------------------------------

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoolctl_top.c - `kvpoolctl top` (see kvpoolctl_top.h). Each refresh asks for the Metrics
- * text, parses it into a snapshot (kvp_prom), and draws the difference with the previous
- * snapshot: counters become rates, histograms become the latency percentiles of the interval.
- * The terminal state is saved before anything changes and restored by one function that every
- * exit path reaches (and atexit, for an exit from a library).
+ * text (kvp_client_metrics), parses it into a snapshot (kvp_prom), and draws the difference with
+ * the previous snapshot: counters become rates, histograms become the latency percentiles of the
+ * interval. The terminal state is saved before anything changes and restored by one function that
+ * every exit path reaches (and atexit, for an exit from a library).
  */
 #include "kvpoolctl_top.h"
 
@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "kvp_prom.h"
-#include "kvp_wire.h"
 
 #define METRICS_BYTES (4u << 20)
 #define MAX_DEV       64
@@ -486,22 +485,6 @@ static void draw_line(const kvp_top_opts_t *o, const snap_t *cur, const snap_t *
 
 /* ---- the loop ------------------------------------------------------------------------------ */
 
-static int fetch(kvp_client_t *c, kvpool_Request *req, kvpool_Response *resp, char *text,
-                 size_t *len)
-{
-    kvp_reply_arrays_t arrays;
-    memset(&arrays, 0, sizeof(arrays));
-    arrays.text.s = text;
-    arrays.text.cap = METRICS_BYTES;
-    memset(req, 0, sizeof(*req));
-    req->which_body = kvpool_Request_metrics_tag;
-    int rc = kvp_client_call_raw(c, req, resp, &arrays);
-    if (rc == 0 && resp->which_body != kvpool_Response_metrics_tag)
-        rc = KVP_EPROTO;
-    *len = rc ? 0 : arrays.text.len;
-    return rc;
-}
-
 /* Waits up to ms for a key or a signal. Returns 1 to quit. */
 static int wait_key(int ms, int interactive)
 {
@@ -536,11 +519,9 @@ int kvp_ctl_top(kvp_client_t *c, const kvp_top_opts_t *o)
     int tty = isatty(STDOUT_FILENO);
     int interactive = tty && isatty(STDIN_FILENO);
     char *text = malloc(METRICS_BYTES);
-    kvpool_Request *req = malloc(sizeof(*req));
-    kvpool_Response *resp = malloc(sizeof(*resp));
     snap_t *snaps = calloc(2, sizeof(snap_t));
     int code = 0;
-    if (!text || !req || !resp || !snaps) {
+    if (!text || !snaps) {
         fputs("kvpoolctl: top: out of memory\n", stderr);
         code = 1;
         goto out;
@@ -558,8 +539,8 @@ int kvp_ctl_top(kvp_client_t *c, const kvp_top_opts_t *o)
 
     snap_t *cur = &snaps[0], *prev = NULL;
     for (uint32_t n = 0; !stop_signal && (o->count == 0 || n < o->count); n++) {
-        size_t len;
-        int rc = fetch(c, req, resp, text, &len);
+        size_t len = 0;
+        int rc = kvp_client_metrics(c, text, METRICS_BYTES, &len);
         if (rc) {
             term_restore();
             fprintf(stderr, "kvpoolctl: top: %s\n",
@@ -591,8 +572,6 @@ int kvp_ctl_top(kvp_client_t *c, const kvp_top_opts_t *o)
 out:
     term_restore();
     free(text);
-    free(req);
-    free(resp);
     free(snaps);
     return code;
 }

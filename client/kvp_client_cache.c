@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvp_client_cache.c - libkvpool's prefix-cache calls that are not a sequence call (kvpool.h,
+ * "the prefix cache"): Lookup, Pin, Unpin and CacheFlush. Reserve and Append with the cache are
+ * kvp_client_seq.c's, the cache's counters (a part of Stats) kvp_client_admin.c's. Like the
+ * other call files it builds the request in the handle's scratch and keeps no state.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kvp_client_internal.h"
+#include "kvp_wire.h"
+#include "kvpool.h"
+
+int kvp_client_lookup(kvp_client_t *c, const int32_t *token_ids, const uint32_t *lengths,
+                      uint32_t n, const uint8_t *salts, const uint32_t *salt_lens,
+                      uint32_t *cached_tokens)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (n && (!lengths || !cached_tokens))
+        return kvp__client_fail(c, KVP_EINVAL, "lookup: NULL lengths or cached_tokens with n = %u",
+                                n);
+    uint32_t total = 0;
+    if (n && kvp__client_sum_u32(lengths, n, &total))
+        return kvp__client_fail(c, KVP_EINVAL,
+                                "lookup: the lengths add up to more than UINT32_MAX");
+    if (total && !token_ids)
+        return kvp__client_fail(c, KVP_EINVAL, "lookup: NULL token_ids for %u tokens", total);
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, NULL, lengths, n);
+    b.token_ids = kvp_array((void *)token_ids, sizeof(int32_t), total, total);
+    const char *why = NULL;
+    if (kvp__client_salt_arrays(&b, salts, salt_lens, n, &why))
+        return kvp__client_fail(c, KVP_EINVAL, "lookup: %s", why);
+    kvpool_Request *req = kvp__client_request(c, kvpool_Request_lookup_tag);
+    kvp_wire_lookup_request_bind_encode(&req->body.lookup, &b);
+    kvp_reply_arrays_t r;
+    kvp__client_table_arrays(&r, NULL);
+    r.cached_tokens = kvp_array(cached_tokens, sizeof(uint32_t), 0, n);
+    int rc = kvp__client_call(c, kvpool_Response_lookup_tag, &r, NULL, 0);
+    if (rc)
+        return rc;
+    if (r.cached_tokens.count != n)
+        return kvp__client_fail(c, KVP_EPROTO, "lookup: %u answers for %u prompts",
+                                r.cached_tokens.count, n);
+    return 0;
+}
+
+int kvp_client_pin(kvp_client_t *c, const int32_t *token_ids, uint32_t num_tokens, const void *salt,
+                   uint32_t salt_len, uint32_t ttl_ms, kvp_pin_t *out)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (num_tokens && !token_ids)
+        return kvp__client_fail(c, KVP_EINVAL, "pin: NULL token_ids for %u tokens", num_tokens);
+    if (salt_len && !salt)
+        return kvp__client_fail(c, KVP_EINVAL, "pin: NULL salt of %u bytes", salt_len);
+    kvpool_Request *req = kvp__client_request(c, kvpool_Request_pin_tag);
+    kvpool_PinRequest *q = &req->body.pin;
+    if (salt_len > sizeof(q->salt.bytes))
+        return kvp__client_fail(c, KVP_EINVAL, "pin: a salt of %u bytes, at most %zu", salt_len,
+                                sizeof(q->salt.bytes));
+    kvp_batch_arrays_t b;
+    kvp__client_batch_arrays(&b, NULL, NULL, 0);
+    b.token_ids = kvp_array((void *)token_ids, sizeof(int32_t), num_tokens, num_tokens);
+    kvp_wire_pin_request_bind_encode(q, &b);
+    if (salt_len)
+        memcpy(q->salt.bytes, salt, salt_len);
+    q->salt.size = (pb_size_t)salt_len;
+    q->ttl_ms = ttl_ms;
+    int rc = kvp__client_call(c, kvpool_Response_pin_tag, NULL, NULL, 0);
+    if (rc)
+        return rc;
+    if (out) {
+        const kvpool_PinResponse *p = &kvp__client_response(c)->body.pin;
+        out->pin_id = p->pin_id;
+        out->pinned_tokens = p->pinned_tokens;
+        out->pinned_pages = p->pinned_pages;
+        out->expires_in_ms = p->expires_in_ms;
+    }
+    return 0;
+}
+
+int kvp_client_unpin(kvp_client_t *c, uint64_t pin_id, uint32_t *pages)
+{
+    if (!c)
+        return KVP_EINVAL;
+    kvpool_Request *req = kvp__client_request(c, kvpool_Request_unpin_tag);
+    req->body.unpin.pin_id = pin_id;
+    int rc = kvp__client_call(c, kvpool_Response_unpin_tag, NULL, NULL, 0);
+    if (rc)
+        return rc;
+    if (pages)
+        *pages = kvp__client_response(c)->body.unpin.pages;
+    return 0;
+}
+
+int kvp_client_cache_flush(kvp_client_t *c, const char *scope, int all, uint32_t *pages)
+{
+    if (!c)
+        return KVP_EINVAL;
+    kvpool_Request *req = kvp__client_request(c, kvpool_Request_cache_flush_tag);
+    kvpool_CacheFlushRequest *q = &req->body.cache_flush;
+    if (scope && strlen(scope) >= sizeof(q->scope))
+        return kvp__client_fail(c, KVP_EINVAL, "cache_flush: scope longer than %zu bytes",
+                                sizeof(q->scope) - 1);
+    snprintf(q->scope, sizeof(q->scope), "%s", scope ? scope : "");
+    q->all = all != 0;
+    int rc = kvp__client_call(c, kvpool_Response_cache_flush_tag, NULL, NULL, 0);
+    if (rc)
+        return rc;
+    if (pages)
+        *pages = kvp__client_response(c)->body.cache_flush.pages;
+    return 0;
+}
