@@ -24,6 +24,16 @@
  * expiries, checked at eviction). Everything is O(1) per page but the retention heap
  * (O(log n) when a page with a duration is released or reused) and flush (O(cached pages)).
  *
+ * Identity and tiers (issue #27): the cache names where an entry's content lives with a
+ * kvp_loc_t (kvp_loc.h), not a page id. An entry lives in exactly one place: a GPU page (the
+ * states above) or a slot of another medium (KVP_MEDIUM_HOST, config host_slots) where a demoter
+ * the owner installs put it when eviction took its page. Such an entry stays in the key table
+ * (kvp_pcache_locate finds it) but is never handed out as a page: Lookup, reuse and pins match
+ * GPU pages only, so until promotion exists (issue #28) it is a miss; publishing the same
+ * content on the GPU again replaces it. With no demoter installed nothing is ever demoted and
+ * the cache behaves exactly as without this seam. The functions taking or returning a plain
+ * page id (find, page_state, page_key, eviction_order) are the GPU medium's view.
+ *
  * Scopes are small integers the caller assigns (0..max_scopes-1); pages of different scopes
  * never match. Times are caller-supplied milliseconds; the core reads no clock. Not
  * thread-safe: the daemon's loop thread. The cache attaches itself to the sequence table and
@@ -34,6 +44,7 @@
 
 #include <stdint.h>
 
+#include "kvp_loc.h"
 #include "kvp_pagekey.h"
 #include "kvp_seqtab.h"
 
@@ -50,6 +61,8 @@ typedef struct kvp_pcache kvp_pcache_t;
 typedef struct {
     uint32_t max_scopes; /* scope ids 0..max_scopes-1 (>= 1) */
     uint32_t max_pins;   /* pins alive at once (>= 1) */
+    uint32_t host_slots; /* entries the cache can keep in KVP_MEDIUM_HOST (slots 0..host_slots-1;
+                            0: none, the default). Issue #28 sizes it from cache.host_bytes. */
 } kvp_pcache_config_t;
 
 /* Why a page left the key table (the index of kvp_pcache_stats_t.evictions). */
@@ -67,7 +80,7 @@ typedef enum {
 extern const uint64_t kvp_pcache_residence_le_ms[KVP_PCACHE_RESIDENCE_BUCKETS];
 
 typedef struct {
-    uint32_t indexed_pages; /* findable (held or cached) */
+    uint32_t indexed_pages; /* findable GPU pages (held or cached) */
     uint32_t cached_pages;  /* findable with refcount 0: in an eviction list */
     uint32_t pinned_pages;  /* pages held by at least one pin */
     uint32_t pins;
@@ -75,12 +88,15 @@ typedef struct {
     uint64_t evictions[KVP_EVICT_REASONS];
     uint64_t residence[KVP_PCACHE_RESIDENCE_BUCKETS + 1]; /* histogram counts (not cumulative) */
     uint64_t residence_sum_ms;
-    uint64_t bytes; /* memory of the cache's own tables (fixed at create) */
+    uint64_t bytes;      /* memory of the cache's own tables (fixed at create) */
+    uint32_t host_pages; /* entries kept in KVP_MEDIUM_HOST (not counted in indexed_pages) */
+    uint64_t demotions;  /* entries a demoter moved out of the GPU medium (not in evictions) */
 } kvp_pcache_stats_t;
 
 typedef struct {
     uint32_t indexed_pages, cached_pages;
     uint64_t query_tokens, hit_tokens;
+    uint32_t host_pages;
 } kvp_pcache_scope_stats_t;
 
 /* Creates the cache over t (and t's allocator), every page unkeyed. Returns 0, KVP_EINVAL
@@ -107,8 +123,12 @@ void kvp_pcache_set_now(kvp_pcache_t *c, uint64_t now_ms);
 uint32_t kvp_pcache_lookup(kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t root,
                            const int32_t *tokens, uint64_t num_tokens, int count_stats);
 
-/* The indexed page holding (scope, key), or UINT32_MAX. */
+/* The indexed GPU page holding (scope, key), or UINT32_MAX (also when the entry lives in
+ * another medium: it is not a page to hand out). */
 uint32_t kvp_pcache_find(const kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t key);
+
+/* Where the entry (scope, key) lives, in any medium, or kvp_loc_none(). */
+kvp_loc_t kvp_pcache_locate(const kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t key);
 
 /* ---- publishing --------------------------------------------------------------------------- */
 
@@ -138,8 +158,9 @@ uint32_t kvp_pcache_take_written(kvp_pcache_t *c, kvp_seq_t *s, uint32_t from_pa
 
 /* Makes the pages findable: each ref whose page still has that generation, is keyed, held
  * (refcount >= 1), not pinned by the allocator (no daemon copy still writes or reads it) and
- * not indexed goes into the key table unless its (scope, key) is already there. Returns how
- * many became findable. */
+ * not indexed goes into the key table unless its (scope, key) is already there on a GPU page.
+ * An entry of that (scope, key) in another medium is replaced: it leaves the table and the
+ * demoter's forget is called with its location. Returns how many became findable. */
 uint32_t kvp_pcache_publish(kvp_pcache_t *c, const kvp_pcache_ref_t *refs, uint32_t n);
 
 /* kvp_pcache_take_unpublished + kvp_pcache_publish of everything s keyed (the daemon's own
@@ -189,9 +210,50 @@ uint64_t kvp_pcache_next_expiry(const kvp_pcache_t *c);
 uint64_t kvp_pcache_ns_pinned_pages(const kvp_pcache_t *c, uint32_t ns);
 uint32_t kvp_pcache_ns_pins(const kvp_pcache_t *c, uint32_t ns);
 
-/* Evicts every cached page of scope (KVP_PCACHE_NO_SCOPE: of every scope). Held and pinned
- * pages stay. Returns how many went. */
+/* Evicts every cached page of scope (KVP_PCACHE_NO_SCOPE: of every scope), and every entry of
+ * it kept in another medium (the demoter's forget is called for each). Held and pinned pages
+ * stay. Returns how many went. */
 uint32_t kvp_pcache_flush(kvp_pcache_t *c, uint32_t scope);
+
+/* ---- demotion (the seam of the host tier, issue #28) ---------------------------------------- */
+
+/* A cached GPU page eviction is about to take, offered to the demoter. */
+typedef struct {
+    kvp_pagekey_t key;
+    uint32_t scope;
+    uint32_t page;     /* its GPU page: its bytes are there until the callback returns */
+    uint32_t priority; /* retention priority (an ended duration already counts as the default) */
+    uint32_t pressure; /* 1: inside kvp_alloc_reserve, the page is handed out the moment the
+                          callback returns; 0: kvp_pcache_demote_some, it goes to the free stack */
+} kvp_pcache_victim_t;
+
+/* Returns 1 and *to, a free slot of another medium that now holds (or will hold) the page's
+ * content, to keep the entry there; 0 to decline (the page is destroyed as without a demoter
+ * under pressure; kvp_pcache_demote_some leaves it cached and stops). A location that is not
+ * a free slot the cache can keep (the GPU medium, an index >= host_slots, a slot in use) counts
+ * as a decline. Called on the loop thread in the middle of an eviction: it must not call into
+ * the cache, its sequence table or its allocator. The bytes must be out of the page before it
+ * returns (an asynchronous copy that holds the page longer is issue #28's). */
+typedef int (*kvp_pcache_demote_fn)(void *arg, const kvp_pcache_victim_t *v, kvp_loc_t *to);
+/* The cache dropped the entry it kept at loc (flush, a GPU copy published in its place,
+ * destroy): the owner may reuse the slot. Same thread and rule as the demote function. */
+typedef void (*kvp_pcache_forget_fn)(void *arg, kvp_loc_t loc);
+
+/* Installs (demote and forget both set) or removes (both NULL) the demoter; arg is borrowed
+ * until it is removed or the cache destroyed (destroy calls forget for every entry still kept
+ * in another medium). Returns 0, KVP_EINVAL (one of the two NULL, or a demoter for a cache
+ * without host_slots) or KVP_EBUSY (entries live in another medium: flush them first). */
+int kvp_pcache_set_demoter(kvp_pcache_t *c, kvp_pcache_demote_fn demote,
+                           kvp_pcache_forget_fn forget, void *arg);
+
+/* The watermark path (memcached extstore's storage thread is the model): demotes cached GPU
+ * pages ahead of allocation, in eviction order, through the demoter, each freed page going to
+ * the free stack, until kvp_alloc_num_free (the query to run against a watermark) reaches
+ * want_free_pages, max_pages were demoted, no page is cached, or the demoter declines (that page
+ * stays cached). Returns pages demoted; 0 without a demoter. Advances the clock to now_ms
+ * first (retention durations that ended count). O(1) per page but the retention heap. */
+uint32_t kvp_pcache_demote_some(kvp_pcache_t *c, uint64_t now_ms, uint32_t want_free_pages,
+                                uint32_t max_pages);
 
 /* Pin iteration (kvpoolctl): start with *cursor = 0; returns 0 and the pin's fields, or
  * KVP_ENOENT at the end. */
@@ -217,20 +279,33 @@ int kvp_pcache_scope_stats(const kvp_pcache_t *c, uint32_t scope, kvp_pcache_sco
 #define KVP_PAGE_INDEXED 2u
 #define KVP_PAGE_CACHED  4u
 unsigned kvp_pcache_page_state(const kvp_pcache_t *c, uint32_t page);
+/* The same for any location: a GPU page as above; a slot of another medium is KEYED | INDEXED
+ * when an entry lives there, else 0 (as is a location out of range). */
+unsigned kvp_pcache_loc_state(const kvp_pcache_t *c, kvp_loc_t loc);
 /* The key and scope of a keyed page (0 and *key, *scope), else KVP_ENOENT. */
 int kvp_pcache_page_key(const kvp_pcache_t *c, uint32_t page, kvp_pagekey_t *key, uint32_t *scope);
+/* The same for any location. */
+int kvp_pcache_loc_key(const kvp_pcache_t *c, kvp_loc_t loc, kvp_pagekey_t *key, uint32_t *scope);
 
 /* The cached pages in eviction order, first to go first: writes up to max page ids, returns
  * how many it wrote. O(cached). For tests. */
 uint32_t kvp_pcache_eviction_order(const kvp_pcache_t *c, uint32_t *out, uint32_t max);
+/* The entries of one medium in that medium's order (GPU: as above; host: by priority, then
+ * demotion order, the order issue #28's host-tier eviction takes): up to max locations, returns
+ * how many it wrote. O(entries). For tests. */
+uint32_t kvp_pcache_eviction_order_in(const kvp_pcache_t *c, uint32_t medium, kvp_loc_t *out,
+                                      uint32_t max);
 
 /* Checks every invariant of the cache and of the table it is attached to (kvp_seqtab_audit
  * first): each indexed page is in the key table exactly once and found through it, no two
- * indexed pages share (scope, key), cached pages are exactly the indexed ones with refcount 0
- * and no allocator pin, each in exactly one eviction list exactly once, in its priority's
- * list, referenced pages in none; refcounts equal sequence references plus pin references;
- * pinned-page counts and namespace quota use add up; every counter equals its recount.
- * Returns 0, KVP_EAUDIT with the first violation in msg, or KVP_ENOMEM. O(pages). */
+ * entries share (scope, key) whatever their media, cached pages are exactly the indexed ones
+ * with refcount 0 and no allocator pin, each in exactly one eviction list exactly once, in its
+ * priority's list, referenced pages in none; each slot of another medium is free or holds an
+ * entry that is keyed, indexed and in its medium's list of its priority exactly once, with a
+ * demoter installed; refcounts equal sequence references plus pin references; pinned-page
+ * counts and namespace quota use add up; every counter (host_pages too, per scope) equals its
+ * recount. Returns 0, KVP_EAUDIT with the first violation in msg, or KVP_ENOMEM.
+ * O(pages + host slots). */
 int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len);
 
 #ifdef __cplusplus

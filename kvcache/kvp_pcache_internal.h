@@ -7,6 +7,8 @@
  * (kvp__pcache_on_zero) and takes cached pages when its free stack is empty
  * (kvp__pcache_evict). The sequence table keeps a chain record per sequence with token ids and
  * lets the cache see truncates. The planner links found pages and feeds appended token ids.
+ * The last part is the cache's own: its layout and the functions its files (kvp_pcache*.c)
+ * share; nothing outside them reads it.
  */
 #ifndef KVP_PCACHE_INTERNAL_H
 #define KVP_PCACHE_INTERNAL_H
@@ -14,7 +16,9 @@
 #include <stdint.h>
 
 #include "kvp_alloc.h"
+#include "kvp_loc.h"
 #include "kvp_pagekey.h"
+#include "kvp_pcache.h"
 #include "kvp_seqtab.h"
 
 struct kvp_pcache;
@@ -87,5 +91,148 @@ void kvp__pcache_chain_append(struct kvp_pcache *pc, kvp_seq_t *s, const int32_t
 /* Counts a query of q tokens that found h (reuse, lookups). */
 void kvp__pcache_count_query(struct kvp_pcache *pc, uint32_t scope, uint64_t q, uint64_t h);
 uint32_t kvp__pcache_max_scopes(const struct kvp_pcache *pc);
+
+/* ---- the cache's own files (kvp_pcache.c, _index.c, _evict.c, _pin.c, _audit.c) ----------- */
+
+/*
+ * Entry slots. Every field of a cache entry (key, scope, hash link, list links, priority,
+ * retention, release stamp, flags) lives in arrays indexed by an entry slot: slot p < np is GPU
+ * page p, slot np + j is host slot j (kvp_loc_t {KVP_MEDIUM_HOST, j}). Moving an entry between
+ * media moves its fields from one slot to another; the hash chains, the lists and the audit
+ * work on slots whatever the medium. Fields only a GPU page has (its generation, heap position,
+ * pin references) stay indexed by page id.
+ *
+ * Why no entry table of its own (entry ids, a location per entry, a page -> entry map): an
+ * entry lives in exactly one place at a time, so its location already names it uniquely and
+ * the slot is the entry. A separate table would add an indirection to every find (the reuse
+ * path's budget is a few ns a token) and at least 8 bytes a page to a cache that must stay
+ * under 64 (it is at 60), and with host_slots 0 it would still cost that. It becomes needed
+ * when one key must have two places at once (an inclusive host copy kept after promotion, a
+ * copy in flight readable from both ends): issue #28 can add it behind kvp_loc_t then, since
+ * no caller sees slots. kvp__pc_slot / kvp__pc_loc are the one indirection point.
+ */
+#define KVP__PC_NIL      UINT32_MAX
+#define KVP__PC_NPRIO    (KVP_PCACHE_MAX_PRIORITY + 1)
+#define KVP__PC_MAX_PINS 65535u /* pin references per page are 16 bits */
+/* A page's release stamp is its release time in ms shifted left by STAMP_BITS, plus a counter
+ * of releases: ordering by stamp is ordering by release, even within one ms (where a
+ * sequence's pages are released deepest first), with no more memory per page. */
+#define KVP__PC_STAMP_BITS 20u
+
+typedef struct {
+    uint64_t id; /* 0: a free record */
+    uint64_t expires_ms;
+    uint32_t ns, scope, num_pages;
+    uint32_t *pages;
+} kvp__pc_pin_t;
+
+/* One medium's eviction order: a list per retention priority, a bitmap of the non-empty ones. */
+typedef struct {
+    uint32_t head[KVP__PC_NPRIO], tail[KVP__PC_NPRIO];
+    uint64_t nonempty[2];
+} kvp__pc_order_t;
+
+struct kvp_pcache {
+    kvp_seqtab_t *t;
+    kvp_alloc_t *a;
+    uint32_t np, ps, max_scopes, max_pins, max_ns;
+    uint32_t nhost; /* host slots: entry slots np..np+nhost-1 */
+    uint64_t now;
+    /* per entry slot [np + nhost] */
+    kvp_pagekey_t *key;
+    uint32_t *scope, *hnext, *prev, *next, *ret;
+    uint64_t *rel; /* when it was cached: ms << STAMP_BITS | a release counter (release order) */
+    uint8_t *flags, *prio;
+    /* per GPU page [np] */
+    uint32_t *gen, *hpos;
+    uint16_t *pinrefs;
+    /* index */
+    uint32_t *bucket, bmask;
+    /* eviction order of each medium */
+    kvp__pc_order_t ord[KVP_MEDIUMS];
+    /* cached GPU pages with a retention duration */
+    uint32_t *heap, heap_n;
+    uint64_t release_seq;
+    /* pins */
+    kvp__pc_pin_t *pins;
+    uint32_t *pin_free, num_pin_free;
+    uint64_t pin_seq;
+    uint64_t *ns_quota; /* pinned-page quotas; what pins hold is the table's ns pinned_pages */
+    uint32_t *ns_pins;
+    kvp_pcache_scope_stats_t *sc;
+    kvp_pcache_stats_t st;
+    /* the demoter (kvp_pcache_set_demoter), or NULL */
+    kvp_pcache_demote_fn demote;
+    kvp_pcache_forget_fn forget;
+    void *demote_arg;
+};
+
+/* The entry slot of a location, or KVP__PC_NIL when the cache has no such slot. */
+static inline uint32_t kvp__pc_slot(const struct kvp_pcache *c, kvp_loc_t l)
+{
+    if (l.medium == KVP_MEDIUM_GPU)
+        return l.index < c->np ? l.index : KVP__PC_NIL;
+    if (l.medium == KVP_MEDIUM_HOST)
+        return l.index < c->nhost ? c->np + l.index : KVP__PC_NIL;
+    return KVP__PC_NIL;
+}
+
+static inline kvp_loc_t kvp__pc_loc(const struct kvp_pcache *c, uint32_t slot)
+{
+    return slot < c->np ? kvp_loc(KVP_MEDIUM_GPU, slot) : kvp_loc(KVP_MEDIUM_HOST, slot - c->np);
+}
+
+static inline uint32_t kvp__pc_medium(const struct kvp_pcache *c, uint32_t slot)
+{
+    return slot < c->np ? KVP_MEDIUM_GPU : KVP_MEDIUM_HOST;
+}
+
+static inline uint32_t kvp__pc_bucket(const struct kvp_pcache *c, uint32_t scope, kvp_pagekey_t k)
+{
+    /* the key is already a good hash; the scope only has to move it */
+    return (uint32_t)(k.lo ^ ((uint64_t)scope * 0x9e3779b97f4a7c15ull)) & c->bmask;
+}
+
+static inline uint64_t kvp__pc_released_ms(const struct kvp_pcache *c, uint32_t p)
+{
+    return c->rel[p] >> KVP__PC_STAMP_BITS;
+}
+
+static inline uint64_t kvp__pc_expiry(const struct kvp_pcache *c, uint32_t p)
+{
+    return kvp__pc_released_ms(c, p) + c->ret[p];
+}
+
+/* The retention heap's order: by expiry, then release order, so pages whose retention ends
+ * together fall back to the default priority in the order they were released and a chain's
+ * deepest page stays first in line. */
+static inline int kvp__pc_heap_less(const struct kvp_pcache *c, uint32_t a, uint32_t b)
+{
+    uint64_t ea = kvp__pc_expiry(c, a), eb = kvp__pc_expiry(c, b);
+    return ea < eb || (ea == eb && c->rel[a] < c->rel[b]);
+}
+
+/* key table (kvp_pcache_index.c) */
+/* The slot of the entry (scope, key), any medium, or KVP__PC_NIL. */
+uint32_t kvp__pcache_find_slot(const struct kvp_pcache *c, uint32_t scope, kvp_pagekey_t key);
+/* Slot s (keyed) enters / leaves the table; counted in its medium's stats. */
+void kvp__pcache_index_insert(struct kvp_pcache *c, uint32_t s);
+void kvp__pcache_index_remove(struct kvp_pcache *c, uint32_t s);
+/* The findable leading GPU pages of tokens: their ids into pages[] (when not NULL, room for
+ * num_tokens / page_size), their count returned. */
+uint32_t kvp__pcache_walk(const struct kvp_pcache *c, uint32_t scope, kvp_pagekey_t key,
+                          const int32_t *tokens, uint64_t num_tokens, uint32_t *pages);
+
+/* eviction order and demotion (kvp_pcache_evict.c) */
+/* Cached GPU pages whose retention ended count as the default priority from now on. */
+void kvp__pcache_expire_retention(struct kvp_pcache *c);
+/* A reference on an indexed GPU page; a cached one comes back out of its list. */
+void kvp__pcache_take_ref(struct kvp_pcache *c, uint32_t page);
+/* The entry kept at slot s of another medium leaves the cache; the demoter's forget is told. */
+void kvp__pcache_drop_other(struct kvp_pcache *c, uint32_t s);
+
+/* pins (kvp_pcache_pin.c) */
+/* Drops pin record idx: its references go, its namespace's counts shrink. */
+void kvp__pcache_drop_pin(struct kvp_pcache *c, uint32_t idx);
 
 #endif
