@@ -21,6 +21,7 @@
 #include "kvp_kernels.h"
 #include "kvp_kernels_cuda.h"
 #include "kvp_layout.h"
+#include "kvp_loc.h"
 #include "kvp_pool_info.h"
 
 typedef struct kvp_backend kvp_backend_t;
@@ -40,9 +41,9 @@ typedef enum {
 } kvp_sync_mode_t;
 
 /* How the cuda backend, its kernels and the transfers over it run: the [tuning] keys of
- * the configuration, which kvpoold hands down (server/kvp_backend_choose.h); all zero: the defaults. The
- * backend keeps a copy in b->tuning, where the transfer engine (kvp_xfer.c, created by the rpc
- * layer from the backend) finds its part. The host backend uses none of it. */
+ * the configuration, which kvpoold hands down (server/kvp_backend_choose.h); all zero: the
+ * defaults. The backend keeps a copy in b->tuning, where the transfer engine (kvp_xfer.c, created
+ * by the rpc layer from the backend) finds its part. The host backend uses none of it. */
 typedef struct {
     uint32_t ready_timeout_ms;     /* tuning.cuda_ready_timeout_ms; 0: 30000 */
     bool plan_upload;              /* tuning.cuda_plan_upload */
@@ -63,16 +64,17 @@ typedef struct {
                               (set by import_buffer; host backend: 0) */
 } kvp_buffer_t;
 
-/* One append to run: the page table (CSR), per-token batch index and position, the
- * copy-on-write copies (applied to EVERY layer first), and where K/V come from in the source
- * buffer for layers [layer_begin, layer_end). Strides and offsets in bytes (validated against
- * the buffer's size and the element size before run() is called). All arrays are owned by the
- * caller and live until run() returns. */
+/* One append to run: where each token goes (the planner's destination, passed through to the
+ * kernels as it is), the copy-on-write copies (applied to EVERY layer first), and where K/V
+ * come from in the source buffer for layers [layer_begin, layer_end). Strides and offsets in
+ * bytes (validated against the buffer's size and the element size before run() is called).
+ * All arrays are owned by the caller and live until run() returns. */
 typedef struct {
-    uint32_t batch_size;
-    uint32_t nnz;
-    const int32_t *kv_indptr, *kv_indices, *kv_last_page_len;
-    const int32_t *batch_indices, *positions;
+    /* dest.nnz tokens, KVP_APPEND_DEST_SLOTS (kvp_plan_slots), in host memory: every slot is
+     * in the pool and inside its sequence. A backend runs the slots form only (it has no page
+     * table to read another through): a slot beyond the pool is a planner bug, KVP_ERANGE
+     * from the host backend, KVP_EINTERNAL and poisoned in the cuda backend. */
+    kvp_append_dest_t dest;
     const kvp_page_copy_t *copies;
     uint32_t num_copies;
     const kvp_buffer_t *src; /* single-source form: the append runs on src's device only */
@@ -85,6 +87,32 @@ typedef struct {
     uint32_t layer_begin, layer_end;
     uint32_t sync; /* kvp_sync_mode_t */
 } kvp_exec_t;
+
+#define KVP_MOVE_OUT 0 /* the pool's pages -> buf */
+#define KVP_MOVE_IN  1 /* buf -> the pool's pages */
+
+/* One page move (ops->move): the byte range [begin, end) of the packed form (kvp_kernels.h:
+ * per layer K then V, [token][head][head_dim], layer l at l * kvp_kv_packed_layer_bytes) of
+ * num_tokens tokens held, in order, in pages, between the pool and buf, which holds just that
+ * range. The packed form depends on neither the page size nor the layout or storage, so it is
+ * what a page is outside the pool: a slot of another tier, a peer daemon's stream (xfer/), a
+ * file. With a tensor-parallel pool a move reads or writes one device's heads (device). */
+typedef struct {
+    int dir;                  /* KVP_MOVE_OUT or KVP_MOVE_IN */
+    const int32_t *pages;     /* ceil(num_tokens / page_size) page ids, host memory (checked) */
+    const int32_t *pages_dev; /* cuda, optional: the same ids already in device memory (the
+                                 caller checked them); NULL: the backend uploads pages */
+    uint32_t num_tokens;
+    uint32_t device;         /* index in the pool's device group */
+    uint64_t begin, end;     /* 0 <= begin <= end <= kvp_backend_move_bytes (cuda: multiples
+                                of 16) */
+    void *buf;               /* end - begin bytes */
+    kvp_medium_t buf_medium; /* kvp_loc.h: KVP_MEDIUM_HOST (process memory, pageable or
+                                pinned) or KVP_MEDIUM_GPU (device memory on the pool's device;
+                                cuda backend only) */
+    void *stream; /* cuda, optional: queue the move on this stream and return (buf DEVICE,
+                     pages_dev set; the caller waits); NULL: done when move returns */
+} kvp_move_t;
 
 /* Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t (the proto's bound too). */
 #define KVP_BACKEND_IPC_HANDLE_BYTES 64
@@ -135,6 +163,10 @@ typedef struct {
     int (*event_open)(kvp_backend_t *b, const uint8_t *handle, uint32_t len, void **ev);
     int (*event_query)(kvp_backend_t *b, void *ev);
     void (*event_close)(kvp_backend_t *b, void *ev);
+    /* The page-mover: runs m (kvp_move_t). Returns 0, KVP_EINVAL (a bad range, device,
+     * medium or argument), KVP_ERANGE (a page id), or another code (the copy failed). Any
+     * thread (a worker's, for long moves); moves into the same pages must not overlap. */
+    int (*move)(kvp_backend_t *b, const kvp_move_t *m);
     /* A health probe: 0 when the backend can serve (cuda: the context is not poisoned). */
     int (*health)(kvp_backend_t *b);
     void (*destroy)(kvp_backend_t *b);
@@ -168,6 +200,14 @@ void kvp_backend_pool_info(const kvp_backend_t *b, kvp_pool_info_t *out);
  * turned into elements. */
 void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uint8_t *base,
                           kvp_append_src_t *src);
+
+/* Bytes of the packed form of num_tokens tokens of one device's heads (ops->move's whole
+ * range): num_layers * kvp_kv_packed_layer_bytes. */
+uint64_t kvp_backend_move_bytes(const kvp_backend_t *b, uint32_t num_tokens);
+
+/* Checks m against b (direction, device, range, buffer, every page id < num_pages), the part
+ * of ops->move every backend shares. Returns 0, KVP_EINVAL or KVP_ERANGE. */
+int kvp_backend_move_check(const kvp_backend_t *b, const kvp_move_t *m);
 
 /* A layer view of the pool for the kernels API (host pointers), page table left empty. */
 void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t layer,

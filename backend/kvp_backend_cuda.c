@@ -4,12 +4,10 @@
  * of the CUDA virtual memory API (cuMemCreate, POSIX-fd handle type) mapped into the daemon
  * and exported as an fd that workers map themselves; worker buffers arrive as such fds, as
  * legacy cudaIpcMemHandle_t, or as sealed memfds (pinned with cudaHostRegister and read by the
- * kernels over the bus). run() has two paths on the device's own non-blocking stream: a small
- * Append (no copy-on-write copies, at most KVP_APPEND_SLOTS_MAX tokens: every decode step) is
- * one launch of kvp_append_slots_cuda over all its layers, with each token's slot computed
- * here and carried inside the launch; anything else uploads its plan through pinned staging
- * and runs the page copies and the per-layer append kernels, with an error word read back.
- * The worker's data is ordered before the copy by its interprocess "ready" event.
+ * kernels over the bus). run() - two paths on the device's own non-blocking stream, the
+ * planner's slots carried inside one launch for a small Append or uploaded with the copies for
+ * the rest - is kvp_backend_cuda_run.c's; the state both files share is
+ * kvp_backend_cuda_internal.h's.
  *
  * The worker's "ready" event is waited for by the copy thread on the CPU (cudaEventQuery,
  * bounded by READY_TIMEOUT_MS), never by the device's stream: on the H200 a worker killed
@@ -25,7 +23,7 @@
  * operations on a flag word both sides map would give the GPU-side wait on the ready event
  * back; the daemon could then release a dead worker's wait by writing the word itself.)
  *
- * Not here: the planner (the dispatch hands run() a validated plan) and the kernels. A CUDA
+ * Not here: the planner (the dispatch hands run() a validated plan), run() and the kernels. A CUDA
  * error inside run() or a sticky error seen by health() poisons the backend: health() then
  * fails forever and the daemon exits for its service manager to restart it (DESIGN.md §8).
  * Built without CUDA, only the two entry points exist and say "unavailable".
@@ -39,6 +37,7 @@
 #include <unistd.h>
 
 #include "kvp_backend.h"
+#include "kvp_backend_internal.h"
 #include "kvp_error.h"
 #include "kvp_log.h"
 
@@ -49,61 +48,11 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "kvp_backend_cuda_internal.h"
 #include "kvp_cuda_util.h"
 #include "kvp_kernels_cuda.h"
 
-#define STAGE_MIN_BYTES (64u << 10) /* first size of a staging slot and the device copy */
-/* Longest wait for a worker's ready event (SYNC_EVENT) by default; tuning.ready_timeout_ms
- * ([tuning] cuda_ready_timeout_ms) overrides it when the backend is created (tests use a short
- * one). */
-#define READY_TIMEOUT_MS 30000
-
-/* Pinned host staging for one run's plan arrays. One per device is enough: a run holds the
- * device's lock and waits for its stream before it returns, so the next run finds the upload
- * and the error-word read-back of the previous one done. */
-typedef struct {
-    int32_t *host;
-    size_t cap_bytes;
-    size_t err_word; /* index of the run's error word in host[] */
-} stage_t;
-
-typedef struct {
-    int ordinal;
-    kvp_cuda_vmm_t pool;
-    int export_fd;
-    cudaStream_t stream;
-    pthread_mutex_t lock; /* everything below, and the order of work on stream */
-    int lock_ready;
-    stage_t stage;
-    int32_t *dev_words; /* the plan arrays on the device: stream-ordered, so one suffices */
-    size_t dev_cap_bytes;
-} cuda_dev_t;
-
-typedef struct {
-    kvp_backend_t base;
-    uint32_t num_devices;
-    cuda_dev_t *dev;
-    atomic_int poisoned;
-    uint64_t ready_timeout_ms;
-    int plan_upload; /* tuning.plan_upload: every Append uploads its plan and runs the
-                        page-table kernels (the path of batches over KVP_APPEND_SLOTS_MAX or with
-                        copies), to compare the two in one build */
-} cuda_backend_t;
-
-/* A worker buffer as the daemon holds it (kvp_buffer_t.priv). */
-typedef struct {
-    uint32_t dev; /* index into cuda_backend_t.dev */
-    uint32_t kind;
-    kvp_cuda_vmm_t vmm;  /* BUFFER_CUDA_VMM_FD */
-    void *ipc_ptr;       /* BUFFER_CUDA_IPC: from cudaIpcOpenMemHandle */
-    void *host_map;      /* BUFFER_MEMFD: the mapping, registered with CUDA */
-    size_t host_bytes;   /* its length */
-    const uint8_t *dptr; /* where the kernels read */
-    cudaEvent_t ready;   /* the worker's interprocess event, NULL if none */
-    cudaEvent_t done;    /* ours, interprocess, NULL if none: handed out, never recorded */
-} cuda_buf_t;
-
-static void poison(cuda_backend_t *cb, const char *why)
+void kvp__backend_cuda_poison(cuda_backend_t *cb, const char *why)
 {
     if (!atomic_exchange(&cb->poisoned, 1))
         kvp_log(KVP_LOG_CRIT, "cuda backend poisoned reason=\"%s\"; no more work is accepted", why);
@@ -316,358 +265,6 @@ static void cuda_release(kvp_backend_t *b, kvp_buffer_t *kb)
     kb->priv = NULL;
 }
 
-/* ---- run -------------------------------------------------------------------------------- */
-
-/* The kernels move 16-byte vectors: a source they would refuse is refused here first, before
- * anything is queued (the dispatch checks only element alignment). */
-static int check_source_align(const cuda_buf_t *buf, const kvp_exec_t *e)
-{
-    if ((uintptr_t)buf->dptr % 16)
-        return KVP_EINVAL;
-    const uint64_t *v = kvp_src_layout_words(&e->layout);
-    for (int i = 0; i < KVP_SRC_LAYOUT_WORDS; i++)
-        if (v[i] % 16)
-            return KVP_EINVAL;
-    return 0;
-}
-
-/* Makes the slot hold at least bytes (its previous run is known to be finished). */
-static int stage_reserve(stage_t *st, size_t bytes)
-{
-    int rc = 0;
-    if (st->cap_bytes >= bytes)
-        return 0;
-    size_t cap = st->cap_bytes ? 2 * st->cap_bytes : STAGE_MIN_BYTES;
-    while (cap < bytes)
-        cap *= 2;
-    /* rare (doubling); cudaFreeHost may wait for the device */
-    if (st->host)
-        KVP_CUDA_TRY(cudaFreeHost(st->host), rc, fail);
-    st->host = NULL;
-    st->cap_bytes = 0;
-    KVP_CUDA_TRY(cudaHostAlloc((void **)&st->host, cap, cudaHostAllocDefault), rc, fail);
-    st->cap_bytes = cap;
-    return 0;
-fail:
-    return rc;
-}
-
-/* Makes the device copy hold at least bytes, in stream order (no synchronisation). */
-static int dev_reserve(cuda_dev_t *dv, size_t bytes)
-{
-    int rc = 0;
-    if (dv->dev_cap_bytes >= bytes)
-        return 0;
-    size_t cap = dv->dev_cap_bytes ? 2 * dv->dev_cap_bytes : STAGE_MIN_BYTES;
-    while (cap < bytes)
-        cap *= 2;
-    if (dv->dev_words)
-        KVP_CUDA_TRY(cudaFreeAsync(dv->dev_words, dv->stream), rc, fail);
-    dv->dev_words = NULL;
-    dv->dev_cap_bytes = 0;
-    KVP_CUDA_TRY(cudaMallocAsync((void **)&dv->dev_words, cap, dv->stream), rc, fail);
-    dv->dev_cap_bytes = cap;
-    return 0;
-fail:
-    return rc;
-}
-
-/* Reads a finished run's error word; non-zero poisons. */
-static int stage_check(cuda_backend_t *cb, const stage_t *st)
-{
-    int32_t err = st->host[st->err_word];
-    if (err == 0)
-        return 0;
-    kvp_log(KVP_LOG_CRIT, "cuda append reported a bad row err=%s (planner bug)", kvp_errname(err));
-    poison(cb, "the append kernel reported an error");
-    return KVP_EINTERNAL;
-}
-
-/* Word layout of a staged plan (int32 words). */
-typedef struct {
-    size_t indptr, indices, last, bidx, pos, copies, err, total;
-} plan_layout_t;
-
-static void plan_layout(const kvp_exec_t *e, plan_layout_t *p)
-{
-    size_t B = e->batch_size, I = (size_t)e->kv_indptr[e->batch_size], N = e->nnz;
-    p->indptr = 0;
-    p->indices = p->indptr + B + 1;
-    p->last = p->indices + I;
-    p->bidx = p->last + B;
-    p->pos = p->bidx + N;
-    p->copies = p->pos + N;
-    p->err = p->copies + 2 * (size_t)e->num_copies;
-    p->total = p->err + 1;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* Queues e's copies on device dv and, when buf is not NULL, the append from buf (that device's
- * heads). The caller holds dv->lock. Nothing is waited for here, so the devices of a group
- * run their parts at the same time. */
-static int enqueue_on_device(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e,
-                             cuda_buf_t *buf)
-{
-    kvp_backend_t *b = &cb->base;
-    plan_layout_t pl;
-    plan_layout(e, &pl);
-    const size_t bytes = pl.total * sizeof(int32_t);
-    int rc = 0;
-
-    KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, fail);
-    stage_t *st = &dv->stage;
-    if ((rc = stage_reserve(st, bytes)) || (rc = dev_reserve(dv, bytes)))
-        goto fail;
-
-    int32_t *h = st->host;
-    memcpy(h + pl.indptr, e->kv_indptr, (e->batch_size + 1) * sizeof(int32_t));
-    if (pl.last > pl.indices)
-        memcpy(h + pl.indices, e->kv_indices, (pl.last - pl.indices) * sizeof(int32_t));
-    memcpy(h + pl.last, e->kv_last_page_len, e->batch_size * sizeof(int32_t));
-    if (e->nnz) {
-        memcpy(h + pl.bidx, e->batch_indices, e->nnz * sizeof(int32_t));
-        memcpy(h + pl.pos, e->positions, e->nnz * sizeof(int32_t));
-    }
-    if (e->num_copies)
-        memcpy(h + pl.copies, e->copies, e->num_copies * sizeof(kvp_page_copy_t));
-    h[pl.err] = 0;
-    int32_t *d = dv->dev_words;
-    KVP_CUDA_TRY(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, dv->stream), rc, fail);
-
-    void *pool = (void *)(uintptr_t)dv->pool.ptr;
-    kvp_paged_kv_t kv;
-    for (uint32_t l = 0; l < b->geom.num_layers && e->num_copies; l++) {
-        kvp_backend_layer_view(b, pool, l, &kv);
-        KVP_KERNEL_TRY(kvp_page_copy_cuda(&kv, (const kvp_page_copy_t *)(d + pl.copies),
-                                          e->num_copies, d + pl.err, dv->stream),
-                       rc, fail);
-    }
-    if (buf && e->nnz) {
-        for (uint32_t l = e->layer_begin; l < e->layer_end; l++) {
-            kvp_backend_layer_view(b, pool, l, &kv);
-            kv.batch_size = e->batch_size;
-            kv.kv_indptr = d + pl.indptr;
-            kv.kv_indices = d + pl.indices;
-            kv.kv_last_page_len = d + pl.last;
-            const uint8_t *base = buf->dptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
-            kvp_append_src_t src;
-            kvp_backend_exec_src(b, e, base, &src);
-            KVP_KERNEL_TRY(kvp_append_paged_kv_cache_cuda_unchecked_opts(
-                               &kv, &src, d + pl.bidx, d + pl.pos, e->nnz, d + pl.err,
-                               &b->tuning.append, dv->stream),
-                           rc, fail);
-        }
-    }
-    KVP_CUDA_TRY(cudaMemcpyAsync(h + pl.err, d + pl.err, sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                 dv->stream),
-                 rc, fail);
-    st->err_word = pl.err;
-    return 0;
-fail:
-    return rc ? rc : KVP_EINTERNAL;
-}
-
-/* Where every token of e goes, as pool slots (page id * page_size + position % page_size; -1
- * for padding), from the plan's own page table: the form kvp_append_slots_cuda takes. Each
- * token is checked as the kernels' guards check it (request in the batch, position inside its
- * sequence, page id in the pool): 0, or KVP_ERANGE for a plan our planner cannot have made,
- * which the caller treats as the kernels' error word (poison). */
-static int plan_slots(const kvp_backend_t *b, const kvp_exec_t *e, int32_t *slots)
-{
-    const int32_t ps = (int32_t)b->geom.page_size;
-    const uint32_t np = b->geom.num_pages;
-    for (uint32_t i = 0; i < e->nnz; i++) {
-        int32_t bi = e->batch_indices[i], pos = e->positions[i];
-        if (bi < 0) {
-            slots[i] = -1;
-            continue;
-        }
-        if ((uint32_t)bi >= e->batch_size)
-            return KVP_ERANGE;
-        int32_t p0 = e->kv_indptr[bi], n = e->kv_indptr[bi + 1] - p0;
-        int32_t len = n > 0 ? (n - 1) * ps + e->kv_last_page_len[bi] : 0;
-        if (pos < 0 || pos >= len)
-            return KVP_ERANGE;
-        int32_t page = e->kv_indices[p0 + pos / ps];
-        if ((uint32_t)page >= np)
-            return KVP_ERANGE;
-        slots[i] = page * ps + pos % ps;
-    }
-    return 0;
-}
-
-/* The small-Append path: one launch of the slot kernel for every layer of the range, the
- * slots inside the launch, so nothing is uploaded before it and no error word is read back
- * after it (the slots come from our own planner and are range-checked on the host). Used
- * when there are no copy-on-write copies and the batch fits one launch; decode steps are
- * that case. The caller holds dv->lock. */
-static int enqueue_slots(cuda_backend_t *cb, cuda_dev_t *dv, const kvp_exec_t *e, cuda_buf_t *buf,
-                         const int32_t *slots)
-{
-    kvp_backend_t *b = &cb->base;
-    int rc = 0;
-    KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, fail);
-    kvp_paged_kv_t kv;
-    kvp_backend_layer_view(b, (void *)(uintptr_t)dv->pool.ptr, e->layer_begin, &kv);
-    const uint8_t *base = buf->dptr;
-    kvp_append_src_t src;
-    kvp_backend_exec_src(b, e, base, &src);
-    KVP_KERNEL_TRY(kvp_append_slots_cuda(&kv, &src, slots, e->nnz, e->layer_end - e->layer_begin,
-                                         b->derived.layer_bytes, e->layer_stride, dv->stream),
-                   rc, fail);
-    return 0;
-fail:
-    return rc ? rc : KVP_EINTERNAL;
-}
-
-/* Waits until dv's stream has run what was queued and, for enqueue_on_device's work
- * (has_err_word), checks the run's error word. The daemon waits for the copy before answering in
- * both sync modes: the pages the copy writes stay pinned only until run() returns
- * (kvp_rpc_job_finish unpins them), so returning while the GPU still writes would let a concurrent
- * Release hand those pages to another sequence. SYNC_EVENT still orders the worker's stream after
- * the copy on the GPU (the done event), so the worker's stream never waits on the CPU. The caller
- * holds dv->lock. */
-static int finish_on_device(cuda_backend_t *cb, cuda_dev_t *dv, int has_err_word)
-{
-    int rc = 0;
-    KVP_CUDA_TRY(cudaSetDevice(dv->ordinal), rc, fail);
-    KVP_CUDA_TRY(cudaStreamSynchronize(dv->stream), rc, fail);
-    return has_err_word ? stage_check(cb, &dv->stage) : 0;
-fail:
-    return rc;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* Waits on the CPU until the worker's ready event completes: spinning briefly, then sleeping
- * with a growing interval. 0; KVP_ETIMEDOUT after timeout_ms (a dead or stuck worker);
- * KVP_EINVAL when the event reports an error. Copy thread, no lock held. */
-static int wait_ready(const cuda_buf_t *buf, uint64_t timeout_ms)
-{
-    const uint64_t start = now_ms();
-    long sleep_ns = 20 * 1000;
-    for (unsigned i = 0;; i++) {
-        cudaError_t e = cudaEventQuery(buf->ready);
-        if (e == cudaSuccess)
-            return 0;
-        if (e != cudaErrorNotReady) {
-            (void)KVP_CUDA_FAILED(e, "cudaEventQuery(buf->ready)");
-            return KVP_EINVAL;
-        }
-        if (now_ms() - start > timeout_ms) {
-            kvp_log(KVP_LOG_WARNING,
-                    "append skipped reason=\"the worker's ready event did not complete in %llu "
-                    "ms\"",
-                    (unsigned long long)timeout_ms);
-            return KVP_ETIMEDOUT;
-        }
-        if (i < 256) {
-            sched_yield();
-            continue;
-        }
-        struct timespec ts = {0, sleep_ns};
-        nanosleep(&ts, NULL);
-        if (sleep_ns < 500 * 1000)
-            sleep_ns += sleep_ns / 4;
-    }
-}
-
-static int cuda_run(kvp_backend_t *b, const kvp_exec_t *e)
-{
-    cuda_backend_t *cb = (cuda_backend_t *)b;
-    if (atomic_load(&cb->poisoned))
-        return KVP_EINTERNAL;
-    if (!e || e->layer_begin > e->layer_end || e->layer_end > b->geom.num_layers)
-        return KVP_EINTERNAL; /* the dispatch validated all this: a bug, not a refusal */
-    /* feed[g]: the buffer device g appends from (NULL: copies only). The single-source form
-     * feeds the buffer's own device (it carries that device's heads); the tensor-parallel form
-     * feeds every device from its rank's buffer. */
-    cuda_buf_t *feed[KVP_GEOM_MAX_DEVICES] = {0};
-    if (e->num_rank_src) {
-        if (e->num_rank_src != cb->num_devices)
-            return KVP_EINTERNAL;
-        for (uint32_t g = 0; g < cb->num_devices; g++) {
-            const kvp_buffer_t *kb = e->rank_src[g];
-            if (!kb || !kb->priv || ((cuda_buf_t *)kb->priv)->dev != g)
-                return KVP_EINTERNAL;
-            feed[g] = kb->priv;
-        }
-    } else {
-        if (!e->src || !e->src->priv)
-            return KVP_EINTERNAL;
-        cuda_buf_t *buf = e->src->priv;
-        feed[buf->dev] = buf;
-    }
-    /* an append that cannot run is skipped on every device, but the copies still run: the
-     * dispatch then rolls the sequences back over pages whose old slots are right. Every
-     * rank's source is checked and every ready event waited for before anything is queued,
-     * so a group appends on all of its devices or on none. */
-    int refused = 0;
-    const uint64_t t0 = now_ns();
-    for (uint32_t g = 0; g < cb->num_devices && e->nnz && !refused; g++) {
-        if (feed[g] && check_source_align(feed[g], e)) {
-            kvp_log(KVP_LOG_WARNING, "append skipped reason=\"source offsets and strides must "
-                                     "be multiples of 16 bytes for the cuda kernels\"");
-            refused = KVP_EINVAL;
-        }
-    }
-    for (uint32_t g = 0; g < cb->num_devices && e->nnz && !refused; g++)
-        if (feed[g] && e->sync == KVP_SYNC_EVENT && feed[g]->ready)
-            refused = wait_ready(feed[g], cb->ready_timeout_ms);
-    const uint64_t t1 = now_ns();
-    /* page ids name the same slots on every device: copies run everywhere. Devices are locked
-     * in index order (every run does the same, so two runs cannot deadlock), all of them are
-     * given their work first and waited for after, so the group's devices work in parallel. */
-    int locked[KVP_GEOM_MAX_DEVICES] = {0};
-    int rc = 0;
-    int32_t slots[KVP_APPEND_SLOTS_MAX];
-    const int small =
-        !refused && !e->num_copies && e->nnz && e->nnz <= KVP_APPEND_SLOTS_MAX && !cb->plan_upload;
-    if (small && plan_slots(b, e, slots)) {
-        kvp_log(KVP_LOG_CRIT, "cuda append plan names a slot outside its sequence (planner bug)");
-        poison(cb, "an append plan named a slot outside its sequence");
-        return KVP_EINTERNAL;
-    }
-    for (uint32_t g = 0; g < cb->num_devices && !rc; g++) {
-        cuda_buf_t *buf = refused ? NULL : feed[g];
-        if (!buf && !e->num_copies)
-            continue;
-        pthread_mutex_lock(&cb->dev[g].lock);
-        locked[g] = 1;
-        rc = small ? enqueue_slots(cb, &cb->dev[g], e, buf, slots)
-                   : enqueue_on_device(cb, &cb->dev[g], e, buf);
-    }
-    const uint64_t t2 = now_ns();
-    for (uint32_t g = 0; g < cb->num_devices && !rc; g++)
-        if (locked[g])
-            rc = finish_on_device(cb, &cb->dev[g], !small);
-    for (uint32_t g = cb->num_devices; g-- > 0;)
-        if (locked[g])
-            pthread_mutex_unlock(&cb->dev[g].lock);
-    if (rc) {
-        poison(cb, "a CUDA call failed while running an append");
-        return rc;
-    }
-    if (kvp_log_enabled(KVP_LOG_DEBUG))
-        kvp_log(KVP_LOG_DEBUG,
-                "cuda run timing nnz=%u ranks=%u path=%s ready_wait_us=%.1f enqueue_us=%.1f "
-                "wait_us=%.1f",
-                e->nnz, e->num_rank_src, small ? "slots" : "upload", (double)(t1 - t0) / 1e3,
-                (double)(t2 - t1) / 1e3, (double)(now_ns() - t2) / 1e3);
-    return refused;
-}
-
 /* ---- health, destroy, create ------------------------------------------------------------ */
 
 static int cuda_health(kvp_backend_t *b)
@@ -681,7 +278,7 @@ static int cuda_health(kvp_backend_t *b)
         if (e != cudaSuccess && e != cudaErrorNotReady) {
             /* a sticky error (illegal address, launch failure, ECC...) poisons the context */
             (void)KVP_CUDA_FAILED(e, "cudaStreamQuery(dv->stream)");
-            poison(cb, "the device's stream reports an error");
+            kvp__backend_cuda_poison(cb, "the device's stream reports an error");
             return KVP_EINTERNAL;
         }
     }
@@ -774,7 +371,8 @@ static const kvp_backend_ops_t cuda_ops = {
     .export_fds = cuda_export,
     .import_buffer = cuda_import,
     .release_buffer = cuda_release,
-    .run = cuda_run,
+    .run = kvp__backend_cuda_run,
+    .move = kvp__backend_cuda_move,
     .health = cuda_health,
     .destroy = cuda_destroy,
 };
@@ -817,7 +415,7 @@ static int dev_create(cuda_dev_t *dv, size_t map_bytes)
         goto fail;
     KVP_CUDA_TRY(cudaMemsetAsync((void *)(uintptr_t)dv->pool.ptr, 0, dv->pool.size, dv->stream), rc,
                  fail);
-    if ((rc = dev_reserve(dv, STAGE_MIN_BYTES)))
+    if ((rc = kvp__backend_cuda_dev_reserve(dv, STAGE_MIN_BYTES)))
         goto fail;
     KVP_CUDA_TRY(cudaStreamSynchronize(dv->stream), rc, fail);
     return 0;

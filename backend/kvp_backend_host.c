@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kvp_backend.h"
+#include "kvp_backend_internal.h"
 #include "kvp_error.h"
 #include "kvp_log.h"
 
@@ -22,64 +23,6 @@ typedef struct {
     int fd;
     uint8_t *pool;
 } host_backend_t;
-
-void kvp_backend_layer_view(const kvp_backend_t *b, void *pool_base, uint32_t layer,
-                            kvp_paged_kv_t *kv)
-{
-    const kvp_geom_derived_t *d = &b->derived;
-    memset(kv, 0, sizeof(*kv));
-    kv->k_data = (uint8_t *)pool_base + kvp_geom_layer_offset(d, layer);
-    kv->v_data = (uint8_t *)kv->k_data + d->v_offset_bytes;
-    kv->elem_bytes = d->elem_bytes;
-    kv->num_pages = b->geom.num_pages;
-    kv->page_size = b->geom.page_size;
-    kv->num_heads = d->heads;
-    kv->head_dim = b->geom.head_dim;
-    kv->stride_page = d->stride_page;
-    kv->stride_n = d->stride_n;
-    kv->stride_h = d->stride_h;
-}
-
-void kvp_backend_pool_info(const kvp_backend_t *b, kvp_pool_info_t *out)
-{
-    const kvp_geom_t *g = &b->geom;
-    const kvp_geom_derived_t *d = &b->derived;
-    *out = (kvp_pool_info_t){.num_layers = g->num_layers,
-                             .num_pages = g->num_pages,
-                             .page_size = g->page_size,
-                             .num_kv_heads = g->num_kv_heads,
-                             .head_dim = g->head_dim,
-                             .dtype = (uint32_t)g->dtype,
-                             .layout = (uint32_t)g->layout,
-                             .storage = (uint32_t)g->storage,
-                             .num_devices = g->num_devices ? g->num_devices : 1,
-                             .backend = b->kind,
-                             .elem_bytes = d->elem_bytes,
-                             .heads_per_device = d->heads,
-                             .pool_bytes = d->pool_bytes,
-                             .layer_bytes = d->layer_bytes,
-                             .v_offset_bytes = d->v_offset_bytes,
-                             .stride_page = d->stride_page,
-                             .stride_n = d->stride_n,
-                             .stride_h = d->stride_h,
-                             .map_granularity = b->map_granularity};
-    for (uint32_t i = 0; i < b->num_device_ids && i < KVP_MAX_DEVICES; i++)
-        out->device_ids[i] = b->device_ids[i];
-}
-
-void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uint8_t *base,
-                          kvp_append_src_t *src)
-{
-    const uint64_t elem = b->derived.elem_bytes;
-    *src = (kvp_append_src_t){
-        .key = base + e->k_offset,
-        .value = base + e->v_offset,
-        .k_stride_n = (int64_t)(e->k_stride_n / elem),
-        .k_stride_h = (int64_t)(e->k_stride_h / elem),
-        .v_stride_n = (int64_t)(e->v_stride_n / elem),
-        .v_stride_h = (int64_t)(e->v_stride_h / elem),
-    };
-}
 
 static int host_export(kvp_backend_t *b, int *fds, int max)
 {
@@ -162,19 +105,45 @@ static int host_run(kvp_backend_t *b, const kvp_exec_t *e)
         kvp_backend_layer_view(b, h->pool, l, &kv);
         rc = kvp_page_copy_cpu(&kv, e->copies, e->num_copies);
     }
-    for (uint32_t l = e->layer_begin; l < e->layer_end && e->nnz && !rc; l++) {
+    /* the planner's destination as it is (kvp_exec_t.dest): the kernel reads the slots */
+    for (uint32_t l = e->layer_begin; l < e->layer_end && e->dest.nnz && !rc; l++) {
         kvp_backend_layer_view(b, h->pool, l, &kv);
-        kv.batch_size = e->batch_size;
-        kv.kv_indptr = e->kv_indptr;
-        kv.kv_indices = e->kv_indices;
-        kv.kv_last_page_len = e->kv_last_page_len;
         const uint8_t *base =
             (const uint8_t *)from->host_ptr + (uint64_t)(l - e->layer_begin) * e->layer_stride;
         kvp_append_src_t src;
         kvp_backend_exec_src(b, e, base, &src);
-        rc = kvp_append_paged_kv_cache_cpu(&kv, &src, e->batch_indices, e->positions, e->nnz);
+        rc = kvp_append_cpu(&kv, &src, &e->dest);
     }
     return rc;
+}
+
+typedef struct {
+    host_backend_t *h;
+    const kvp_move_t *m;
+} host_move_t;
+
+static int host_move_piece(void *arg, uint32_t layer, uint64_t lo, uint64_t hi, uint64_t buf_off)
+{
+    const host_move_t *hm = arg;
+    const kvp_move_t *m = hm->m;
+    kvp_paged_kv_t kv;
+    kvp_backend_layer_view(&hm->h->base, hm->h->pool, layer, &kv);
+    uint8_t *buf = (uint8_t *)m->buf + buf_off;
+    return m->dir == KVP_MOVE_OUT
+               ? kvp_kv_pack_range_cpu(&kv, m->pages, m->num_tokens, lo, hi, buf)
+               : kvp_kv_unpack_range_cpu(&kv, m->pages, m->num_tokens, lo, hi, buf);
+}
+
+/* The page-mover on the CPU: the pool is process memory, so is buf (no device medium). */
+static int host_move(kvp_backend_t *b, const kvp_move_t *m)
+{
+    int rc = kvp_backend_move_check(b, m);
+    if (rc)
+        return rc;
+    if (m->buf_medium != KVP_MEDIUM_HOST || m->stream)
+        return KVP_EINVAL;
+    host_move_t hm = {.h = (host_backend_t *)b, .m = m};
+    return kvp__backend_move_pieces(b, m, host_move_piece, &hm);
 }
 
 static int host_health(kvp_backend_t *b)
@@ -201,6 +170,7 @@ static const kvp_backend_ops_t host_ops = {
     .import_buffer = host_import,
     .release_buffer = host_release,
     .run = host_run,
+    .move = host_move,
     .health = host_health,
     .destroy = host_destroy,
 };

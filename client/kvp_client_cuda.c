@@ -770,9 +770,10 @@ int kvp_client_cuda_append_fused(const kvp_paged_kv_t *kv, const kvp_append_src_
     int rc = fused_check(kv, src, append_indptr, nnz, flags);
     if (rc || nnz == 0)
         return rc;
-    KVP_KERNEL_TRY(kvp_append_paged_kv_cache_fused_cuda_ex(kv, src, append_indptr, nnz, err_dev,
-                                                           flags, stream),
-                   rc, fail);
+    const kvp_append_dest_t dest = {
+        .kind = KVP_APPEND_DEST_FUSED, .nnz = nnz, .append_indptr = append_indptr};
+    const kvp_append_cuda_args_t args = {.flags = flags, .err_dev = err_dev};
+    KVP_KERNEL_TRY(kvp_append_cuda(kv, src, &dest, &args, stream), rc, fail);
     return 0;
 fail:
     return rc;

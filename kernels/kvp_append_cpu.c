@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_append_cpu.c - the CPU form of every operation in kvp_kernels.h: FlashInfer's
- * append_paged_kv_cache, get_seq_lens and get_batch_indices_positions, and whole-page copies.
- * Each entry point validates all of its arguments first and only then writes, so a rejected
- * call leaves the cache and the outputs exactly as they were. It is a plain copy on host
- * memory that runs on the calling thread (tokens are independent, so a caller may split a
- * batch across threads); it is not the geometry: it never derives a stride, pointers and
+ * append_paged_kv_cache (with any kvp_append_dest_t), get_seq_lens and get_batch_indices_positions,
+ * and whole-page copies. Each entry point validates all of its arguments first and only then
+ * writes, so a rejected call leaves the cache and the outputs exactly as they were. It is a plain
+ * copy on host memory that runs on the calling thread (tokens are independent, so a caller may
+ * split a batch across threads); it is not the geometry: it never derives a stride, pointers and
  * strides come from the caller.
  */
 #include "kvp_kernels.h"
@@ -119,20 +119,59 @@ static void copy_rows(unsigned char *dst, int64_t dst_step, const unsigned char 
         memcpy(dst + (int64_t)r * dst_step, src + (int64_t)r * src_step, row_bytes);
 }
 
+/* The checks of every form's destination (kvp_kernels.h, kvp_append_cpu): 0, KVP_EINVAL or
+ * KVP_ERANGE; the table or pool shape is already checked. */
+static int check_dest(const kvp_paged_kv_t *kv, const kvp_append_dest_t *d)
+{
+    const uint32_t nnz = d->nnz;
+    if (d->kind == KVP_APPEND_DEST_TOKENS) {
+        for (uint32_t i = 0; i < nnz; i++) {
+            int32_t b = d->batch_indices[i];
+            if (b < 0)
+                continue; /* padding */
+            if ((uint32_t)b >= kv->batch_size)
+                return KVP_ERANGE;
+            if (d->positions[i] < 0 || d->positions[i] >= seq_len_of(kv, (uint32_t)b))
+                return KVP_ERANGE;
+        }
+    } else if (d->kind == KVP_APPEND_DEST_FUSED) {
+        const int32_t *aip = d->append_indptr;
+        if (aip[0] != 0 || (int64_t)aip[kv->batch_size] != (int64_t)nnz)
+            return KVP_EINVAL;
+        for (uint32_t b = 0; b < kv->batch_size; b++)
+            if (aip[b + 1] < aip[b])
+                return KVP_EINVAL;
+        for (uint32_t b = 0; b < kv->batch_size; b++)
+            if (aip[b + 1] - aip[b] > seq_len_of(kv, b))
+                return KVP_ERANGE;
+    } else {
+        const int64_t cap = (int64_t)kv->num_pages * kv->page_size;
+        for (uint32_t i = 0; i < nnz; i++)
+            if (d->slots[i] >= cap)
+                return KVP_ERANGE;
+    }
+    return 0;
+}
+
 /* Contract in kvp_kernels.h. Source strides must be >= 0, each stride's byte step and the
  * source's byte extent must fit in ptrdiff_t and not wrap the address space (KVP_EINVAL
  * otherwise, whatever nnz and num_heads are), and the source must not overlap the pool. Two
  * tokens naming the same slot: the later one wins. Callers must not run appends that write the
  * same pages concurrently. */
-int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                  const int32_t *batch_indices, const int32_t *positions,
-                                  uint32_t nnz)
+int kvp_append_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                   const kvp_append_dest_t *dest)
 {
+    if (!dest || dest->kind > KVP_APPEND_DEST_SLOTS)
+        return KVP_EINVAL;
+    const uint32_t nnz = dest->nnz;
     if (nnz == 0)
         return 0;
-    if (!kv || !src || !batch_indices || !positions)
+    const bool slots = dest->kind == KVP_APPEND_DEST_SLOTS;
+    if (!kv || !src ||
+        (dest->kind == KVP_APPEND_DEST_TOKENS && (!dest->batch_indices || !dest->positions)) ||
+        (dest->kind == KVP_APPEND_DEST_FUSED && !dest->append_indptr) || (slots && !dest->slots))
         return KVP_EINVAL;
-    int rc = kvp_paged_kv_check(kv);
+    int rc = slots ? check_pool_shape(kv) : kvp_paged_kv_check(kv);
     if (rc)
         return rc;
     int64_t k_extent, v_extent;
@@ -143,15 +182,8 @@ int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src
                    kv->elem_bytes, &v_extent) ||
         !span_ok(src->key, k_extent) || !span_ok(src->value, v_extent))
         return KVP_EINVAL;
-    for (uint32_t i = 0; i < nnz; i++) {
-        int32_t b = batch_indices[i];
-        if (b < 0)
-            continue; /* padding */
-        if ((uint32_t)b >= kv->batch_size)
-            return KVP_ERANGE;
-        if (positions[i] < 0 || positions[i] >= seq_len_of(kv, (uint32_t)b))
-            return KVP_ERANGE;
-    }
+    if ((rc = check_dest(kv, dest)))
+        return rc;
 
     /* Everything is valid; from here on nothing fails. Strides become byte steps once. */
     const int64_t eb = kv->elem_bytes;
@@ -164,12 +196,29 @@ int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src
     const unsigned char *k_src = src->key, *v_src = src->value;
     const uint32_t page_size = kv->page_size, num_heads = kv->num_heads;
 
+    uint32_t b = 0; /* FUSED: the request of token i */
     for (uint32_t i = 0; i < nnz; i++) {
-        int32_t b = batch_indices[i];
-        if (b < 0)
-            continue;
-        uint32_t pos = (uint32_t)positions[i];
-        int32_t page = kv->kv_indices[kv->kv_indptr[b] + (int32_t)(pos / page_size)];
+        int32_t page;
+        uint32_t pos;
+        if (dest->kind == KVP_APPEND_DEST_TOKENS) {
+            int32_t bi = dest->batch_indices[i];
+            if (bi < 0)
+                continue;
+            pos = (uint32_t)dest->positions[i];
+            page = kv->kv_indices[kv->kv_indptr[bi] + (int32_t)(pos / page_size)];
+        } else if (dest->kind == KVP_APPEND_DEST_FUSED) {
+            const int32_t *aip = dest->append_indptr;
+            while ((int64_t)i >= aip[b + 1])
+                b++; /* aip[batch_size] == nnz > i: it stops */
+            pos = (uint32_t)(seq_len_of(kv, b) - (aip[b + 1] - aip[b]) + ((int32_t)i - aip[b]));
+            page = kv->kv_indices[kv->kv_indptr[b] + (int32_t)(pos / page_size)];
+        } else {
+            int32_t slot = dest->slots[i];
+            if (slot < 0)
+                continue;
+            page = (int32_t)((uint32_t)slot / page_size);
+            pos = (uint32_t)slot; /* only pos % page_size is used below */
+        }
         int64_t dst = (int64_t)page * page_step + (int64_t)(pos % page_size) * slot_step;
         copy_rows(k_pool + dst, head_step, k_src + (int64_t)i * k_tok_step, k_head_step, num_heads,
                   row_bytes);
@@ -177,6 +226,18 @@ int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src
                   row_bytes);
     }
     return 0;
+}
+
+/* Contract in kvp_kernels.h: kvp_append_cpu's TOKENS form. */
+int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                  const int32_t *batch_indices, const int32_t *positions,
+                                  uint32_t nnz)
+{
+    const kvp_append_dest_t d = {.kind = KVP_APPEND_DEST_TOKENS,
+                                 .nnz = nnz,
+                                 .batch_indices = batch_indices,
+                                 .positions = positions};
+    return kvp_append_cpu(kv, src, &d);
 }
 
 /* Contract in kvp_kernels.h. Also KVP_EINVAL: last_page_len outside 1..page_size on a

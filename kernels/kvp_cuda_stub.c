@@ -2,9 +2,16 @@
 /*
  * kvp_cuda_stub.c - the CUDA entry points of kvp_kernels_cuda.h for a build without CUDA:
  * kvp_cuda_available() says 0 and every operation returns KVP_EUNAVAIL, so callers link the
- * same symbols either way and decide at run time.
+ * same symbols either way and decide at run time (libkvpool's older append entry points are
+ * kvp_append_cuda_compat.c's in both builds, over kvp_append_cuda here).
  */
 #include "kvp_kernels_cuda.h"
+
+/* libkvpool exports the older append entry points (kvp_append_cuda_compat.c) but calls none:
+ * this reference pulls their object out of the archive into every link that takes this one. */
+__attribute__((used)) static int (*const kvp_compat_anchor)(
+    const kvp_paged_kv_t *, const kvp_append_src_t *, const int32_t *, const int32_t *, uint32_t,
+    int32_t *, void *) = kvp_append_paged_kv_cache_cuda;
 
 int kvp_cuda_available(void)
 {
@@ -16,70 +23,10 @@ int kvp_cuda_kernels_preload(void)
     return KVP_EUNAVAIL;
 }
 
-int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                   const int32_t *batch_indices, const int32_t *positions,
-                                   uint32_t nnz, int32_t *err_dev, void *stream)
+int kvp_append_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                    const kvp_append_dest_t *dest, const kvp_append_cuda_args_t *args, void *stream)
 {
-    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
-    (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                             const int32_t *batch_indices, const int32_t *positions,
-                                             uint32_t nnz, int32_t *err_dev, void *stream)
-{
-    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
-    (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                         const int32_t *append_indptr, uint32_t nnz,
-                                         int32_t *err_dev, void *stream)
-{
-    (void)kv, (void)src, (void)append_indptr, (void)nnz, (void)err_dev, (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                            const int32_t *append_indptr, uint32_t nnz,
-                                            int32_t *err_dev, unsigned flags, void *stream)
-{
-    (void)kv, (void)src, (void)append_indptr, (void)nnz, (void)err_dev, (void)flags;
-    (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_paged_kv_cache_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                        const int32_t *batch_indices, const int32_t *positions,
-                                        uint32_t nnz, int32_t *err_dev,
-                                        const kvp_append_cuda_opts_t *opts, void *stream)
-{
-    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
-    (void)opts, (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_paged_kv_cache_cuda_unchecked_opts(const kvp_paged_kv_t *kv,
-                                                  const kvp_append_src_t *src,
-                                                  const int32_t *batch_indices,
-                                                  const int32_t *positions, uint32_t nnz,
-                                                  int32_t *err_dev,
-                                                  const kvp_append_cuda_opts_t *opts, void *stream)
-{
-    (void)kv, (void)src, (void)batch_indices, (void)positions, (void)nnz, (void)err_dev;
-    (void)opts, (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                              const int32_t *append_indptr, uint32_t nnz,
-                                              int32_t *err_dev, unsigned flags,
-                                              const kvp_append_cuda_opts_t *opts, void *stream)
-{
-    (void)kv, (void)src, (void)append_indptr, (void)nnz, (void)err_dev, (void)flags;
-    (void)opts, (void)stream;
+    (void)kv, (void)src, (void)dest, (void)args, (void)stream;
     return KVP_EUNAVAIL;
 }
 
@@ -87,26 +34,6 @@ int kvp_append_plan_slots_cuda(const kvp_paged_kv_t *kv, const int32_t *append_i
                                int32_t *slots_dev, int32_t *err_dev, void *stream)
 {
     (void)kv, (void)append_indptr, (void)nnz, (void)slots_dev, (void)err_dev, (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_paged_kv_cache_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                         const int32_t *slots_dev, uint32_t nnz, int32_t *err_dev,
-                                         unsigned flags, const kvp_append_cuda_opts_t *opts,
-                                         void *stream)
-{
-    (void)kv, (void)src, (void)slots_dev, (void)nnz, (void)err_dev, (void)flags, (void)opts;
-    (void)stream;
-    return KVP_EUNAVAIL;
-}
-
-int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                          const int32_t *slots, uint32_t nnz, uint32_t num_layers,
-                          uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
-                          void *stream)
-{
-    (void)kv, (void)src, (void)slots, (void)nnz, (void)num_layers, (void)layer_stride_bytes;
-    (void)src_layer_stride_bytes, (void)stream;
     return KVP_EUNAVAIL;
 }
 

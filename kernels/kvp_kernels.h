@@ -71,6 +71,32 @@ typedef struct {
     uint32_t dst;
 } kvp_page_copy_t;
 
+/* Where each appended token goes: one struct for the CPU and the CUDA append (kvp_append_cpu,
+ * kvp_append_cuda), three forms. The arrays are borrowed, in the memory the operation reads
+ * (host for the CPU; device for CUDA unless it says otherwise). */
+typedef enum {
+    /* FlashInfer's append_paged_kv_cache: token i goes to request batch_indices[i] (< 0:
+     * padding, skipped), position positions[i], through kv's page table (the file comment) */
+    KVP_APPEND_DEST_TOKENS = 0,
+    /* the fused form: token i belongs to the request b with append_indptr[b] <= i <
+     * append_indptr[b+1] and goes to position seq_len[b] - append_len[b] + (i -
+     * append_indptr[b]), seq_len from kv's page table */
+    KVP_APPEND_DEST_FUSED = 1,
+    /* every token's pool slot, slots[i] = page id * page_size + position % page_size (< 0:
+     * padding, skipped); kv's page table is not used. vLLM's slot_mapping; the daemon's
+     * planner emits it (kvcache/kvp_plan.h, kvp_plan_slots) */
+    KVP_APPEND_DEST_SLOTS = 2,
+} kvp_append_dest_kind_t;
+
+typedef struct {
+    uint32_t kind;                /* kvp_append_dest_kind_t */
+    uint32_t nnz;                 /* tokens appended: rows 0..nnz-1 of the source */
+    const int32_t *batch_indices; /* TOKENS: [nnz] */
+    const int32_t *positions;     /* TOKENS: [nnz] */
+    const int32_t *append_indptr; /* FUSED: [kv->batch_size + 1], [0] == 0, [batch_size] == nnz */
+    const int32_t *slots;         /* SLOTS: [nnz] */
+} kvp_append_dest_t;
+
 /*
  * Checks a paged-KV description and its page table on the host: elem_bytes in {1,2,4},
  * non-zero sizes, non-NULL pointers, kv_indptr[0] == 0 and non-decreasing, every page id in
@@ -91,6 +117,19 @@ int kvp_paged_kv_check(const kvp_paged_kv_t *kv);
 int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                                   const int32_t *batch_indices, const int32_t *positions,
                                   uint32_t nnz);
+
+/*
+ * The append on the CPU, with the destination in any of its forms (kvp_append_dest_t, host
+ * arrays). kvp_append_paged_kv_cache_cpu is its TOKENS form. Validates everything first, then
+ * copies; a rejected call leaves the cache untouched. nnz 0 returns 0 (dest must not be NULL).
+ * TOKENS: as kvp_append_paged_kv_cache_cpu. FUSED: kv's page table checked as
+ * kvp_paged_kv_check, then append_indptr (NULL, [0] != 0, decreasing, or [batch_size] != nnz:
+ * KVP_EINVAL) and every request's append_len <= its seq_len (else KVP_ERANGE). SLOTS: kv's
+ * pool shape checked (not its page table, which may be NULL), and every slot < num_pages *
+ * page_size (else KVP_ERANGE). The source as kvp_append_paged_kv_cache_cpu says. Any thread.
+ */
+int kvp_append_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                   const kvp_append_dest_t *dest);
 
 /*
  * seq_lens[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b], or 0
@@ -152,6 +191,15 @@ static inline uint64_t kvp_kv_packed_offset(uint32_t num_tokens, uint32_t num_he
 int kvp_kv_pack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens, void *out);
 int kvp_kv_unpack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
                       const void *in);
+
+/* The byte range [begin, end) of the layer's packed part (end <= kvp_kv_packed_layer_bytes;
+ * any bytes, rows may be cut): out / in hold just that range. The CPU twin of
+ * kvp_kv_pack_range_cuda; the host backend's page-mover. Returns 0, KVP_EINVAL (as above, or a
+ * bad range) or KVP_ERANGE. Any thread. */
+int kvp_kv_pack_range_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
+                          uint64_t begin, uint64_t end, void *out);
+int kvp_kv_unpack_range_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
+                            uint64_t begin, uint64_t end, const void *in);
 
 #ifdef __cplusplus
 }

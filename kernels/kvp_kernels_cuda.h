@@ -89,8 +89,8 @@ enum {
     KVP_APPEND_CUDA_CHECKED_BLOCK = 2,
 };
 #define KVP_APPEND_CUDA_CHECKED_ONE_MAX 1024u
-#define KVP_APPEND_CUDA_MAX_TPB   64u   /* tokens per block of the block kernel */
-#define KVP_APPEND_CUDA_MAX_BPSM  1024u /* blocks per SM of the block kernel's grid cap */
+#define KVP_APPEND_CUDA_MAX_TPB         64u   /* tokens per block of the block kernel */
+#define KVP_APPEND_CUDA_MAX_BPSM        1024u /* blocks per SM of the block kernel's grid cap */
 #define KVP_APPEND_CUDA_MAX_WARPS       8u    /* tokens per block of the warp (row) kernel */
 #define KVP_APPEND_CUDA_MAX_ITEMS       8u    /* vectors per thread of the warp (row) kernel */
 
@@ -109,107 +109,92 @@ static inline int kvp_append_cuda_opts_check(const kvp_append_cuda_opts_t *o)
     return 0;
 }
 
-/* Checked append: nothing is written unless every token is valid. What is checked is what
- * the append reads and writes (not the rest of the table): kv_indptr[0] == 0; per token with
- * a batch index >= 0 (< 0 is padding), the index < batch_size, its request's length not
- * negative (KVP_EINVAL) and last_page_len in 1..page_size when it has pages, its position
- * inside the request, and the page id it writes < num_pages (KVP_ERANGE). KVP_EINVAL wins
- * over KVP_ERANGE when both occur. err_dev is a device int the append resets and fills
- * (required). */
-int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                   const int32_t *batch_indices, const int32_t *positions,
-                                   uint32_t nnz, int32_t *err_dev, void *stream);
+/* ---- the append -------------------------------------------------------------------------- */
 
-/* The copy kernel alone, for callers whose positions come from our own planner (the daemon,
- * libkvpool after a Reserve): per-row guards, one launch. Padding is skipped; a row the checked
- * form would refuse (its batch index, position, last_page_len or page id out of range, its
- * request of negative length) is skipped and reported in *err_dev when err_dev is not NULL
- * (KVP_EINVAL over KVP_ERANGE), the other rows are written. */
-int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                             const int32_t *batch_indices, const int32_t *positions,
-                                             uint32_t nnz, int32_t *err_dev, void *stream);
-
-/* Fused append: token i belongs to the request b with append_indptr[b] <= i <
- * append_indptr[b+1] (binary search) and goes to position seq_len[b] - append_len[b] +
- * (i - append_indptr[b]), seq_len from kv's page table. nnz = append_indptr[batch_size] (the
- * caller passes it: no host read). One launch. */
-int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                         const int32_t *append_indptr, uint32_t nnz,
-                                         int32_t *err_dev, void *stream);
-
-/* Launch options of kvp_append_paged_kv_cache_fused_cuda_ex. */
+/* Flags of kvp_append_cuda_args_t. */
 enum {
     /* Programmatic dependent launch (sm_90+, ignored before): the kernel may start while the
-     * previous kernel of the stream is still running; it reads the page table (kv_indptr,
-     * kv_indices, kv_last_page_len, append_indptr) at once and waits for that kernel only
-     * before it reads the sources and writes the pool. So with this flag the page-table
-     * arrays must already be complete when the previous kernel starts (uploaded by a copy
-     * earlier in the stream, as an engine does once per step), while the sources may be
-     * produced by the previous kernel. The same contract as FlashInfer's enable_pdl. */
+     * previous kernel of the stream is still running; it reads the destination (kv's page
+     * table and append_indptr, or the slots) at once and waits for that kernel only before it
+     * reads the sources and writes the pool. So with this flag the destination arrays must
+     * already be complete when the previous kernel starts (uploaded by a copy earlier in the
+     * stream, as an engine does once per step), while the sources may be produced by the
+     * previous kernel. The same contract as FlashInfer's enable_pdl. Not with
+     * KVP_APPEND_CUDA_CHECKED or KVP_APPEND_CUDA_HOST_DEST. */
     KVP_CUDA_APPEND_PDL = 1u,
+    /* The tokens form only: nothing is written unless every token is valid. What is checked is
+     * what the append reads and writes (not the rest of the table): kv_indptr[0] == 0; per
+     * token with a batch index >= 0 (< 0 is padding), the index < batch_size, its request's
+     * length not negative (KVP_EINVAL) and last_page_len in 1..page_size when it has pages, its
+     * position inside the request, and the page id it writes < num_pages (KVP_ERANGE).
+     * KVP_EINVAL wins over KVP_ERANGE when both occur. err_dev is required: the append resets
+     * and fills it. Without the flag the tokens form has per-row guards instead: a row this
+     * check would refuse is skipped and reported in *err_dev (KVP_EINVAL over KVP_ERANGE), the
+     * other rows are written (for callers whose positions come from our own planner). */
+    KVP_APPEND_CUDA_CHECKED = 2u,
+    /* The slots form only: dest->slots is a HOST array, read during this call and carried
+     * inside the launch (at most KVP_APPEND_SLOTS_MAX tokens), so nothing is uploaded first:
+     * the daemon's Append, whose planner already knows each slot (kvp_plan_slots). Every slot
+     * is checked on the host (>= num_pages * page_size: KVP_ERANGE) before anything is queued,
+     * so err_dev is not used; num_layers layers in one launch (see kvp_append_cuda_args_t). */
+    KVP_APPEND_CUDA_HOST_DEST = 4u,
 };
 
-/* kvp_append_paged_kv_cache_fused_cuda with launch options (KVP_CUDA_APPEND_*); an unknown
- * flag is KVP_EINVAL. */
-int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                            const int32_t *append_indptr, uint32_t nnz,
-                                            int32_t *err_dev, unsigned flags, void *stream);
+/* Most tokens of one KVP_APPEND_CUDA_HOST_DEST call. */
+#define KVP_APPEND_SLOTS_MAX 1024u
 
-/* The three appends above with the copy kernels' shape given (kvp_append_cuda_opts_t; NULL:
- * automatic, as the forms without opts). KVP_EINVAL for opts out of range, whatever nnz. */
-int kvp_append_paged_kv_cache_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                        const int32_t *batch_indices, const int32_t *positions,
-                                        uint32_t nnz, int32_t *err_dev,
-                                        const kvp_append_cuda_opts_t *opts, void *stream);
-int kvp_append_paged_kv_cache_cuda_unchecked_opts(const kvp_paged_kv_t *kv,
-                                                  const kvp_append_src_t *src,
-                                                  const int32_t *batch_indices,
-                                                  const int32_t *positions, uint32_t nnz,
-                                                  int32_t *err_dev,
-                                                  const kvp_append_cuda_opts_t *opts, void *stream);
-int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                              const int32_t *append_indptr, uint32_t nnz,
-                                              int32_t *err_dev, unsigned flags,
-                                              const kvp_append_cuda_opts_t *opts, void *stream);
+/* How one append runs, beside the tensors and the destination. All zero (or a NULL pointer):
+ * no flags, no error word, the automatic shape, one layer. */
+typedef struct {
+    uint32_t flags;   /* KVP_CUDA_APPEND_PDL, KVP_APPEND_CUDA_CHECKED, KVP_APPEND_CUDA_HOST_DEST */
+    int32_t *err_dev; /* a device int32 where a bad row is reported (KVP_E*, first one wins but
+                         KVP_EINVAL over KVP_ERANGE); NULL: not reported. Never reset, except by
+                         the checked form */
+    const kvp_append_cuda_opts_t *shape; /* the copy kernels' shape; NULL: automatic */
+    /* KVP_APPEND_CUDA_HOST_DEST only: layers [0, num_layers) (0 or 1: one) in one launch,
+     * layer l writing kv's pool advanced by l * layer_stride_bytes (non-zero when num_layers >
+     * 1) and reading src advanced by l * src_layer_stride_bytes (0: every layer the same rows);
+     * both multiples of 16; num_layers <= 65535 */
+    uint32_t num_layers;
+    uint64_t layer_stride_bytes;
+    uint64_t src_layer_stride_bytes;
+} kvp_append_cuda_args_t;
+
+/*
+ * The append (FlashInfer's append_paged_kv_cache) on the device: dest->nnz tokens of src into
+ * the layer kv describes, each where dest says (kvp_kernels.h, kvp_append_dest_t):
+ *   KVP_APPEND_DEST_TOKENS  batch_indices/positions (device arrays) through kv's page table,
+ *                           unchecked (per-row guards) or KVP_APPEND_CUDA_CHECKED;
+ *   KVP_APPEND_DEST_FUSED   append_indptr (device, kv->batch_size + 1 entries): each token's
+ *                           request by a binary search, its position from kv's page table;
+ *                           positions are right by construction, a page id out of range skips
+ *                           the row and is reported in *err_dev. One launch per layer on the
+ *                           decode path;
+ *   KVP_APPEND_DEST_SLOTS   slots (device array, or host with KVP_APPEND_CUDA_HOST_DEST); < 0
+ *                           skips the token, a slot beyond the pool is skipped and reported.
+ *                           kv's page-table fields are not used.
+ * One launch, except the checked form of larger batches (a validation, then the gated copy).
+ * Returns 0; KVP_EINVAL for host-side refusals (NULL dest or args fields the form needs, an
+ * unknown kind or flag, a flag the form does not take, args->shape out of range: all before
+ * nnz is looked at; then kv/src as in the header comment, the form's arrays, num_pages *
+ * page_size above INT32_MAX for the slots form); KVP_ERANGE for a host slot beyond the pool;
+ * nnz 0 returns 0 once the flags and shape are checked; or a launch failure's code (recorded).
+ */
+int kvp_append_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                    const kvp_append_dest_t *dest, const kvp_append_cuda_args_t *args,
+                    void *stream);
+
+/* ---- the page-table helpers and page copies (kvp_table_cuda.cu) ------------------------- */
 
 /* The per-step plan of the slots form: slots_dev[i] (a device array of nnz int32) = the pool
  * slot (page id * page_size + position % page_size) of token i, with requests and positions
  * as the fused append computes them (append_indptr, kv's page table); -1, reported in
  * *err_dev (may be NULL), for a token outside every request or whose page id is out of range.
- * An engine plans once per step and then appends every layer with
- * kvp_append_paged_kv_cache_slots_cuda: one dependent load per token and layer instead of the
- * page-table walk. KVP_EINVAL when num_pages * page_size exceeds INT32_MAX. One launch. */
+ * An engine plans once per step and then appends every layer with the slots form: one
+ * dependent load per token and layer instead of the page-table walk. KVP_EINVAL when
+ * num_pages * page_size exceeds INT32_MAX. One launch. */
 int kvp_append_plan_slots_cuda(const kvp_paged_kv_t *kv, const int32_t *append_indptr, uint32_t nnz,
                                int32_t *slots_dev, int32_t *err_dev, void *stream);
-
-/* The append with every token's slot in a device array (kvp_append_plan_slots_cuda's, or the
- * caller's own, vLLM's slot_mapping): slots_dev[i] < 0 skips token i (padding), a slot beyond
- * the pool (>= num_pages * page_size) is skipped and reported in *err_dev (may be NULL). kv's
- * page-table fields are not used. flags: KVP_CUDA_APPEND_PDL as for the fused append, with
- * slots_dev in the role of the page table (complete when the previous kernel starts). The
- * copy kernels' shape from opts (NULL: automatic). One launch. */
-int kvp_append_paged_kv_cache_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                         const int32_t *slots_dev, uint32_t nnz, int32_t *err_dev,
-                                         unsigned flags, const kvp_append_cuda_opts_t *opts,
-                                         void *stream);
-
-/* Most tokens kvp_append_slots_cuda takes in one call. */
-#define KVP_APPEND_SLOTS_MAX 1024u
-
-/* The append with every token's destination given by the caller: slots[i] is the pool slot
- * (page id * page_size + position % page_size) token i goes to, or < 0 to skip it. For the
- * daemon, whose planner already knows each slot: no page-table lookup on the device, and
- * slots is a HOST array (read during this call and carried inside the launch), so nothing is
- * uploaded first. Layers [0, num_layers) in one launch: layer l writes kv's pool advanced by
- * l * layer_stride_bytes (non-zero when num_layers > 1) and reads src advanced by
- * l * src_layer_stride_bytes (0: every layer gets the same rows). kv's page-table fields are
- * not used. Returns 0, KVP_EINVAL (host checks, nnz > KVP_APPEND_SLOTS_MAX) or KVP_ERANGE
- * (a slot >= num_pages * page_size), before anything is queued; a launch failure's code
- * (recorded as above). */
-int kvp_append_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                          const int32_t *slots, uint32_t nnz, uint32_t num_layers,
-                          uint64_t layer_stride_bytes, uint64_t src_layer_stride_bytes,
-                          void *stream);
 
 int kvp_get_seq_lens_cuda(const int32_t *kv_indptr, const int32_t *kv_last_page_len,
                           uint32_t batch_size, uint32_t page_size, int32_t *seq_lens, void *stream);
@@ -259,6 +244,48 @@ int kvp_kv_pack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev
 int kvp_kv_unpack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_dev,
                                 uint32_t num_tokens, uint64_t begin, uint64_t end,
                                 const void *in_dev, const kvp_pack_cuda_opts_t *opts, void *stream);
+
+/* ---- libkvpool's exported append entry points (kvp_append_cuda_compat.c) ------------------
+ * libkvpool.so exports these (kvp_append_paged_kv_cache_*, client/CMakeLists.txt) and the
+ * Python package calls two of them through ctypes, so their names and signatures stay as they
+ * were. Each is exactly kvp_append_cuda with one form, listed here; new code calls
+ * kvp_append_cuda.
+ *   kvp_append_paged_kv_cache_cuda[_opts]           TOKENS, KVP_APPEND_CUDA_CHECKED (err_dev
+ *                                                   required)
+ *   kvp_append_paged_kv_cache_cuda_unchecked[_opts] TOKENS
+ *   kvp_append_paged_kv_cache_fused_cuda[_ex|_opts] FUSED, flags (KVP_CUDA_APPEND_PDL)
+ *   kvp_append_paged_kv_cache_slots_cuda            SLOTS (device array), flags
+ * (opts: the shape, args->shape.) */
+int kvp_append_paged_kv_cache_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                   const int32_t *batch_indices, const int32_t *positions,
+                                   uint32_t nnz, int32_t *err_dev, void *stream);
+int kvp_append_paged_kv_cache_cuda_unchecked(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                             const int32_t *batch_indices, const int32_t *positions,
+                                             uint32_t nnz, int32_t *err_dev, void *stream);
+int kvp_append_paged_kv_cache_fused_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                         const int32_t *append_indptr, uint32_t nnz,
+                                         int32_t *err_dev, void *stream);
+int kvp_append_paged_kv_cache_fused_cuda_ex(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                            const int32_t *append_indptr, uint32_t nnz,
+                                            int32_t *err_dev, unsigned flags, void *stream);
+int kvp_append_paged_kv_cache_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                        const int32_t *batch_indices, const int32_t *positions,
+                                        uint32_t nnz, int32_t *err_dev,
+                                        const kvp_append_cuda_opts_t *opts, void *stream);
+int kvp_append_paged_kv_cache_cuda_unchecked_opts(const kvp_paged_kv_t *kv,
+                                                  const kvp_append_src_t *src,
+                                                  const int32_t *batch_indices,
+                                                  const int32_t *positions, uint32_t nnz,
+                                                  int32_t *err_dev,
+                                                  const kvp_append_cuda_opts_t *opts, void *stream);
+int kvp_append_paged_kv_cache_fused_cuda_opts(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                              const int32_t *append_indptr, uint32_t nnz,
+                                              int32_t *err_dev, unsigned flags,
+                                              const kvp_append_cuda_opts_t *opts, void *stream);
+int kvp_append_paged_kv_cache_slots_cuda(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
+                                         const int32_t *slots_dev, uint32_t nnz, int32_t *err_dev,
+                                         unsigned flags, const kvp_append_cuda_opts_t *opts,
+                                         void *stream);
 
 #ifdef __cplusplus
 }

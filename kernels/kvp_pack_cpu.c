@@ -73,3 +73,47 @@ int kvp_kv_unpack_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t n
     /* the stream is only read: the cast lets one loop serve both directions */
     return copy_rows(kv, pages, num_tokens, (uint8_t *)(uintptr_t)in, 1);
 }
+
+/* Copies the byte range [begin, end) of the layer's packed part between the pages and buf
+ * (which holds just the range): whole rows where the range covers them, the ends of the two
+ * rows it cuts. */
+static int copy_range(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
+                      uint64_t begin, uint64_t end, uint8_t *buf, int unpack)
+{
+    int rc = check(kv, pages, num_tokens, buf);
+    if (rc)
+        return rc;
+    const uint64_t row = (uint64_t)kv->head_dim * kv->elem_bytes;
+    if (begin > end ||
+        end > kvp_kv_packed_layer_bytes(num_tokens, kv->num_heads, kv->head_dim, kv->elem_bytes))
+        return KVP_EINVAL;
+    const uint64_t rows_per_kv = (uint64_t)num_tokens * kv->num_heads;
+    for (uint64_t off = begin; off < end;) {
+        const uint64_t r = off / row, in_row = off % row;
+        const uint64_t piece = end - off < row - in_row ? end - off : row - in_row;
+        const int which = r >= rows_per_kv;
+        const uint64_t rr = r - (which ? rows_per_kv : 0);
+        uint8_t *paged = row_at(kv, pages, which, (uint32_t)(rr / kv->num_heads),
+                                (uint32_t)(rr % kv->num_heads)) +
+                         in_row;
+        uint8_t *packed = buf + (off - begin);
+        if (unpack)
+            memcpy(paged, packed, piece);
+        else
+            memcpy(packed, paged, piece);
+        off += piece;
+    }
+    return 0;
+}
+
+int kvp_kv_pack_range_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
+                          uint64_t begin, uint64_t end, void *out)
+{
+    return copy_range(kv, pages, num_tokens, begin, end, out, 0);
+}
+
+int kvp_kv_unpack_range_cpu(const kvp_paged_kv_t *kv, const int32_t *pages, uint32_t num_tokens,
+                            uint64_t begin, uint64_t end, const void *in)
+{
+    return copy_range(kv, pages, num_tokens, begin, end, (uint8_t *)(uintptr_t)in, 1);
+}

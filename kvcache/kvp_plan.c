@@ -596,3 +596,17 @@ int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uin
     p->num_new_pages = 0;
     return 0;
 }
+
+void kvp_plan_slots(const kvp_plan_t *p, uint32_t page_size, int32_t *slots)
+{
+    const page_math_t pm = page_math(page_size);
+    for (uint32_t b = 0; b < p->batch_size; b++) {
+        const int32_t first = p->append_indptr[b], add = p->append_indptr[b + 1] - first;
+        const int32_t *pages = p->kv_indices + p->kv_indptr[b];
+        uint32_t pos = (uint32_t)(p->seq_lens[b] - add);
+        for (int32_t j = 0; j < add; j++, pos++) {
+            const uint32_t k = pm.pow2 ? pos >> pm.shift : pos / page_size;
+            slots[first + j] = (int32_t)((uint32_t)pages[k] * page_size + (pos - k * page_size));
+        }
+    }
+}

@@ -7,7 +7,8 @@
  * grows the sequences, and fills a kvp_plan_t with the batch's CSR page table (kv_indptr,
  * kv_indices, kv_last_page_len, laid out exactly as FlashInfer's plan() and
  * append_paged_kv_cache take them), append_indptr, and the page copies a backend must run
- * BEFORE the append. If anything would fail (pool exhausted, limit, quota, duplicate sequence,
+ * BEFORE the append; kvp_plan_slots turns the table into each token's pool slot, the form the
+ * append kernels read. If anything would fail (pool exhausted, limit, quota, duplicate sequence,
  * memory) it returns the error and the table, the allocator and the sequences are exactly as
  * before. The planner never touches pool memory: a backend executes the plan.
  *
@@ -141,6 +142,17 @@ int kvp_plan_append_cached(kvp_seqtab_t *t, const kvp_plan_item_t *items,
  */
 int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
                         const kvp_plan_limits_t *limits, kvp_plan_t *p);
+
+/*
+ * Where every token of the plan's append goes, in the form the append kernels read
+ * (kernels/kvp_kernels.h, KVP_APPEND_DEST_SLOTS): slots[i] = the pool slot, page id *
+ * page_size + position % page_size, of token i (append_indptr's numbering), from the plan's
+ * own page table: request b's j-th appended token is at position seq_lens[b] - append_len[b]
+ * + j. page_size is the table's (kvp_seqtab_page_size); slots has room for p->nnz entries.
+ * The geometry keeps num_pages * page_size within int32 (kvp_geom.h), so every slot fits.
+ * Pure; the caller's thread.
+ */
+void kvp_plan_slots(const kvp_plan_t *p, uint32_t page_size, int32_t *slots);
 
 #ifdef __cplusplus
 }

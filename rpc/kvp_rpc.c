@@ -22,67 +22,18 @@
 /* The largest answer a retry window keeps (a page table of ~64K entries). */
 #define DEDUP_MAX_ENTRY_BYTES (256u << 10)
 
-static uint64_t ns_budget(const kvp_rpc_limits_t *lim)
+/* A limit left 0 where its row (kvp_rpc_limits.h) does not allow 0 takes the row's default:
+ * the daemon passes its validated configuration, tests name only the limits they care about. */
+#define FILL_DEFAULT(sec, key, field, type, def, min, max, reload, doc)                            \
+    if ((min) > 0 && lim->field == 0)                                                              \
+        lim->field = (def);
+static void fill_defaults(kvp_rpc_limits_t *lim)
 {
-    return lim->dedup_ns_max_bytes ? lim->dedup_ns_max_bytes : 8ull << 20;
+    KVP_RPC_LIMITS_KEYS(FILL_DEFAULT)
+    KVP_RPC_TRANSFER_KEYS(FILL_DEFAULT)
 }
+#undef FILL_DEFAULT
 
-static uint64_t budget(const kvp_rpc_limits_t *lim)
-{
-    return lim->dedup_max_bytes ? lim->dedup_max_bytes : 64ull << 20;
-}
-
-/* ---- the call table --------------------------------------------------------------------- */
-
-#define ROW(call, flags)                                                                           \
-    {                                                                                              \
-        kvpool_Request_##call##_tag, kvpool_Response_##call##_tag, #call, (flags),                 \
-            (uint32_t)sizeof(((kvpool_Response *)0)->body.call), kvp__rpc_##call                   \
-    }
-
-/* One row per call. MUTATING without PER_CONN: the request id is deduplicated in the
- * namespace (kvpool.proto, Idempotency). OBSERVER: read-only, what an observer may call. */
-const kvp_rpc_call_t kvp__rpc_calls[] = {
-    {0, 0, "invalid", 0, 0, NULL},
-    ROW(hello, KVP_CALL_BEFORE_HELLO),
-    ROW(ping, KVP_CALL_BEFORE_HELLO | KVP_CALL_WHEN_UNHEALTHY | KVP_CALL_OBSERVER),
-    ROW(pool_info, KVP_CALL_OBSERVER),
-    ROW(register_buffer, KVP_CALL_MUTATING | KVP_CALL_PER_CONN | KVP_CALL_TAKES_FDS),
-    ROW(unregister_buffer, KVP_CALL_MUTATING | KVP_CALL_PER_CONN),
-    ROW(append, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
-    ROW(reserve, KVP_CALL_MUTATING),
-    ROW(fork, KVP_CALL_MUTATING),
-    ROW(truncate, KVP_CALL_MUTATING),
-    ROW(release, KVP_CALL_MUTATING),
-    ROW(get_page_table, 0),
-    ROW(stats, KVP_CALL_OBSERVER),
-    ROW(list_sequences, KVP_CALL_OBSERVER),
-    ROW(list_clients, KVP_CALL_OBSERVER),
-    ROW(audit, KVP_CALL_OBSERVER),
-    ROW(metrics, KVP_CALL_OBSERVER),
-    ROW(export_begin, KVP_CALL_MUTATING),
-    ROW(import, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
-    ROW(list_transfers, KVP_CALL_OBSERVER),
-    ROW(commit, KVP_CALL_MUTATING),
-    ROW(lookup, 0),
-    ROW(pin, KVP_CALL_MUTATING),
-    ROW(unpin, KVP_CALL_MUTATING),
-    ROW(cache_flush, KVP_CALL_MUTATING),
-};
-#define NUM_CALLS (sizeof(kvp__rpc_calls) / sizeof(kvp__rpc_calls[0]))
-_Static_assert(NUM_CALLS <= KVP_METRICS_MAX_CALLS, "raise KVP_METRICS_MAX_CALLS");
-/* The backends name the wire's enums with their own (kvp_backend.h): the same values. */
-_Static_assert((int)KVP_BACKEND_HOST == (int)kvpool_BackendKind_BACKEND_HOST &&
-                   (int)KVP_BACKEND_CUDA == (int)kvpool_BackendKind_BACKEND_CUDA,
-               "kvp_backend_kind_t != BackendKind");
-_Static_assert((int)KVP_BUFFER_MEMFD == (int)kvpool_BufferKind_BUFFER_MEMFD &&
-                   (int)KVP_BUFFER_CUDA_VMM_FD == (int)kvpool_BufferKind_BUFFER_CUDA_VMM_FD &&
-                   (int)KVP_BUFFER_CUDA_IPC == (int)kvpool_BufferKind_BUFFER_CUDA_IPC,
-               "kvp_buffer_kind_t != BufferKind");
-_Static_assert((int)KVP_SYNC_NONE == (int)kvpool_SyncMode_SYNC_NONE &&
-                   (int)KVP_SYNC_EVENT == (int)kvpool_SyncMode_SYNC_EVENT,
-               "kvp_sync_mode_t != SyncMode");
-const unsigned kvp__rpc_num_calls = NUM_CALLS;
 int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t now_ms,
                    kvp_rpc_t **out)
 {
@@ -93,6 +44,8 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
         return KVP_ENOMEM;
     int rc;
     r->lim = *lim;
+    fill_defaults(&r->lim);
+    lim = &r->lim;
     r->start_ms = now_ms;
     r->next_session_id = 1;
     kvp_plan_init(&r->plan);
@@ -107,10 +60,10 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
         goto fail;
     if ((rc = kvp_ns_table_init(&r->ns, lim->max_namespaces)))
         goto fail;
-    kvp_dedup_limits_t dl = {.window = lim->dedup_window ? lim->dedup_window : 1,
+    kvp_dedup_limits_t dl = {.window = lim->dedup_window,
                              .max_entry_bytes = DEDUP_MAX_ENTRY_BYTES,
-                             .ns_max_bytes = ns_budget(lim),
-                             .max_bytes = budget(lim)};
+                             .ns_max_bytes = lim->dedup_ns_max_bytes,
+                             .max_bytes = lim->dedup_max_bytes};
     if ((rc = kvp_dedup_init(&r->dedup, lim->max_namespaces, &dl)))
         goto fail;
     for (unsigned i = 1; i < kvp__rpc_num_calls; i++) {
@@ -125,11 +78,10 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
     }
     if ((rc = kvp__rpc_cache_create(r)))
         goto fail;
-    kvp_xfer_config_t xc = {
-        .timeout_ms = lim->transfer_timeout_ms ? lim->transfer_timeout_ms : 30000,
-        .comm_idle_ms = lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000,
-        .max_in_flight = lim->transfer_max_in_flight ? lim->transfer_max_in_flight : 2,
-        .chunk_bytes = lim->transfer_chunk_bytes};
+    kvp_xfer_config_t xc = {.timeout_ms = lim->transfer_timeout_ms,
+                            .comm_idle_ms = lim->transfer_comm_idle_ms,
+                            .max_in_flight = lim->transfer_max_in_flight,
+                            .chunk_bytes = lim->transfer_chunk_bytes};
     if ((rc = kvp_xfer_create(backend, &xc, &r->xfer)))
         goto fail;
     r->backend = backend;
@@ -200,39 +152,27 @@ static uint32_t uid_seq_quota(const kvp_rpc_t *r, uint32_t uid)
     return kvp__rpc_is_operator(r, uid) ? 0 : r->lim.uid_max_seqs;
 }
 
+/* The RELOAD rows of kvp_rpc_limits.h are copied; the RESTART rows keep their running values. */
+#define COPY_RELOADABLE(sec, key, field, type, def, min, max, reload, doc)                         \
+    if (KVP_RPC_LIMIT_RELOADABLE(reload))                                                          \
+        r->lim.field = lim->field;
 void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
 {
-    r->lim.max_batch_tokens = lim->max_batch_tokens;
+    KVP_RPC_LIMITS_KEYS(COPY_RELOADABLE)
+    KVP_RPC_TRANSFER_KEYS(COPY_RELOADABLE)
+    r->lim.pool_access = lim->pool_access;
+    fill_defaults(&r->lim);
+    lim = &r->lim;
+    /* what the modules hold a copy of */
     r->plan_limits.max_tokens = lim->max_batch_tokens;
-    r->lim.max_buffer_bytes = lim->max_buffer_bytes;
-    r->lim.default_lease_ms = lim->default_lease_ms;
-    r->lim.max_lease_ms = lim->max_lease_ms;
     kvp_xfer_config_t xc = {.timeout_ms = lim->transfer_timeout_ms,
-                            .comm_idle_ms =
-                                lim->transfer_comm_idle_ms ? lim->transfer_comm_idle_ms : 300000,
+                            .comm_idle_ms = lim->transfer_comm_idle_ms,
                             .chunk_bytes = lim->transfer_chunk_bytes};
     kvp_xfer_set_config(r->xfer, &xc);
-    r->lim.ns_max_seqs = lim->ns_max_seqs;
-    r->lim.ns_max_pages = lim->ns_max_pages;
-    r->lim.ns_max_buffer_bytes = lim->ns_max_buffer_bytes;
-    r->lim.ns_max_connections = lim->ns_max_connections;
-    r->lim.uid_max_namespaces = lim->uid_max_namespaces;
-    r->lim.pin_max_ttl_ms = lim->pin_max_ttl_ms;
-    r->lim.max_lookup_tokens = lim->max_lookup_tokens;
-    r->lim.ns_max_pins = lim->ns_max_pins;
-    r->lim.uid_max_pins = lim->uid_max_pins;
-    r->lim.ns_max_pinned_pages = lim->ns_max_pinned_pages;
-    r->lim.uid_max_pinned_pages = lim->uid_max_pinned_pages;
-    r->lim.ns_max_priority = lim->ns_max_priority;
     for (uint32_t i = 0; i < r->ns.max; i++)
         if (r->ns.ns[i].in_use)
             kvp_pcache_set_pin_quota(r->pc, i, kvp__rpc_ns_pin_quota(r));
-    r->lim.uid_max_idle_namespaces = lim->uid_max_idle_namespaces;
-    r->lim.uid_max_seqs = lim->uid_max_seqs;
-    r->lim.pool_access = lim->pool_access;
-    r->lim.dedup_ns_max_bytes = lim->dedup_ns_max_bytes;
-    r->lim.dedup_max_bytes = lim->dedup_max_bytes;
-    kvp_dedup_set_budgets(&r->dedup, ns_budget(lim), budget(lim));
+    kvp_dedup_set_budgets(&r->dedup, lim->dedup_ns_max_bytes, lim->dedup_max_bytes);
     for (uint32_t i = 0; i < r->ns.max; i++)
         if (r->ns.ns[i].in_use) {
             kvp_seqtab_set_ns_limits(r->seqs, i, lim->ns_max_seqs, lim->ns_max_pages);
@@ -240,6 +180,7 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
                                        uid_seq_quota(r, r->ns.ns[i].owner_uid));
         }
 }
+#undef COPY_RELOADABLE
 
 void kvp_rpc_set_num_clients(kvp_rpc_t *r, uint32_t n)
 {
@@ -251,10 +192,6 @@ void kvp_rpc_set_draining(kvp_rpc_t *r, int draining)
     r->draining = draining;
 }
 
-int kvp_rpc_healthy(kvp_rpc_t *r)
-{
-    return !r->unhealthy && r->backend->ops->health(r->backend) == 0;
-}
 kvp_session_t *kvp_rpc_session_open(kvp_rpc_t *r, int32_t pid, uint32_t uid, uint32_t gid,
                                     uint64_t now_ms)
 {
@@ -293,16 +230,6 @@ static void release_namespace(kvp_rpc_t *r, uint32_t ns, const char *why)
         return;
     }
     kvp_ns_forget(&r->ns, ns);
-}
-
-int kvp__rpc_is_operator(const kvp_rpc_t *r, uint32_t uid)
-{
-    return uid == 0 || uid == r->lim.operator_uid;
-}
-
-int kvp__rpc_may_see_ns(const kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns)
-{
-    return kvp__rpc_is_operator(r, s->uid) || r->ns.ns[ns].owner_uid == s->uid;
 }
 
 /* limits.uid_max_idle_namespaces: while uid owns more namespaces with no session (a lease
@@ -396,26 +323,6 @@ uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r)
 {
     return kvp_ns_next_deadline(&r->ns);
 }
-int kvp__rpc_check_name(kvpool_Response *resp, uint64_t id, const char *field, const char *v)
-{
-    for (const unsigned char *p = (const unsigned char *)v; *p;) {
-        size_t n = kvp_utf8_len(p);
-        if (!n) {
-            kvp_rpc_error(resp, id, KVP_EINVAL, "%s is not valid UTF-8 (byte %zu)", field,
-                          (size_t)(p - (const unsigned char *)v));
-            return KVP_EINVAL;
-        }
-        p += n;
-    }
-    if (!kvp_ns_name_valid(v, 1)) {
-        kvp_rpc_error(resp, id, KVP_EINVAL,
-                      "%s may hold only 1..%u of [A-Za-z0-9._:@/+-] (kvpool.proto, Names)", field,
-                      KVP_NS_NAME_MAX);
-        return KVP_EINVAL;
-    }
-    return 0;
-}
-
 /* Undoes what a refused Hello did to namespace ns: a namespace that existed gets its record
  * back exactly as it was (sessions, lease, pending expiry, pins_only); a new one goes with its
  * scope and retry window. It used to detach with time 0, which rewrote a leased namespace's
@@ -432,7 +339,8 @@ static void hello_undo(kvp_rpc_t *r, uint32_t ns, const kvp_ns_t *saved)
     kvp_ns_forget(&r->ns, ns);
 }
 
-KVP_RPC_HANDLER(hello)
+int kvp__rpc_hello(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_HelloRequest *h = &req->body.hello;
@@ -571,38 +479,12 @@ KVP_RPC_HANDLER(hello)
 
 /* ---- answers ---------------------------------------------------------------------------- */
 
-void kvp__rpc_ok(kvp_rpc_io_t *io, uint64_t id)
-{
-    const kvp_rpc_call_t *c = io->call;
-    kvpool_Response *resp = &io->resp;
-    memset(resp, 0, offsetof(kvpool_Response, body));
-    memset(&resp->body, 0, c->resp_bytes); /* not the whole 45 KB union (ListClients) */
-    resp->which_body = c->resp_tag;
-    resp->id = id;
-    resp->has_status = true;
-    resp->status.code = kvpool_Code_OK;
-}
-
-void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)
-{
-    memset(resp, 0, offsetof(kvpool_Response, body));
-    resp->which_body = 0;
-    resp->id = id;
-    resp->has_status = true;
-    resp->status.code = kvp_wire_code_from_err(err);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(resp->status.message, sizeof(resp->status.message), fmt, ap);
-    va_end(ap);
-}
-
 /* ---- the entry point -------------------------------------------------------------------- */
 
 static void begin(kvp_rpc_t *r, kvp_session_t *s, const kvp_rpc_call_t *call, uint64_t req_id,
                   kvp_rpc_io_t *io, uint64_t start_ns)
 {
     io->job = NULL;
-    io->bg_job = NULL;
     io->nfds_out = 0;
     io->replay = NULL;
     io->replay_len = 0;
@@ -713,6 +595,8 @@ int kvp_rpc_handle(kvp_rpc_t *r, kvp_session_t *s, kvpool_Request *req, const ui
     }
     int rc = call->handler(r, s, req, io, now_ms);
     assert(rc == KVP_RPC_DONE || (rc == KVP_RPC_ASYNC && (call->flags & KVP_CALL_OFF_LOOP)));
+    if (rc == KVP_RPC_ASYNC)
+        kvp__rpc_submit_call(r, s, io); /* the answer comes through resume (or io->job) */
     return rc;
 }
 

@@ -10,19 +10,22 @@
  * The calls are rows of one table (kvp_rpc.c; kvp_rpc_internal.h lists the files of the
  * layer): dispatch, the Hello and fd rules, the idempotency protocol and the metrics labels
  * all read it. Off-loop calls (Append, Import) answer asynchronously: the handler plans (pages
- * allocated, tables updated, pages in flight pinned) and hands back a job; the server runs
- * kvp_rpc_job_run() on a copy worker thread and then kvp_rpc_job_finish() on the loop thread,
- * which fills the response. Loop thread only, except kvp_rpc_job_run.
+ * allocated, tables updated, pages in flight pinned) and the rpc layer runs the rest on its
+ * worker threads (kvp_rpc_start), then hands the answer to the transport's resume callback on
+ * the loop thread: the transport suspends the connection and resumes it, nothing more. Loop
+ * thread only, except kvp_rpc_job_run.
  */
 #ifndef KVP_RPC_H
 #define KVP_RPC_H
 
 #include <stdint.h>
+#include <uv.h>
 
 #include "kvp_access.h"
 #include "kvp_backend.h"
 #include "kvp_ns.h"
 #include "kvp_plan.h"
+#include "kvp_rpc_limits.h"
 #include "kvp_seqtab.h"
 #include "kvp_wire.h"
 
@@ -33,50 +36,20 @@ typedef struct kvp_rpc_call kvp_rpc_call_t; /* a row of the call table */
 /* Request body tags the table may use: 1..KVP_RPC_MAX_TAG. */
 #define KVP_RPC_MAX_TAG 63
 
+/* The limits of the rpc layer: the rows of kvp_rpc_limits.h (the [limits] and [transfer] keys,
+ * with their defaults and meanings there), then what the daemon derives. A field left 0 where
+ * its row does not allow 0 takes the row's default in kvp_rpc_create and kvp_rpc_set_limits. */
 typedef struct {
-    uint32_t max_seqs;
-    uint32_t max_namespaces;
-    uint32_t max_seq_tokens;
-    uint32_t max_batch;
-    uint32_t max_batch_tokens;
-    uint32_t max_buffers_per_client;
-    uint64_t max_buffer_bytes;
-    uint32_t dedup_window;       /* request ids remembered per namespace */
-    uint64_t dedup_ns_max_bytes; /* answers kept per namespace; 0: 8 MiB */
-    uint64_t dedup_max_bytes;    /* answers kept by the daemon; 0: 64 MiB */
-    uint32_t default_lease_ms;
-    uint32_t max_lease_ms;
-    /* transfers (kvp_xfer.h); 0: 30000, 300000, 2 */
-    uint32_t transfer_timeout_ms;
-    uint32_t transfer_comm_idle_ms;
-    uint32_t transfer_max_in_flight;
-    uint32_t transfer_chunk_bytes; /* 0: automatic */
-    /* per-namespace quotas, 0 = none (kvp_config.h, limits.ns_max_*) */
-    uint32_t ns_max_seqs;
-    uint32_t ns_max_pages; /* page references */
-    uint64_t ns_max_buffer_bytes;
-    uint32_t ns_max_connections;
-    /* per-uid quotas, 0 = none (kvp_config.h, limits.uid_max_*); root and operator_uid are
-     * exempt */
-    uint32_t uid_max_namespaces;
-    uint32_t uid_max_idle_namespaces; /* of them with no session (a lease pending) */
-    uint32_t uid_max_seqs;            /* over all the namespaces the uid owns */
+    KVP_RPC_LIMITS_KEYS(KVP_RPC_LIMIT_FIELD)
+    KVP_RPC_TRANSFER_KEYS(KVP_RPC_LIMIT_FIELD)
     /* the daemon's own uid (kvpoold: geteuid()): with root, an operator, who may attach to
      * the reserved namespaces and sees every tenant's metadata (kvpool.proto, Names). Not
      * changed by kvp_rpc_set_limits. */
     uint32_t operator_uid;
     /* who may receive the pool fds (access.pool_uids / pool_gids); all zero: everyone */
     kvp_pool_access_t pool_access;
-    /* the prefix cache (kvp_config.h, limits.max_cache_scopes ... and access.cache_scopes);
-     * 0: 256 scopes, 1024 pins, no per-namespace or per-uid pin count, pinned pages derived
-     * from the pool, priority up to 100, a day, 16384 pages' worth of tokens */
-    uint32_t max_cache_scopes;
-    uint32_t max_pins;
-    uint32_t ns_max_pins, uid_max_pins;                 /* 0: none */
-    uint32_t ns_max_pinned_pages, uid_max_pinned_pages; /* 0: num_pages / 8, / 4 */
-    uint32_t ns_max_priority;                           /* 0: 100 (no limit) */
-    uint32_t pin_max_ttl_ms;
-    uint32_t max_lookup_tokens;
+    /* who may join which shared prefix-cache scope (access.cache_scopes); not changed by
+     * kvp_rpc_set_limits */
     kvp_scope_access_t scope_access;
 } kvp_rpc_limits_t;
 
@@ -98,6 +71,7 @@ typedef struct kvp_session {
     char ns_name[KVP_NS_NAME_MAX + 1];
     uint64_t connected_ms;
     uint64_t requests;
+    void *transport; /* the transport's handle of the connection (resume), opaque here */
     kvp_session_buffer_t *buffers; /* [max_buffers_per_client] */
     uint32_t num_buffers;
     uint32_t next_buffer_id;
@@ -127,18 +101,23 @@ typedef struct {
     kvp_reply_arrays_t out;             /* bulk arrays the response points at */
     int fds_out[KVP_MAX_FDS_PER_FRAME]; /* borrowed fds to attach to the response */
     int nfds_out;
-    kvp_rpc_job_t *job; /* set when dispatch returns KVP_RPC_ASYNC */
-    /* set by dispatch besides an answer given at once (ExportBegin): work the server runs
-     * with kvp_rpc_job_run on a worker thread, then kvp_rpc_bg_finish and kvp_rpc_job_free on
-     * the loop thread; no response is sent for it */
-    kvp_rpc_job_t *bg_job;
+    kvp_rpc_job_t *job;         /* KVP_RPC_ASYNC without worker threads (kvp_rpc_start): the job the
+                                   caller runs (kvp_rpc_job_run, _finish, _free) */
     const kvp_rpc_call_t *call; /* the call being answered (NULL: none decoded) */
     const uint8_t *replay;      /* KVP_RPC_REPLAY: the stored answer frame, header included */
     uint32_t replay_len;
 } kvp_rpc_io_t;
 
-/* kvp_rpc_handle: answer io->resp now; run io->job off the loop; send io->replay as is. */
+/* kvp_rpc_handle: answer io->resp now; the answer comes later (through the resume callback,
+ * or io->job without worker threads); send io->replay as is. */
 enum { KVP_RPC_DONE = 0, KVP_RPC_ASYNC = 1, KVP_RPC_REPLAY = 2 };
+
+/* The transport's half of an asynchronous call: called on the loop thread when the job of a
+ * call of session s, for which kvp_rpc_handle returned KVP_RPC_ASYNC, is done, with its answer
+ * in io (io->resp, io->out; valid until the callback returns, then the job is freed). The
+ * callback encodes and sends it (or not, when the connection closed meanwhile) and calls
+ * kvp_rpc_answered, as after any other answer. */
+typedef void (*kvp_rpc_resume_fn)(void *arg, kvp_session_t *s, kvp_rpc_io_t *io);
 
 /* Takes ownership of `backend`. Returns 0, KVP_EINVAL, KVP_ENOMEM. */
 int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t now_ms,
@@ -172,18 +151,29 @@ void kvp_rpc_reject(kvp_rpc_t *r, kvp_session_t *s, uint64_t id, int err, const 
 void kvp_rpc_answered(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Response *resp,
                       const uint8_t *frame, uint32_t len, uint64_t end_ns);
 
-/* Copy worker thread: runs the job's plan on the backend. */
+/* Starts the worker threads the calls' jobs run on (kvp_jobs.h: threads 1..256, busy_poll_us)
+ * on loop, and sets the transport's clock (the milliseconds kvp_rpc_handle is given) and
+ * resume callback. Returns 0, KVP_EINVAL, or kvp_jobs_create's code.
+ * Without it (unit tests, fuzzers) a call's job comes back in io->job for the caller to run
+ * with the three functions below, and background work runs inline. */
+int kvp_rpc_start(kvp_rpc_t *r, uv_loop_t *loop, unsigned threads, uint32_t busy_poll_us,
+                  uint64_t (*clock_ms)(void), kvp_rpc_resume_fn resume, void *arg);
+/* A request arrived (kvp_jobs_touch: with busy polling the loop keeps polling a while). */
+void kvp_rpc_touch(kvp_rpc_t *r);
+/* Stops the worker threads once every job in flight is done (each still finishes and resumes
+ * its call), then calls closed(arg) on the loop thread. No-op (closed called at once) when
+ * not started. */
+void kvp_rpc_stop(kvp_rpc_t *r, void (*closed)(void *arg), void *arg);
+
+/* Without worker threads, io->job of KVP_RPC_ASYNC: run (any thread), then finish (loop
+ * thread: unpins, fills io->resp / io->out, which the job's arrays back until
+ * kvp_rpc_job_free after the response is encoded). When the backend refused the source
+ * (KVP_EINVAL) or timed out on the worker's event (KVP_ETIMEDOUT) the sequences are rolled
+ * back to their lengths before the call and the answer is an error; any other backend failure
+ * marks the daemon unhealthy. */
 void kvp_rpc_job_run(kvp_rpc_job_t *job);
-/* Loop thread, after job_run: unpins, fills io->resp / io->out; the job stays alive (its
- * arrays back io->out) until kvp_rpc_job_free after the response is encoded. When the backend
- * refused the source (KVP_EINVAL) or timed out on the worker's event (KVP_ETIMEDOUT) the
- * sequences are rolled back to their lengths before the call and the answer is an error; any
- * other backend failure marks the daemon unhealthy. */
 void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, kvp_rpc_io_t *io, uint64_t now_ms);
 void kvp_rpc_job_free(kvp_rpc_job_t *job);
-/* Loop thread, after kvp_rpc_job_run of an io->bg_job: records its outcome (an export's pages
- * are unpinned); the job stays alive until kvp_rpc_job_free. */
-void kvp_rpc_bg_finish(kvp_rpc_t *r, kvp_rpc_job_t *job, uint64_t now_ms);
 
 /* Releases the sequences of namespaces whose lease ran out; returns how many namespaces. */
 uint32_t kvp_rpc_expire_leases(kvp_rpc_t *r, uint64_t now_ms);
@@ -202,17 +192,16 @@ void kvp_rpc_set_commit_wake(kvp_rpc_t *r, void (*wake)(void *arg), void *arg);
 void kvp_rpc_error(kvpool_Response *resp, uint64_t id, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Metrics: how long one kvp_rpc_job_run took on its copy worker, measured by the server (this
- * module reads no clock). Loop thread. */
+/* Metrics: how long one job ran on its worker thread (kvp_rpc_exec.c observes every job it
+ * resumes with the worker pool's stamps; tests call it directly). Loop thread. */
 void kvp_rpc_observe_run(kvp_rpc_t *r, uint64_t run_ns);
 /* Prometheus text exposition 0.0.4 of the daemon's state into buf (kvp_metrics.h: written
  * from a snapshot; truncated at a whole line when cap is too small). Returns its length. */
 size_t kvp_rpc_metrics_text(kvp_rpc_t *r, char *buf, size_t cap, uint64_t now_ms);
 
-/* SIGHUP: applies the limits that can change at run time (max_batch_tokens,
- * max_buffer_bytes, default_lease_ms, max_lease_ms, the dedup byte budgets, and the ns_max_*
- * and uid_max_* quotas, which apply to every namespace at once); the others size tables and need a
- * restart (the config module reports them). */
+/* SIGHUP: applies the limits that can change at run time, the RELOAD rows of kvp_rpc_limits.h
+ * (the quotas apply to every namespace at once), and pool_access; the RESTART rows size tables
+ * and keep their running values (the config module reports them). */
 void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim);
 
 /* Server facts dispatch reports (Stats, metrics). */

@@ -75,7 +75,8 @@ void kvp__rpc_buf_release(kvp_rpc_t *r, kvp_buffer_t *b)
 }
 
 /* ---- sessions ------------------------------------------------------------------------- */
-KVP_RPC_HANDLER(register_buffer)
+int kvp__rpc_register_buffer(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                             kvp_rpc_io_t *io, uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_RegisterBufferRequest *q = &req->body.register_buffer;
@@ -178,7 +179,8 @@ kvp_session_buffer_t *kvp__rpc_find_buffer(kvp_session_t *s, uint32_t buffer_id)
     return NULL;
 }
 
-KVP_RPC_HANDLER(unregister_buffer)
+int kvp__rpc_unregister_buffer(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                               kvp_rpc_io_t *io, uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_UnregisterBufferRequest *q = &req->body.unregister_buffer;

@@ -33,13 +33,12 @@ typedef struct kvp_commit {
 
 static uint32_t max_scopes(const kvp_rpc_t *r)
 {
-    return r->lim.max_cache_scopes ? r->lim.max_cache_scopes : 256;
+    return r->lim.max_cache_scopes;
 }
 
 int kvp__rpc_cache_create(kvp_rpc_t *r)
 {
-    kvp_pcache_config_t cfg = {.max_scopes = max_scopes(r),
-                               .max_pins = r->lim.max_pins ? r->lim.max_pins : 1024};
+    kvp_pcache_config_t cfg = {.max_scopes = max_scopes(r), .max_pins = r->lim.max_pins};
     int rc = kvp_pcache_create(r->seqs, &cfg, &r->pc);
     if (rc)
         return rc;
@@ -367,7 +366,8 @@ static int session_event(kvp_rpc_t *r, kvp_session_t *s, const uint8_t *handle, 
     return 0;
 }
 
-KVP_RPC_HANDLER(commit)
+int kvp__rpc_commit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_CommitRequest *q = &req->body.commit;
@@ -462,7 +462,8 @@ static uint32_t max_lookup(const kvp_rpc_t *r)
     return t < (1u << 20) ? (uint32_t)t : 1u << 20;
 }
 
-KVP_RPC_HANDLER(lookup)
+int kvp__rpc_lookup(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms)
 {
     (void)now_ms;
     const uint64_t id = req->id;
@@ -520,7 +521,7 @@ static int pin_refused(const kvp_rpc_t *r, uint32_t ns, uint64_t f, char *why, s
     const kvp_ns_t *n = &r->ns.ns[ns];
     kvp_pcache_stats_t st;
     kvp_pcache_stats(r->pc, &st);
-    const uint32_t max_pins = r->lim.max_pins ? r->lim.max_pins : 1024;
+    const uint32_t max_pins = r->lim.max_pins;
     const uint32_t ns_pins = kvp_pcache_ns_pins(r->pc, ns);
     kvp_ns_stats_t nst;
     kvp_seqtab_ns_stats(r->seqs, ns, &nst);
@@ -563,7 +564,8 @@ static int pin_refused(const kvp_rpc_t *r, uint32_t ns, uint64_t f, char *why, s
     return 1;
 }
 
-KVP_RPC_HANDLER(pin)
+int kvp__rpc_pin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                 uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_PinRequest *q = &req->body.pin;
@@ -577,7 +579,7 @@ KVP_RPC_HANDLER(pin)
                       ntok, max_lookup(r));
         return 0;
     }
-    const uint32_t max_ttl = r->lim.pin_max_ttl_ms ? r->lim.pin_max_ttl_ms : 86400000u;
+    const uint32_t max_ttl = r->lim.pin_max_ttl_ms;
     const uint32_t ttl = q->ttl_ms == 0 || q->ttl_ms > max_ttl ? max_ttl : q->ttl_ms;
     kvp_pagekey_t root;
     kvp_pagekey_root(q->salt.bytes, q->salt.size, &root); /* size bounded by the options */
@@ -608,7 +610,8 @@ KVP_RPC_HANDLER(pin)
     return 0;
 }
 
-KVP_RPC_HANDLER(unpin)
+int kvp__rpc_unpin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms)
 {
     (void)now_ms;
     const uint64_t id = req->id;
@@ -623,7 +626,8 @@ KVP_RPC_HANDLER(unpin)
     return 0;
 }
 
-KVP_RPC_HANDLER(cache_flush)
+int kvp__rpc_cache_flush(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                         kvp_rpc_io_t *io, uint64_t now_ms)
 {
     (void)now_ms;
     const uint64_t id = req->id;

@@ -42,7 +42,8 @@ int kvp__rpc_attach_pool_fds(kvp_rpc_t *r, const kvp_session_t *s, kvp_rpc_io_t 
     }
     return 0;
 }
-KVP_RPC_HANDLER(stats)
+int kvp__rpc_stats(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms)
 {
     const uint64_t id = req->id;
     kvp__rpc_ok(io, id);
@@ -95,7 +96,8 @@ KVP_RPC_HANDLER(stats)
     return 0;
 }
 
-KVP_RPC_HANDLER(list_sequences)
+int kvp__rpc_list_sequences(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_ListSequencesRequest *q = &req->body.list_sequences;
@@ -152,7 +154,8 @@ static int may_see_session(const kvp_rpc_t *r, const kvp_session_t *s, const kvp
            (o->hello_done && !o->observer && r->ns.ns[o->ns].owner_uid == s->uid);
 }
 
-KVP_RPC_HANDLER(list_clients)
+int kvp__rpc_list_clients(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                          kvp_rpc_io_t *io, uint64_t now_ms)
 {
     const uint64_t id = req->id;
     kvp__rpc_ok(io, id);
@@ -174,7 +177,8 @@ KVP_RPC_HANDLER(list_clients)
     return 0;
 }
 
-KVP_RPC_HANDLER(audit)
+int kvp__rpc_audit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms)
 {
     const uint64_t id = req->id;
     (void)s;
@@ -192,7 +196,8 @@ KVP_RPC_HANDLER(audit)
     return 0;
 }
 
-KVP_RPC_HANDLER(ping)
+int kvp__rpc_ping(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                  uint64_t now_ms)
 {
     (void)r, (void)s, (void)now_ms;
     kvp__rpc_ok(io, req->id);
@@ -200,7 +205,8 @@ KVP_RPC_HANDLER(ping)
     return KVP_RPC_DONE;
 }
 
-KVP_RPC_HANDLER(pool_info)
+int kvp__rpc_pool_info(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                       uint64_t now_ms)
 {
     (void)now_ms;
     if (s->observer && req->body.pool_info.want_pool_fds) {
@@ -226,7 +232,8 @@ KVP_RPC_HANDLER(pool_info)
 static size_t metrics_text(kvp_rpc_t *r, const kvp_session_t *viewer, char *buf, size_t cap,
                            uint64_t now_ms);
 
-KVP_RPC_HANDLER(metrics)
+int kvp__rpc_metrics(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms)
 {
     if (!r->metrics_buf && !(r->metrics_buf = malloc(KVP_RPC_METRICS_CAP))) {
         kvp_rpc_error(&io->resp, req->id, KVP_ENOMEM, "no memory for the metrics text");

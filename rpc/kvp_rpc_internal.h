@@ -3,17 +3,23 @@
  * kvp_rpc_internal.h - what the files of the rpc layer share and nothing outside it uses: the
  * daemon state, the job of an off-loop call, the call table's row type, and the handlers.
  *
- *   kvp_rpc.c       state, the call table, the one entry point (dedup, dispatch, accounting),
- *                   sessions, leases, Hello
+ *   kvp_rpc.c       state, the one entry point (dedup, dispatch, accounting), sessions,
+ *                   leases, Hello
+ *   kvp_rpc_calls.c the call table: one row per call
+ *   kvp_rpc_common.c what every handler uses (answers, rights, a request's batch); calls none
+ *                   of the files above it
  *   kvp_rpc_seq.c   Reserve, Append (and its job), Fork, Truncate, Release, GetPageTable
  *   kvp_rpc_buf.c   RegisterBuffer, UnregisterBuffer, buffers held by jobs in flight
- *   kvp_rpc_xfer.c  ExportBegin, Import, ListTransfers
+ *   kvp_rpc_xfer.c  ExportBegin, Import, ListTransfers (and their jobs)
+ *   kvp_rpc_cache.c Commit, Lookup, Pin, Unpin, CacheFlush, the scopes
+ *   kvp_rpc_exec.c  the worker threads: a job submitted, run, finished and its call resumed
  *   kvp_rpc_info.c  Ping, PoolInfo, Stats, ListSequences, ListClients, Audit, Metrics, and the
  *                   metrics snapshot kvp_metrics.c writes as text
  *
  * A handler validates its request before it touches anything, answers in io->resp (through
  * kvp__rpc_ok or kvp_rpc_error) and returns KVP_RPC_DONE, or KVP_RPC_ASYNC with io->job set
- * when its call is flagged KVP_CALL_OFF_LOOP. Loop thread only.
+ * when its call is flagged KVP_CALL_OFF_LOOP (kvp_rpc_handle then submits the job). Handlers
+ * are plain functions named kvp__rpc_<call>. Loop thread only.
  */
 #ifndef KVP_RPC_INTERNAL_H
 #define KVP_RPC_INTERNAL_H
@@ -22,6 +28,7 @@
 #include <stdint.h>
 
 #include "kvp_dedup.h"
+#include "kvp_jobs.h"
 #include "kvp_metrics.h"
 #include "kvp_pcache.h"
 #include "kvp_rpc.h"
@@ -31,8 +38,8 @@
 /* The largest metrics text a Metrics call answers (truncated at a whole line beyond). */
 #define KVP_RPC_METRICS_CAP (1u << 20)
 
-/* The facts of one call. Adding a call to the daemon is one row in kvp_rpc.c's table and one
- * handler. */
+/* The facts of one call. Adding a call to the daemon is one row in kvp_rpc_calls.c's table and
+ * one handler (docs/ARCHITECTURE.md). */
 enum {
     KVP_CALL_MUTATING = 1u << 0,       /* changes daemon state */
     KVP_CALL_PER_CONN = 1u << 1,       /* changes only its connection's state: its request id
@@ -57,36 +64,35 @@ struct kvp_rpc_call {
     kvp_rpc_handler_t handler;
 };
 
+/* A job: the part of an off-loop call (an Append's copy, an Import's receive) or of a call's
+ * background work (an ExportBegin's send) that runs on a worker thread. Each kind is its own
+ * type that starts with this header (kvp_rpc_seq.c: appends, kvp_rpc_xfer.c: transfers) and
+ * brings its operations; kvp_rpc_exec.c submits and resumes every kind the same way. */
+typedef struct {
+    const char *name;
+    void (*run)(kvp_rpc_job_t *j); /* worker thread */
+    /* loop thread, after run: records the outcome and, for a call's job, answers it in io
+     * (io NULL for background work: nothing is answered) */
+    void (*finish)(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms);
+    void (*free)(kvp_rpc_job_t *j); /* after finish (or instead of run, when never submitted) */
+} kvp_rpc_job_ops_t;
+
 struct kvp_rpc_job {
+    const kvp_rpc_job_ops_t *ops;
     kvp_rpc_t *rpc;
     const kvp_rpc_call_t *call;
-    kvp_exec_t exec;
-    int rc;
+    kvp_session_t *sess; /* the session its answer goes to; NULL: background work */
     uint64_t req_id;
-    uint32_t batch_size, nnz, num_copies, num_indices;
-    int32_t *kv_indptr, *kv_indices, *kv_last_page_len, *append_indptr, *seq_lens;
-    int32_t *cached_tokens; /* [batch_size]: linked from the prefix cache (0s without reuse) */
-    kvp_pcache_ref_t *refs; /* the pages it fills, published once the copy completed */
-    uint32_t num_refs;
-    int reused; /* cached_tokens answers (CacheOptions.reuse) */
-    int32_t *batch_indices, *positions;
-    kvp_page_copy_t *copies;
-    uint32_t *pinned;
-    uint32_t num_pinned;
-    uint64_t bytes;
-    uint32_t ns;       /* for a rollback when the backend refuses the source */
-    uint64_t *seq_ids; /* [batch_size] */
-    /* tensor-parallel form: each rank's buffer, copied by value (another session may move or
-     * drop its entry while the job runs; the hold keeps the backend state alive) */
-    kvp_buffer_t rank_buf[KVP_GEOM_MAX_DEVICES];
-    const kvp_buffer_t *rank_ptr[KVP_GEOM_MAX_DEVICES];
-    uint32_t num_ranks;
-    /* a transfer (ExportBegin's background job, or Import) instead of an append */
-    kvp_xfer_job_t *xfer;
-    int xfer_dir; /* KVP_XFER_EXPORT / _IMPORT */
-    uint64_t xfer_seq, xfer_id;
-    uint32_t xfer_tokens;
+    int rc;              /* run's outcome */
+    kvp_job_item_t item; /* kvp_rpc_exec.c: its place in the worker pool */
 };
+
+/* kvp_rpc_exec.c: hands j to the worker threads; when they are not started (unit tests,
+ * fuzzers) a call's job goes back to the caller in io->job, background work runs inline. */
+void kvp__rpc_submit_bg(kvp_rpc_t *r, kvp_rpc_job_t *j, uint64_t now_ms);
+/* kvp_rpc_handle, after a handler returned KVP_RPC_ASYNC: 1 when io->job went to the worker
+ * threads (the answer comes through resume), 0 when it stays in io->job (not started). */
+int kvp__rpc_submit_call(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io);
 
 /* A buffer a job in flight reads. Only the job's own connection waits for its job, so a buffer
  * of another session (a tensor-parallel rank's) may be unregistered, or its session closed,
@@ -147,9 +153,15 @@ struct kvp_rpc {
     uint32_t num_commits;
     void (*commit_wake)(void *arg);
     void *commit_wake_arg;
+    /* the worker threads and the transport's resume (kvp_rpc_exec.c); NULL: not started */
+    kvp_jobs_t *jobs;
+    uint64_t (*clock_ms)(void);
+    kvp_rpc_resume_fn resume;
+    void *resume_arg;
+    kvp_rpc_io_t resume_io; /* the answer of a job that finished, handed to resume */
 };
 
-/* The table (kvp_rpc.c), in row order; kvp__rpc_calls[0] is the "invalid" pseudo-call (a
+/* The table (kvp_rpc_calls.c), in row order; kvp__rpc_calls[0] is the "invalid" pseudo-call (a
  * frame that did not decode or named no call). A row's index labels its metrics. */
 extern const kvp_rpc_call_t kvp__rpc_calls[];
 extern const unsigned kvp__rpc_num_calls;
@@ -166,7 +178,7 @@ int kvp__rpc_check_name(kvpool_Response *resp, uint64_t id, const char *field, c
 /* An OK answer of io->call with its body member cleared. */
 void kvp__rpc_ok(kvp_rpc_io_t *io, uint64_t id);
 
-/* kvp_rpc_seq.c: the batch of a request into r->items (ns of the session; n_tokens optional);
+/* kvp_rpc_common.c: the batch of a request into r->items (ns of the session; n_tokens optional);
  * 0, or an error answered in resp */
 int kvp__rpc_take_batch(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io_t *io,
                         int with_tokens, uint32_t *n_out, kvpool_Response *resp, uint64_t id);
@@ -212,37 +224,54 @@ void kvp__rpc_cache_tick(kvp_rpc_t *r, uint64_t now_ms);
 /* Stats' cache part for session s. */
 void kvp__rpc_cache_stats(kvp_rpc_t *r, const kvp_session_t *s, kvpool_CacheStats *out);
 
-/* kvp_rpc_xfer.c */
-void kvp__rpc_finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms);
-void kvp__rpc_xfer_unpin(kvp_rpc_t *r, kvp_rpc_job_t *j);
-
-/* The handlers, one per row of the table. */
-#define KVP_RPC_HANDLER(name)                                                                      \
-    int kvp__rpc_##name(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,                 \
-                        kvp_rpc_io_t *io, uint64_t now_ms)
-KVP_RPC_HANDLER(hello);
-KVP_RPC_HANDLER(ping);
-KVP_RPC_HANDLER(pool_info);
-KVP_RPC_HANDLER(register_buffer);
-KVP_RPC_HANDLER(unregister_buffer);
-KVP_RPC_HANDLER(append);
-KVP_RPC_HANDLER(reserve);
-KVP_RPC_HANDLER(fork);
-KVP_RPC_HANDLER(truncate);
-KVP_RPC_HANDLER(release);
-KVP_RPC_HANDLER(get_page_table);
-KVP_RPC_HANDLER(stats);
-KVP_RPC_HANDLER(list_sequences);
-KVP_RPC_HANDLER(list_clients);
-KVP_RPC_HANDLER(audit);
-KVP_RPC_HANDLER(metrics);
-KVP_RPC_HANDLER(export_begin);
-KVP_RPC_HANDLER(import);
-KVP_RPC_HANDLER(list_transfers);
-KVP_RPC_HANDLER(commit);
-KVP_RPC_HANDLER(lookup);
-KVP_RPC_HANDLER(pin);
-KVP_RPC_HANDLER(unpin);
-KVP_RPC_HANDLER(cache_flush);
+/* The handlers, one per row of the table (kvp_rpc_calls.c: the row's type checks the signature). */
+int kvp__rpc_hello(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms);
+int kvp__rpc_ping(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                  uint64_t now_ms);
+int kvp__rpc_pool_info(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                       uint64_t now_ms);
+int kvp__rpc_register_buffer(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                             kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_unregister_buffer(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                               kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms);
+int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms);
+int kvp__rpc_fork(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                  uint64_t now_ms);
+int kvp__rpc_truncate(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                      uint64_t now_ms);
+int kvp__rpc_release(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms);
+int kvp__rpc_get_page_table(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_stats(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms);
+int kvp__rpc_list_sequences(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_list_clients(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                          kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_audit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms);
+int kvp__rpc_metrics(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms);
+int kvp__rpc_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                          kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms);
+int kvp__rpc_list_transfers(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_commit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms);
+int kvp__rpc_lookup(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms);
+int kvp__rpc_pin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                 uint64_t now_ms);
+int kvp__rpc_unpin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                   uint64_t now_ms);
+int kvp__rpc_cache_flush(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                         kvp_rpc_io_t *io, uint64_t now_ms);
 
 #endif

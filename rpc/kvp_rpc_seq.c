@@ -12,70 +12,6 @@
 #include "kvp_error.h"
 #include "kvp_log.h"
 
-const char *kvp__rpc_plan_error_text(int rc)
-{
-    switch (rc) {
-    case KVP_ENOSPC:
-        return "pool exhausted";
-    case KVP_ELIMIT:
-        return "limit or quota exceeded";
-    case KVP_EDUPSEQ:
-        return "sequence named twice in one batch";
-    case KVP_EINVAL:
-        return "invalid batch";
-    default:
-        return kvp_strerror(rc);
-    }
-}
-
-/* Reads the batch of a request into r->items (ns of the session); n_tokens optional. */
-int kvp__rpc_take_batch(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io_t *io,
-                        int with_tokens, uint32_t *n_out, kvpool_Response *resp, uint64_t id)
-{
-    const kvp_batch_arrays_t *b = io->batch;
-    uint32_t n = b->seq_ids.count;
-    if (n == 0) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "empty batch: seq_ids has no entries");
-        return KVP_EINVAL;
-    }
-    if (n > r->lim.max_batch) {
-        kvp_rpc_error(resp, id, KVP_ELIMIT, "batch of %u sequences above max_batch %u", n,
-                      r->lim.max_batch);
-        return KVP_ELIMIT;
-    }
-    if (with_tokens && b->num_tokens.count != n) {
-        kvp_rpc_error(resp, id, KVP_EINVAL, "num_tokens has %u entries, seq_ids %u",
-                      b->num_tokens.count, n);
-        return KVP_EINVAL;
-    }
-    const uint64_t *ids = b->seq_ids.data;
-    const uint32_t *toks = b->num_tokens.data;
-    for (uint32_t i = 0; i < n; i++) {
-        r->items[i].ns = s->ns;
-        r->items[i].seq_id = ids[i];
-        r->items[i].num_tokens = with_tokens ? toks[i] : 0;
-    }
-    *n_out = n;
-    return 0;
-}
-
-/* Points the response arrays at the planner's page table. */
-void kvp__rpc_table_from_plan(kvp_rpc_t *r, kvpool_PageTable *t, kvp_reply_arrays_t *out)
-{
-    const kvp_plan_t *p = &r->plan;
-    uint32_t B = p->batch_size;
-    t->batch_size = B;
-    t->nnz = p->nnz;
-    out->kv_indptr = kvp_array(p->kv_indptr, 4, B + 1, B + 1);
-    out->kv_indices = kvp_array(p->kv_indices, 4, (uint32_t)p->kv_indptr[B], 0);
-    out->kv_last_page_len = kvp_array(p->kv_last_page_len, 4, B, B);
-    out->append_indptr = kvp_array(p->append_indptr, 4, B + 1, B + 1);
-    out->seq_lens = kvp_array(p->seq_lens, 4, B, B);
-    out->copies = kvp_array(p->copies, 4, 2 * p->num_copies, 0);
-    out->cached_tokens = kvp_array(p->cached_tokens, 4, r->plan_reused ? B : 0, 0);
-    kvp_wire_table_bind_encode(t, out);
-}
-
 /* Plans r->items[0..n) with the request's cache fields when it has token ids (content 1 from
  * kvp__rpc_take_content), else exactly as before. */
 static int plan(kvp_rpc_t *r, uint32_t n, int content, const kvp_plan_cache_t *cache,
@@ -88,16 +24,9 @@ static int plan(kvp_rpc_t *r, uint32_t n, int content, const kvp_plan_cache_t *c
                                   &r->plan);
 }
 
-void kvp__rpc_count_alloc_failure(kvp_rpc_t *r, int rc)
-{
-    r->counters.alloc_failures[rc == KVP_ENOSPC   ? 0
-                               : rc == KVP_ELIMIT ? 1
-                               : rc == KVP_EINVAL ? 2
-                                                  : 3]++;
-}
-
 /* ---- the calls -------------------------------------------------------------------------- */
-KVP_RPC_HANDLER(reserve)
+int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_ReserveRequest *q = &req->body.reserve;
@@ -178,35 +107,62 @@ static int check_source(const kvp_rpc_t *r, const kvp_src_layout_t *src, const k
     return 0;
 }
 
-static void job_free_arrays(kvp_rpc_job_t *j)
+/* An Append's job: a copy of the plan (the planner's arrays serve the next call), the pages
+ * it reads or writes (pinned until it finished), the buffers it reads (held), and what it
+ * publishes to the prefix cache once the copy is done. */
+typedef struct {
+    kvp_rpc_job_t base;
+    kvp_exec_t exec;
+    uint32_t batch_size, nnz, num_copies, num_indices;
+    int32_t *kv_indptr, *kv_indices, *kv_last_page_len, *append_indptr, *seq_lens;
+    int32_t *cached_tokens; /* [batch_size]: linked from the prefix cache (0s without reuse) */
+    kvp_pcache_ref_t *refs; /* the pages it fills, published once the copy completed */
+    uint32_t num_refs;
+    int reused;     /* cached_tokens answers (CacheOptions.reuse) */
+    int32_t *slots; /* [nnz]: each token's pool slot (kvp_plan_slots), the append's destination */
+    kvp_page_copy_t *copies;
+    uint32_t *pinned;
+    uint32_t num_pinned;
+    uint64_t bytes;
+    uint32_t ns;       /* for a rollback when the backend refuses the source */
+    uint64_t *seq_ids; /* [batch_size] */
+    /* tensor-parallel form: each rank's buffer, copied by value (another session may move or
+     * drop its entry while the job runs; the hold keeps the backend state alive) */
+    kvp_buffer_t rank_buf[KVP_GEOM_MAX_DEVICES];
+    const kvp_buffer_t *rank_ptr[KVP_GEOM_MAX_DEVICES];
+    uint32_t num_ranks;
+} append_job_t;
+
+static void append_run(kvp_rpc_job_t *base);
+static void append_finish(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms);
+
+static void append_free(kvp_rpc_job_t *base)
 {
+    append_job_t *j = (append_job_t *)base;
     free(j->refs);
     free(j->kv_indptr);
     free(j->pinned);
     free(j->seq_ids);
+    free(j);
 }
 
-void kvp_rpc_job_free(kvp_rpc_job_t *job)
-{
-    if (!job)
-        return;
-    job_free_arrays(job);
-    free(job);
-}
+static const kvp_rpc_job_ops_t append_ops = {
+    .name = "append", .run = append_run, .finish = append_finish, .free = append_free};
 
 /* Copies the plan into a job (the planner's arrays are reused by the next call) and pins
  * every page the job reads or writes. */
-static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const kvp_buffer_t *buf,
-                               const kvp_buffer_t *const *ranks, uint32_t num_ranks,
-                               const kvp_src_layout_t *src, uint32_t lb, uint32_t le, uint64_t id,
-                               uint32_t sync)
+static append_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const kvp_buffer_t *buf,
+                              const kvp_buffer_t *const *ranks, uint32_t num_ranks,
+                              const kvp_src_layout_t *src, uint32_t lb, uint32_t le, uint64_t id,
+                              uint32_t sync)
 {
     const kvp_plan_t *p = &r->plan;
     uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies, N = p->nnz;
-    kvp_rpc_job_t *j = calloc(1, sizeof(*j));
+    append_job_t *j = calloc(1, sizeof(*j));
     if (!j)
         return NULL;
-    size_t words = (size_t)(B + 1) * 2 + (size_t)B * 3 + I + (size_t)N * 2 + (size_t)C * 2;
+    j->base.ops = &append_ops;
+    size_t words = (size_t)(B + 1) * 2 + (size_t)B * 3 + I + (size_t)N + (size_t)C * 2;
     int32_t *w = malloc(words * sizeof(int32_t) + 4);
     j->pinned = malloc(((size_t)I + 2 * C + 1) * sizeof(uint32_t));
     j->seq_ids = malloc(((size_t)B + 1) * sizeof(uint64_t));
@@ -240,8 +196,7 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const k
     j->seq_lens = w, w += B;
     j->cached_tokens = w, w += B;
     j->kv_indices = w, w += I;
-    j->batch_indices = w, w += N;
-    j->positions = w, w += N;
+    j->slots = w, w += N;
     j->copies = (kvp_page_copy_t *)w;
     memcpy(j->kv_indptr, p->kv_indptr, (B + 1) * 4);
     memcpy(j->append_indptr, p->append_indptr, (B + 1) * 4);
@@ -256,12 +211,11 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const k
         memcpy(j->kv_indices, p->kv_indices, (size_t)I * 4);
     if (C)
         memcpy(j->copies, p->copies, (size_t)C * sizeof(kvp_page_copy_t));
-    if (N)
-        kvp_get_batch_indices_positions_cpu(j->append_indptr, j->seq_lens, B, N, j->batch_indices,
-                                            j->positions);
-    j->rpc = r;
-    j->call = call;
-    j->req_id = id;
+    if (N) /* where every token goes, once: the kernels read these slots as they are */
+        kvp_plan_slots(p, r->backend->geom.page_size, j->slots);
+    j->base.rpc = r;
+    j->base.call = call;
+    j->base.req_id = id;
     j->batch_size = B, j->nnz = N, j->num_copies = C, j->num_indices = I;
     /* pin: copy sources and destinations, and the pages that receive tokens */
     for (uint32_t c = 0; c < C; c++) {
@@ -282,13 +236,7 @@ static kvp_rpc_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const k
         }
     }
     kvp_exec_t *e = &j->exec;
-    e->batch_size = B;
-    e->nnz = N;
-    e->kv_indptr = j->kv_indptr;
-    e->kv_indices = j->kv_indices;
-    e->kv_last_page_len = j->kv_last_page_len;
-    e->batch_indices = j->batch_indices;
-    e->positions = j->positions;
+    e->dest = (kvp_append_dest_t){.kind = KVP_APPEND_DEST_SLOTS, .nnz = N, .slots = j->slots};
     e->copies = j->copies;
     e->num_copies = C;
     e->src = num_ranks ? NULL : buf;
@@ -378,7 +326,8 @@ static kvp_pcache_ref_t *take_written(kvp_rpc_t *r, uint32_t n, uint32_t *num)
     return refs;
 }
 
-KVP_RPC_HANDLER(append)
+int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_AppendRequest *q = &req->body.append;
@@ -495,8 +444,8 @@ KVP_RPC_HANDLER(append)
         layout.v_offset += skip * layout.v_stride_n;
     }
     r->counters.cow_copies_total += r->plan.num_copies;
-    kvp_rpc_job_t *j = make_job(r, io->call, sb ? &sb->buf : NULL, ranks, num_ranks, &layout, lb,
-                                le, id, (uint32_t)q->sync);
+    append_job_t *j = make_job(r, io->call, sb ? &sb->buf : NULL, ranks, num_ranks, &layout, lb, le,
+                               id, (uint32_t)q->sync);
     if (j && content && lb == 0 && le == L) /* every layer written: findable once done */
         j->refs = take_written(r, n, &j->num_refs);
     if (!j) {
@@ -508,34 +457,28 @@ KVP_RPC_HANDLER(append)
         kvp_rpc_error(resp, id, KVP_ENOMEM, "out of memory for the append job");
         return KVP_RPC_DONE;
     }
-    io->job = j;
+    io->job = &j->base;
     return KVP_RPC_ASYNC;
 }
 
-void kvp_rpc_job_run(kvp_rpc_job_t *job)
+/* Worker thread: the copies and the append on the backend. */
+static void append_run(kvp_rpc_job_t *base)
 {
-    if (job->xfer) {
-        kvp_xfer_run(job->xfer);
-        return;
-    }
-    kvp_backend_t *b = job->rpc->backend;
-    job->rc = b->ops->run(b, &job->exec);
+    append_job_t *j = (append_job_t *)base;
+    kvp_backend_t *b = base->rpc->backend;
+    base->rc = b->ops->run(b, &j->exec);
 }
 
-void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms)
+static void append_finish(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms)
 {
-    io->call = j->call; /* io served other connections' calls while the job ran */
-    if (j->xfer) {
-        kvp__rpc_finish_import(r, j, io, now_ms);
-        return;
-    }
+    append_job_t *j = (append_job_t *)base;
     for (uint32_t i = 0; i < j->num_pinned; i++)
         kvp_alloc_unpin(r->alloc, j->pinned[i]);
     j->num_pinned = 0;
     for (uint32_t g = 0; g < j->num_ranks; g++)
         kvp__rpc_buf_unhold(r, &j->rank_buf[g]);
     j->num_ranks = 0;
-    if (j->rc == KVP_ETIMEDOUT || j->rc == KVP_EINVAL) {
+    if (base->rc == KVP_ETIMEDOUT || base->rc == KVP_EINVAL) {
         /* the backend refused or could not wait for the source (a dead worker's event, an
          * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
         for (uint32_t b = 0; b < j->batch_size; b++) {
@@ -545,23 +488,24 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
             kvp_seqtab_truncate(r->seqs, j->ns, j->seq_ids[b], (uint32_t)j->seq_lens[b] - add,
                                 now_ms);
         }
-        kvp_rpc_error(&io->resp, j->req_id, j->rc == KVP_ETIMEDOUT ? KVP_EUNAVAIL : KVP_EINVAL,
+        kvp_rpc_error(&io->resp, base->req_id,
+                      base->rc == KVP_ETIMEDOUT ? KVP_EUNAVAIL : KVP_EINVAL,
                       "append not applied: %s",
-                      j->rc == KVP_ETIMEDOUT ? "the worker's ready event never completed"
-                                             : "the backend cannot read the source");
+                      base->rc == KVP_ETIMEDOUT ? "the worker's ready event never completed"
+                                                : "the backend cannot read the source");
         return;
     }
-    if (j->rc) {
+    if (base->rc) {
         /* a validated plan failed in the backend: the pool can no longer be trusted */
         r->unhealthy = 1;
-        kvp_log(KVP_LOG_CRIT, "append failed in backend rc=%s", kvp_errname(j->rc));
-        kvp_rpc_error(&io->resp, j->req_id, KVP_EINTERNAL, "append failed in the backend: %s",
-                      kvp_strerror(j->rc));
+        kvp_log(KVP_LOG_CRIT, "append failed in backend rc=%s", kvp_errname(base->rc));
+        kvp_rpc_error(&io->resp, base->req_id, KVP_EINTERNAL, "append failed in the backend: %s",
+                      kvp_strerror(base->rc));
         return;
     }
     r->counters.append_bytes_total += j->bytes;
     kvp_pcache_publish(r->pc, j->refs, j->num_refs); /* exactly the pages it wrote */
-    kvp__rpc_ok(io, j->req_id);
+    kvp__rpc_ok(io, base->req_id);
     kvpool_AppendResponse *ar = &io->resp.body.append;
     ar->completed = true; /* run() returns once the copy is done (kvp_backend.h) */
     ar->has_table = true;
@@ -578,7 +522,8 @@ void kvp_rpc_job_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64
     kvp_wire_table_bind_encode(&ar->table, &io->out);
 }
 
-KVP_RPC_HANDLER(fork)
+int kvp__rpc_fork(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                  uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_ForkRequest *q = &req->body.fork;
@@ -596,7 +541,8 @@ KVP_RPC_HANDLER(fork)
     return 0;
 }
 
-KVP_RPC_HANDLER(truncate)
+int kvp__rpc_truncate(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                      uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_TruncateRequest *q = &req->body.truncate;
@@ -616,7 +562,8 @@ KVP_RPC_HANDLER(truncate)
     return 0;
 }
 
-KVP_RPC_HANDLER(release)
+int kvp__rpc_release(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                     uint64_t now_ms)
 {
     const uint64_t id = req->id;
     (void)now_ms;
@@ -630,7 +577,8 @@ KVP_RPC_HANDLER(release)
     return 0;
 }
 
-KVP_RPC_HANDLER(get_page_table)
+int kvp__rpc_get_page_table(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms)
 {
     const uint64_t id = req->id;
     (void)now_ms;

@@ -12,35 +12,72 @@
 #include "kvp_error.h"
 #include "kvp_log.h"
 
-static kvp_rpc_job_t *xfer_job_new(uint64_t num_pages, uint32_t nseq, const uint64_t *ids)
+/* A transfer's job (ExportBegin's send in the background, Import's receive for its call):
+ * the pages it reads or writes stay pinned until it finished. */
+typedef struct {
+    kvp_rpc_job_t base;
+    kvp_xfer_job_t *xfer;
+    uint32_t ns;       /* Import: the namespace of the new sequences */
+    uint64_t *seq_ids; /* [num_seqs] */
+    uint32_t num_seqs;
+    uint32_t *pinned;
+    uint32_t num_pinned;
+    uint64_t xfer_id;
+    uint32_t xfer_tokens;
+} xfer_job_t;
+
+static void xfer_job_run(kvp_rpc_job_t *base)
 {
-    kvp_rpc_job_t *j = calloc(1, sizeof(*j));
+    kvp_xfer_run(((xfer_job_t *)base)->xfer);
+}
+
+static void xfer_job_free(kvp_rpc_job_t *base)
+{
+    xfer_job_t *j = (xfer_job_t *)base;
+    free(j->pinned);
+    free(j->seq_ids);
+    free(j);
+}
+
+static void xfer_unpin(kvp_rpc_t *r, xfer_job_t *j)
+{
+    for (uint32_t i = 0; i < j->num_pinned; i++)
+        kvp_alloc_unpin(r->alloc, j->pinned[i]);
+    j->num_pinned = 0;
+}
+
+static void finish_import(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms);
+static void finish_export(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms);
+
+static const kvp_rpc_job_ops_t import_ops = {
+    .name = "import", .run = xfer_job_run, .finish = finish_import, .free = xfer_job_free};
+static const kvp_rpc_job_ops_t export_ops = {
+    .name = "export", .run = xfer_job_run, .finish = finish_export, .free = xfer_job_free};
+
+static xfer_job_t *xfer_job_new(const kvp_rpc_job_ops_t *ops, uint64_t num_pages, uint32_t nseq,
+                                const uint64_t *ids)
+{
+    xfer_job_t *j = calloc(1, sizeof(*j));
     if (!j)
         return NULL;
+    j->base.ops = ops;
     j->pinned = malloc(((size_t)num_pages + 1) * sizeof(uint32_t));
     j->seq_ids = malloc((size_t)nseq * sizeof(uint64_t));
     if (!j->pinned || !j->seq_ids) {
-        kvp_rpc_job_free(j);
+        xfer_job_free(&j->base);
         return NULL;
     }
     memcpy(j->seq_ids, ids, (size_t)nseq * sizeof(uint64_t));
-    j->batch_size = nseq;
+    j->num_seqs = nseq;
     return j;
 }
 
-static void xfer_pin(kvp_rpc_t *r, kvp_rpc_job_t *j, const uint32_t *pages, uint32_t n)
+static void xfer_pin(kvp_rpc_t *r, xfer_job_t *j, const uint32_t *pages, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
         kvp_alloc_pin(r->alloc, pages[i]);
         j->pinned[j->num_pinned++] = pages[i];
     }
-}
-
-void kvp__rpc_xfer_unpin(kvp_rpc_t *r, kvp_rpc_job_t *j)
-{
-    for (uint32_t i = 0; i < j->num_pinned; i++)
-        kvp_alloc_unpin(r->alloc, j->pinned[i]);
-    j->num_pinned = 0;
 }
 
 /* The sequences a transfer request names: the set seq_ids, else the one seq_id. 0, or an
@@ -67,10 +104,11 @@ static int xfer_ids(kvpool_Response *resp, uint64_t id, const uint64_t *seq_id, 
     return 0;
 }
 
-/* ExportBegin: answers at once with the communicator's id; the send runs as io->bg_job. The
+/* ExportBegin: answers at once with the communicator's id; the send runs in the background. The
  * sequences' pages are pinned until it ends (a Release meanwhile cannot hand them to another
  * sequence); tokens appended meanwhile are not part of the transfer. */
-KVP_RPC_HANDLER(export_begin)
+int kvp__rpc_export_begin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                          kvp_rpc_io_t *io, uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_ExportBeginRequest *q = &req->body.export_begin;
@@ -115,7 +153,7 @@ KVP_RPC_HANDLER(export_begin)
         kvp_rpc_error(resp, id, rc, "%s", why);
         return KVP_RPC_DONE;
     }
-    kvp_rpc_job_t *j = xfer_job_new(np, n, ids);
+    xfer_job_t *j = xfer_job_new(&export_ops, np, n, ids);
     uint8_t nid[KVP_XFER_ID_BYTES];
     uint64_t tid = 0;
     const kvp_xfer_set_t set = {.n = n, .seq_ids = ids, .tokens = toks, .pages = pages};
@@ -124,14 +162,13 @@ KVP_RPC_HANDLER(export_begin)
                                    &tid, &st, &j->xfer)
            : KVP_ENOMEM;
     if (rc) {
-        kvp_rpc_job_free(j);
+        if (j)
+            xfer_job_free(&j->base);
         kvp_rpc_error(resp, id, rc, "cannot start the export: %s", kvp_strerror(rc));
         return KVP_RPC_DONE;
     }
-    j->rpc = r;
-    j->call = io->call;
-    j->xfer_dir = KVP_XFER_EXPORT;
-    j->xfer_seq = ids[0];
+    j->base.rpc = r;
+    j->base.call = io->call;
     j->xfer_id = tid;
     j->xfer_tokens = (uint32_t)total;
     for (uint32_t i = 0; i < n; i++)
@@ -148,14 +185,15 @@ KVP_RPC_HANDLER(export_begin)
     er->flags = st.flags;
     er->seq_tokens_count = n;
     memcpy(er->seq_tokens, toks, (size_t)n * sizeof(uint32_t));
-    io->bg_job = j;
+    kvp__rpc_submit_bg(r, &j->base, now_ms); /* the send: nothing waits for it */
     return KVP_RPC_DONE;
 }
 
 /* Import: the new sequences' pages are allocated all-or-nothing here, the receive runs as the
  * connection's job, and kvp_rpc_job_finish answers; a failed transfer releases the sequences,
  * so the pool is as it was before the call. */
-KVP_RPC_HANDLER(import)
+int kvp__rpc_import(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                    uint64_t now_ms)
 {
     const uint64_t id = req->id;
     const kvpool_ImportRequest *q = &req->body.import;
@@ -228,13 +266,14 @@ KVP_RPC_HANDLER(import)
         pages[i] = seqs[i]->pages;
         np += seqs[i]->num_pages;
     }
-    kvp_rpc_job_t *j = xfer_job_new(np, n, ids);
+    xfer_job_t *j = xfer_job_new(&import_ops, np, n, ids);
     const kvp_xfer_set_t set = {.n = n, .seq_ids = ids, .tokens = toks, .pages = pages};
     rc = j ? kvp_xfer_import_begin(r->xfer, q->nccl_id.bytes, q->transfer_id, s->ns_name, &set, &st,
                                    q->timeout_ms, now_ms, &j->xfer)
            : KVP_ENOMEM;
     if (rc) {
-        kvp_rpc_job_free(j);
+        if (j)
+            xfer_job_free(&j->base);
         for (uint32_t i = 0; i < n; i++)
             kvp_seqtab_release(r->seqs, s->ns, ids[i]);
         kvp_rpc_error(resp, id, rc, "cannot start the import: %s",
@@ -242,44 +281,44 @@ KVP_RPC_HANDLER(import)
                                       : kvp_strerror(rc));
         return KVP_RPC_DONE;
     }
-    j->rpc = r;
-    j->call = io->call;
-    j->req_id = id;
+    j->base.rpc = r;
+    j->base.call = io->call;
+    j->base.req_id = id;
     j->ns = s->ns;
-    j->xfer_dir = KVP_XFER_IMPORT;
-    j->xfer_seq = ids[0];
     j->xfer_id = q->transfer_id;
     j->xfer_tokens = q->num_tokens;
     for (uint32_t i = 0; i < n; i++)
         xfer_pin(r, j, seqs[i]->pages, seqs[i]->num_pages);
-    io->job = j;
+    io->job = &j->base;
     return KVP_RPC_ASYNC;
 }
 
-void kvp__rpc_finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, uint64_t now_ms)
+/* Import's answer: the sequences as received, or, when the transfer failed, released (the
+ * new pages may hold part of the stream: they go back to the free list). */
+static void finish_import(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms)
 {
+    xfer_job_t *j = (xfer_job_t *)base;
     char msg[160];
     uint64_t bytes = 0;
-    for (uint32_t i = 0; i < j->batch_size; i++) {
+    for (uint32_t i = 0; i < j->num_seqs; i++) {
         const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, j->ns, j->seq_ids[i]);
         bytes += seq ? kvp_xfer_stream_bytes(&r->backend->geom, seq->num_tokens) : 0;
     }
     int rc = kvp_xfer_finish(r->xfer, j->xfer, now_ms, msg, sizeof(msg));
     j->xfer = NULL;
-    kvp__rpc_xfer_unpin(r, j);
+    xfer_unpin(r, j);
     if (rc) {
-        /* the new pages may hold part of the stream: they go back to the free list */
-        for (uint32_t i = 0; i < j->batch_size; i++)
+        for (uint32_t i = 0; i < j->num_seqs; i++)
             kvp_seqtab_release(r->seqs, j->ns, j->seq_ids[i]);
-        kvp_rpc_error(&io->resp, j->req_id, rc, "import failed: %s", msg);
+        kvp_rpc_error(&io->resp, base->req_id, rc, "import failed: %s", msg);
         return;
     }
     uint32_t pages = 0;
-    for (uint32_t i = 0; i < j->batch_size; i++) {
+    for (uint32_t i = 0; i < j->num_seqs; i++) {
         const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, j->ns, j->seq_ids[i]);
         pages += seq ? seq->num_pages : 0;
     }
-    kvp__rpc_ok(io, j->req_id);
+    kvp__rpc_ok(io, base->req_id);
     kvpool_ImportResponse *ir = &io->resp.body.import;
     ir->transfer_id = j->xfer_id;
     ir->num_tokens = j->xfer_tokens;
@@ -287,16 +326,21 @@ void kvp__rpc_finish_import(kvp_rpc_t *r, kvp_rpc_job_t *j, kvp_rpc_io_t *io, ui
     ir->bytes = bytes;
 }
 
-void kvp_rpc_bg_finish(kvp_rpc_t *r, kvp_rpc_job_t *j, uint64_t now_ms)
+/* The send is done: its outcome is logged and counted by the transfer engine; the pages it
+ * read are released. */
+static void finish_export(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms)
 {
+    xfer_job_t *j = (xfer_job_t *)base;
+    (void)io;
     if (!j->xfer)
         return;
-    kvp_xfer_finish(r->xfer, j->xfer, now_ms, NULL, 0); /* logged and counted there */
+    kvp_xfer_finish(r->xfer, j->xfer, now_ms, NULL, 0);
     j->xfer = NULL;
-    kvp__rpc_xfer_unpin(r, j);
+    xfer_unpin(r, j);
 }
 
-KVP_RPC_HANDLER(list_transfers)
+int kvp__rpc_list_transfers(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
+                            kvp_rpc_io_t *io, uint64_t now_ms)
 {
     const uint64_t id = req->id;
     kvp__rpc_ok(io, id);

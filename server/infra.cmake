@@ -8,8 +8,14 @@ kvp_prefer_static(PkgConfig::INIH)
 
 add_library(kvp_server_infra STATIC
   ${CMAKE_CURRENT_LIST_DIR}/kvp_config.c
+  ${CMAKE_CURRENT_LIST_DIR}/kvp_config_doc.c
   ${CMAKE_CURRENT_LIST_DIR}/kvp_notify.c)
 target_include_directories(kvp_server_infra PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 # kvp_config.h exposes kvp_geom_t and the KVP_E* codes; inih stays an implementation detail.
 target_link_libraries(kvp_server_infra PUBLIC kvp_kvcache kvp_policy kvp_common PRIVATE PkgConfig::INIH)
 set_target_properties(kvp_server_infra PROPERTIES POSITION_INDEPENDENT_CODE ON)
+
+# kvp_confdoc: a build-time tool (never installed) that writes the keys of kvpoold.conf(5) and
+# the example deploy/kvpoold.conf from the settings table (docs/ and deploy/CMakeLists.txt).
+add_executable(kvp_confdoc ${CMAKE_CURRENT_LIST_DIR}/kvp_confdoc.c)
+target_link_libraries(kvp_confdoc PRIVATE kvp_server_infra)

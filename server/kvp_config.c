@@ -1,8 +1,26 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvp_config.c - one table of settings (section, key, type, field, range, reloadable) drives
- * everything here: the INI handler, --set and the named flags, validation, the dump and the
- * reload comparison, so a new key is one table line plus its struct field.
+ * kvp_config.c - the settings parser: one table of settings drives everything here and in
+ * kvp_config_doc.c. Each row is a key: its section, name, type and field, its default, its
+ * bounds, whether a reload (SIGHUP) applies it, and its documentation. From the rows come the
+ * defaults (kvp_config_defaults), the INI handler, --set and the named flags, the environment's
+ * [tuning] overrides, validation, the reload comparison, --check-config's dump, and, at build
+ * time, the keys of kvpoold.conf(5) and the example deploy/kvpoold.conf (kvp_confdoc).
+ *
+ * How to add a knob:
+ *   - a [limits] or [transfer] key (the rpc layer's): one row in rpc/kvp_rpc_limits.h, then use
+ *     r->lim.<field> in the rpc layer. The field appears in kvp_rpc_limits_t and kvp_config_t,
+ *     kvpoold copies it to the rpc layer (KVP_RPC_LIMITS_COPY), kvp_rpc_set_limits copies it on
+ *     a reload when the row says RELOAD, and kvp_rpc_create gives it the row's default when a
+ *     caller left it 0 below the row's minimum.
+ *   - a reloadable [server] key of the transport: one row in server/kvp_server_limits.h, then
+ *     use s->cfg.<field> in kvp_server.c (kvpoold copies the rows at start and on a reload).
+ *   - a key of another section: one row in settings[] below and its field in kvp_config_t
+ *     (kvp_config.h), then its use: kvpoold.c hands it to the module that reads it (at start;
+ *     on a reload too when the row says RELOAD, in on_signal).
+ * The row's doc is the key's paragraph of kvpoold.conf(5) (scdoc markup); the generator adds
+ * the default and the reload rule, and tests/docs/test_man.py checks the page and the example
+ * against this table and against `kvpoold --check-config`.
  *
  * libinih does the INI syntax. It reads lines through our reader, which counts lines (the
  * handler of Debian's build gets no line number), rejects over-long lines instead of letting
@@ -13,7 +31,11 @@
 #include "kvp_config.h"
 
 #include "kvp_access.h"
+#include "kvp_config_internal.h"
+#include "kvp_rpc_limits.h"
+#include "kvp_server_limits.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <ini.h>
@@ -29,54 +51,31 @@
 #include "kvp_knob.h"
 #include "kvp_log.h"
 
-typedef enum {
-    T_SOCKET,  /* char[]: absolute path */
-    T_GROUP,   /* char[]: empty or a group name or number */
-    T_LISTEN,  /* char[]: empty or host:port */
-    T_U32,     /* uint32_t in [min, max] */
-    T_SIZE,    /* uint64_t in [min, max], K/M/G/T suffixes */
-    T_MODE,    /* uint32_t, octal, <= max */
-    T_BOOL,    /* bool */
-    T_LEVEL,   /* int, KVP_LOG_* */
-    T_BACKEND, /* kvp_config_backend_t */
-    T_DTYPE,   /* kvp_dtype_t */
-    T_LAYOUT,  /* kvp_layout_t */
-    T_STORAGE, /* kvp_storage_t */
-    T_IDLIST,  /* kvp_config_idlist_t: >= min entries, each <= max, distinct */
-    T_ENUM,    /* uint32_t: the index of one of names[0..max] */
-    T_LIB,     /* char[]: a library file name or path, or empty */
-    T_SCOPES,  /* char[]: access.cache_scopes, "name=uid,uid;..." (kvp_access.h) */
-} type_t;
+typedef kvp__config_setting_t setting_t;
 
-typedef struct {
-    const char *section;
-    const char *name;
-    type_t type;
-    size_t offset;
-    size_t size;
-    uint64_t min, max;
-    bool reloadable;
-    const char *const *names; /* T_ENUM */
-} setting_t;
+#define FIELD_SIZE(f)     sizeof(((kvp_config_t *)0)->f)
+#define IS_RELOAD_RELOAD  true  /* a SIGHUP applies the new value */
+#define IS_RELOAD_RESTART false /* a SIGHUP keeps the running value and says so */
 
-#define FIELD_SIZE(f) sizeof(((kvp_config_t *)0)->f)
-#define S(sec, f, type, min, max, reload)                                                          \
+/* A key whose default is written as in the file (def_text; NULL for T_SOCKET: computed). */
+#define ROW(sec, f, type, def_text, min, max, reload, doc)                                         \
     {                                                                                              \
-#sec, #f, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload, NULL           \
-    }
-
-/* A key whose field has another name (the [transfer] keys: transfer_<key>). */
-#define S_FIELD(sec, key, f, type, min, max, reload)                                               \
-    {                                                                                              \
-#sec, #key, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, reload, NULL         \
+#sec, #f, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, IS_RELOAD_##reload,    \
+            NULL, 0, def_text, doc                                                                 \
     }
 
 /* A T_ENUM key: its value is the index of one of names (max = the last index). */
-#define S_ENUM(sec, f, names, reload)                                                              \
+#define ENUM(sec, f, names, def_text, reload, doc)                                                 \
     {                                                                                              \
 #sec, #f, T_ENUM, offsetof(kvp_config_t, f), FIELD_SIZE(f), 0,                             \
-            sizeof(names) / sizeof(names[0]) - 1, reload, names                                    \
+            sizeof(names) / sizeof(names[0]) - 1, IS_RELOAD_##reload, names, 0, def_text, doc      \
     }
+
+/* A row of rpc/kvp_rpc_limits.h: [limits] and [transfer], U32 or SIZE, a numeric default. */
+#define LIMIT(sec, key, f, type, def, min, max, reload, doc)                                       \
+    {#sec,          #key, T_##type, offsetof(kvp_config_t, f),                                     \
+     FIELD_SIZE(f), min,  max,      IS_RELOAD_##reload,                                            \
+     NULL,          def,  NULL,     doc},
 
 static const char *const append_kernels[] = {"auto", "warp", "block", "flat"};
 static const char *const append_hints[] = {"none", "ld", "st", "ldst"};
@@ -85,96 +84,178 @@ static const char *const append_hints[] = {"none", "ld", "st", "ldst"};
 #define MIB (1ull << 20)
 #define GIB (1ull << 30)
 
+/* Every key, in the order of --check-config and of the documentation. The [tuning] kernel
+ * keys' bounds are kvp_kernels_cuda.h's (checked in kvpoold.c). */
 static const setting_t settings[] = {
-    S(server, socket, T_SOCKET, 0, 0, false),
-    S(server, socket_mode, T_MODE, 0, 0777, false),
-    S(server, socket_group, T_GROUP, 0, 0, false),
-    S(server, max_connections, T_U32, 1, 1u << 20, true),
-    S(server, max_frame_bytes, T_SIZE, 4 * KIB, GIB, false),
-    S(server, max_queued_bytes, T_SIZE, 4 * KIB, 16 * GIB, true),
-    S(server, max_buffered_bytes, T_SIZE, 0, 64 * GIB, true),
-    S(server, uid_max_connections, T_U32, 0, 1u << 20, true),
-    S(server, hello_timeout_ms, T_U32, 0, 3600000, true),
-    S(server, frame_timeout_ms, T_U32, 0, 3600000, true),
-    S(server, log_level, T_LEVEL, 0, 0, true),
-    S(server, watchdog, T_BOOL, 0, 0, false),
-    S(server, metrics_listen, T_LISTEN, 0, 0, false),
-    S(server, metrics_max_connections, T_U32, 1, 1024, false),
-    S(server, metrics_max_connections_per_peer, T_U32, 1, 1024, false),
-    S(server, metrics_head_timeout_ms, T_U32, 10, 60000, false),
-    S(server, metrics_timeout_ms, T_U32, 100, 600000, false),
-    S(server, drain_timeout_ms, T_U32, 0, 3600000, true),
-    S(server, copy_threads, T_U32, 0, 256, false),
-    S(server, busy_poll_us, T_U32, 0, 1000000, false),
-    S(server, commit_poll_ms, T_U32, 1, 1000, true),
-    S(pool, backend, T_BACKEND, 0, 0, false),
-    S(pool, devices, T_IDLIST, 1, 1023, false),
-    S(pool, num_layers, T_U32, 0, UINT32_MAX, false),
-    S(pool, num_pages, T_U32, 0, UINT32_MAX, false),
-    S(pool, pool_bytes, T_SIZE, 1, UINT64_MAX, false),
-    S(pool, page_size, T_U32, 0, UINT32_MAX, false),
-    S(pool, num_kv_heads, T_U32, 0, UINT32_MAX, false),
-    S(pool, head_dim, T_U32, 0, UINT32_MAX, false),
-    S(pool, dtype, T_DTYPE, 0, 0, false),
-    S(pool, layout, T_LAYOUT, 0, 0, false),
-    S(pool, storage, T_STORAGE, 0, 0, false),
-    S(limits, max_seqs, T_U32, 1, 1u << 26, false),
-    S(limits, max_namespaces, T_U32, 1, 1u << 20, false),
-    S(limits, max_batch, T_U32, 1, 1u << 20, false),
-    S(limits, max_batch_tokens, T_U32, 1, INT32_MAX, true),
-    S(limits, max_seq_tokens, T_U32, 0, INT32_MAX, false),
-    S(limits, max_buffers_per_client, T_U32, 1, 65536, false),
-    S(limits, max_buffer_bytes, T_SIZE, 1, 1ull << 50, true),
-    S(limits, dedup_window, T_U32, 1, 1u << 20, false),
-    S(limits, dedup_ns_max_bytes, T_SIZE, 4 * KIB, 1ull << 40, true),
-    S(limits, dedup_max_bytes, T_SIZE, 4 * KIB, 1ull << 40, true),
-    S(limits, default_lease_ms, T_U32, 0, UINT32_MAX, true),
-    S(limits, max_lease_ms, T_U32, 0, UINT32_MAX, true),
-    S(limits, ns_max_seqs, T_U32, 0, 1u << 26, true),
-    S(limits, ns_max_pages, T_U32, 0, UINT32_MAX, true),
-    S(limits, ns_max_buffer_bytes, T_SIZE, 0, 1ull << 50, true),
-    S(limits, ns_max_connections, T_U32, 0, 1u << 20, true),
-    S(limits, uid_max_namespaces, T_U32, 0, 1u << 20, true),
-    S(limits, uid_max_idle_namespaces, T_U32, 0, 1u << 20, true),
-    S(limits, uid_max_seqs, T_U32, 0, 1u << 26, true),
-    S(limits, max_cache_scopes, T_U32, 1, 1u << 20, false),
-    S(limits, max_pins, T_U32, 1, 65535, false),
-    S(limits, ns_max_pins, T_U32, 0, 65535, true),
-    S(limits, uid_max_pins, T_U32, 0, 65535, true),
-    S(limits, ns_max_pinned_pages, T_U32, 0, UINT32_MAX, true),
-    S(limits, uid_max_pinned_pages, T_U32, 0, UINT32_MAX, true),
-    S(limits, ns_max_priority, T_U32, 0, 100, true),
-    S(limits, pin_max_ttl_ms, T_U32, 1, UINT32_MAX, true),
-    S(limits, max_lookup_tokens, T_U32, 0, INT32_MAX, true),
-    S(access, allowed_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
-    S(access, allowed_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
-    S(access, pool_uids, T_IDLIST, 0, UINT32_MAX - 1, true),
-    S(access, pool_gids, T_IDLIST, 0, UINT32_MAX - 1, true),
-    S(access, cache_scopes, T_SCOPES, 0, 0, false),
-    S_FIELD(transfer, timeout_ms, transfer_timeout_ms, T_U32, 1, 3600000, true),
-    S_FIELD(transfer, comm_idle_ms, transfer_comm_idle_ms, T_U32, 1000, UINT32_MAX, true),
-    S_FIELD(transfer, max_in_flight, transfer_max_in_flight, T_U32, 1, 64, false),
-    S_FIELD(transfer, chunk_bytes, transfer_chunk_bytes, T_U32, 0, 1073741824, true),
-    /* [tuning]: the bounds of the kernel keys are kvp_kernels_cuda.h's (checked in kvpoold.c) */
-    S(tuning, cuda_ready_timeout_ms, T_U32, 1, 3600000, false),
-    S(tuning, cuda_plan_upload, T_BOOL, 0, 0, false),
-    S_ENUM(tuning, append_kernel, append_kernels, false),
-    S(tuning, append_tokens_per_block, T_U32, 0, 64, false),
-    S(tuning, append_blocks_per_sm, T_U32, 0, 1024, false),
-    S(tuning, append_warps_per_block, T_U32, 0, 8, false),
-    S_ENUM(tuning, append_hints, append_hints, false),
-    S(tuning, append_vecs_per_thread, T_U32, 0, 8, false),
-    S(tuning, pack_blocks, T_U32, 0, 65535, false),
-    S(tuning, xfer_stages, T_U32, 2, 4, false),
-    S(tuning, xfer_register, T_BOOL, 0, 0, false),
-    S(tuning, xfer_priority, T_BOOL, 0, 0, false),
-    S(tuning, nccl_lib, T_LIB, 0, 0, false),
+    ROW(server, socket, T_SOCKET, NULL, 0, 0, RESTART,
+        "Path of the listening Unix socket (absolute, at most 107 bytes). Default: "
+        "/run/kvpool/kvpool.sock when kvpoold runs as root, else "
+        "$XDG_RUNTIME_DIR/kvpool/kvpool.sock, else /tmp/kvpool-_UID_/kvpool.sock (the path "
+        "*kvpoolctl*(1) and libkvpool look for). The example configuration sets "
+        "/run/kvpool/kvpool.sock. Ignored under socket activation (kvpoold.socket owns the socket "
+        "then)."),
+    ROW(server, socket_mode, T_MODE, "0660", 0, 0777, RESTART,
+        "Permission bits of the socket file when kvpoold creates it (octal, at most 0777)."),
+    ROW(server, socket_group, T_GROUP, "", 0, 0, RESTART,
+        "Group of the socket file when kvpoold creates it (name or number); empty: the daemon's "
+        "own group. The example configuration sets kvpool (the group of *kvpoold.socket*). Workers "
+        "must be able to connect: give them this group."),
+    /* clang-format off: the rows of a list expand to rows with their commas */
+    KVP_SERVER_LIMITS_KEYS(LIMIT)
+    /* clang-format on */
+    ROW(server, max_frame_bytes, T_SIZE, "16MiB", 4 * KIB, GIB, RESTART,
+        "Largest request or answer frame (4 KiB..1 GiB)."),
+    ROW(server, log_level, T_LEVEL, "info", 0, 0, RELOAD,
+        "emerg|alert|crit|err|warning|notice|info|debug. Under systemd the lines carry syslog "
+        "priorities (<N>) for the journal; elsewhere RFC 3339 UTC timestamps."),
+    ROW(server, watchdog, T_BOOL, "true", 0, 0, RESTART,
+        "Send WATCHDOG=1 when the service manager asks for it (WatchdogSec=)."),
+    ROW(server, metrics_listen, T_LISTEN, "", 0, 0, RESTART,
+        "Prometheus endpoint: _host_:_port_ (\"127.0.0.1:9464\", \"[::1]:9464\") serving GET "
+        "/metrics over HTTP; empty: off. Keep it on loopback or a management network "
+        "(kvpoold.service allows only localhost: IPAddressAllow=)."),
+    ROW(server, metrics_max_connections, T_U32, "16", 1, 1024, RESTART,
+        "HTTP connections at once (1..1024)."),
+    ROW(server, metrics_max_connections_per_peer, T_U32, "8", 1, 1024, RESTART,
+        "HTTP connections at once from one peer address (1..1024)."),
+    ROW(server, metrics_head_timeout_ms, T_U32, "1000", 10, 60000, RESTART,
+        "Time an HTTP connection has to send its request head (ms, 10..60000); the head deadline "
+        "is the smaller of this and metrics_timeout_ms. Fairness: over either connection limit a "
+        "newcomer evicts the oldest connection (of its peer, for the per-peer limit) that has not "
+        "sent its head and is older than a tenth of the head deadline; when none may go yet the "
+        "newcomer waits and accepting pauses (the backlog keeps arrival order). Idle sockets "
+        "cannot lock a scraper out, even one on the same host."),
+    ROW(server, metrics_timeout_ms, T_U32, "5000", 100, 600000, RESTART,
+        "The whole life of an HTTP connection: head, answer and close (ms, 100..600000)."),
+    ROW(server, copy_threads, T_U32, "0", 0, 256, RESTART,
+        "Worker threads for the requests that leave the event loop (the backends' copies); 0: the "
+        "usable CPUs, at most 8 (0..256)."),
+    ROW(server, busy_poll_us, T_U32, "0", 0, 1000000, RESTART,
+        "After each request the event loop and the worker threads poll this many microseconds for "
+        "the next one instead of sleeping (0..1000000; 0: off). A wake-up costs tens of "
+        "microseconds on a virtual machine: on the H200 machine 200 took the Append RPC p50 from "
+        "140-165 to 90-104 us under MPS. Costs up to a CPU per busy thread while requests flow."),
+    ROW(server, commit_poll_ms, T_U32, "1", 1, 1000, RELOAD,
+        "How often the daemon polls the events of pending prefix-cache Commits, in ms (1..1000): "
+        "the pages a worker committed become findable at the first poll that sees its event "
+        "complete."),
+    ROW(pool, backend, T_BACKEND, "auto", 0, 0, RESTART,
+        "auto (cuda when a GPU is usable, else host) | host | cuda."),
+    ROW(pool, devices, T_IDLIST, "0", 1, 1023, RESTART,
+        "CUDA ordinals of the tensor-parallel group, comma-separated (the group size G is their "
+        "number; num_kv_heads must divide by it). Workers must see the same ordinals: same "
+        "CUDA_VISIBLE_DEVICES as the daemon."),
+    ROW(pool, num_layers, T_U32, "2", 0, UINT32_MAX, RESTART, "Model layers."),
+    ROW(pool, num_pages, T_U32, "0", 0, UINT32_MAX, RESTART,
+        "Pages in the pool; 0: derived from pool_bytes."),
+    ROW(pool, pool_bytes, T_SIZE, "256MiB", 1, UINT64_MAX, RESTART,
+        "Bytes of the pool on ONE device (all layers, K and V), used when num_pages = 0."),
+    ROW(pool, page_size, T_U32, "16", 0, UINT32_MAX, RESTART, "Tokens per page."),
+    ROW(pool, num_kv_heads, T_U32, "8", 0, UINT32_MAX, RESTART, "KV heads over all devices (H)."),
+    ROW(pool, head_dim, T_U32, "128", 0, UINT32_MAX, RESTART, "Head dimension (D)."),
+    ROW(pool, dtype, T_DTYPE, "fp16", 0, 0, RESTART,
+        "fp8_e4m3|fp8_e5m2|fp16|bf16|fp32 (the cache's element type; appends never convert)."),
+    ROW(pool, layout, T_LAYOUT, "nhd", 0, 0, RESTART, "nhd|hnd: FlashInfer's kv_layout."),
+    ROW(pool, storage, T_STORAGE, "combined", 0, 0, RESTART,
+        "combined (one [pages, 2, ...] tensor per layer) | split (a K tensor and a V tensor)."),
+    /* clang-format off */
+    KVP_RPC_LIMITS_KEYS(LIMIT)
+    /* clang-format on */
+    ROW(access, allowed_uids, T_IDLIST, "", 0, UINT32_MAX - 1, RELOAD,
+        "Numeric uids that may connect, comma-separated (at most 64; the key may repeat)."),
+    ROW(access, allowed_gids, T_IDLIST, "", 0, UINT32_MAX - 1, RELOAD,
+        "Numeric gids whose members (primary or supplementary group) may connect, comma-separated "
+        "(at most 64). Both empty: members of the socket file's group (socket_group, else the "
+        "daemon's) may connect. Either set: exactly the listed uids and groups. The daemon's own "
+        "uid and root may always connect; anyone else gets PERMISSION_DENIED. A namespace belongs "
+        "to the uid that created it."),
+    ROW(access, pool_uids, T_IDLIST, "", 0, UINT32_MAX - 1, RELOAD,
+        "Numeric uids that may receive the pool's memory (the fds of Hello or PoolInfo with "
+        "want_pool_fds, what a worker maps), comma-separated (at most 64); root and the daemon's "
+        "uid always may. Anyone else gets PERMISSION_DENIED for the fds and keeps to daemon-run "
+        "calls (RegisterBuffer + Append). pool_uids and pool_gids both empty (the default): every "
+        "admitted uid may; when two uids have, the daemon logs \"pool memory shared across uids\" "
+        "once and *kvpoolctl status* says so. See *TRUST MODEL*. Applies to new requests."),
+    ROW(access, pool_gids, T_IDLIST, "", 0, UINT32_MAX - 1, RELOAD,
+        "The same by primary gid: numeric gids, comma-separated (at most 64)."),
+    ROW(access, cache_scopes, T_SCOPES, "", 0, 0, RESTART,
+        "Prefix-cache scopes shared across uids, and who may join each: \"name=uid,uid;name2=uid\" "
+        "(at most 32 scopes of 16 uids). A Hello naming a listed scope joins it when its uid is "
+        "listed (or is root or the daemon's), else gets PERMISSION_DENIED; any other scope name is "
+        "private to the uid that gives it. A shared prefix cache is a timing side channel between "
+        "its members: list only uids that trust each other. Default: nothing shared across uids."),
+    KVP_RPC_TRANSFER_KEYS(LIMIT) ROW(
+        tuning, cuda_ready_timeout_ms, T_U32, "30000", 1, 3600000, RESTART,
+        "Longest wait for a worker's ready event before its Append is refused (ms, 1..3600000)."),
+    ROW(tuning, cuda_plan_upload, T_BOOL, "false", 0, 0, RESTART,
+        "Every Append uploads its plan and runs the page-table kernel, even where the slot kernel "
+        "would do (to compare the two paths)."),
+    ENUM(tuning, append_kernel, append_kernels, "auto", RESTART,
+         "The copy kernel of the Appends with copies or over 1024 tokens: auto|warp|block|flat."),
+    ROW(tuning, append_tokens_per_block, T_U32, "0", 0, 64, RESTART,
+        "Tokens per block of the block kernel; 0: automatic (0..64)."),
+    ROW(tuning, append_blocks_per_sm, T_U32, "0", 0, 1024, RESTART,
+        "Cap of the block kernel's grid in blocks per SM (a persistent grid); 0: none (0..1024)."),
+    ROW(tuning, append_warps_per_block, T_U32, "0", 0, 8, RESTART,
+        "Tokens per block of the warp kernel; 0: automatic, 2 (0..8)."),
+    ENUM(tuning, append_hints, append_hints, "none", RESTART,
+         "Evict-first hints on the source loads and/or the pool stores: none|ld|st|ldst."),
+    ROW(tuning, append_vecs_per_thread, T_U32, "0", 0, 8, RESTART,
+        "16-byte vectors each thread of the warp kernel moves, so whole warps of ceil(row vectors "
+        "/ this) threads take a token; 0: automatic, 2 (0..8)."),
+    ROW(tuning, pack_blocks, T_U32, "0", 0, 65535, RESTART,
+        "Cap of the transfers' pack and unpack kernels' grid; 0: two blocks per SM (0..65535)."),
+    ROW(tuning, xfer_stages, T_U32, "2", 2, 4, RESTART,
+        "Staging chunks per side of a transfer in flight (2..4)."),
+    ROW(tuning, xfer_register, T_BOOL, "false", 0, 0, RESTART,
+        "Staging buffers from ncclMemAlloc, registered with the communicator on both sides."),
+    ROW(tuning, xfer_priority, T_BOOL, "false", 0, 0, RESTART,
+        "NCCL's stream at high priority, the pack's at low."),
+    ROW(tuning, nccl_lib, T_LIB, "libnccl.so.2", 0, 0, RESTART,
+        "The NCCL library transfers load: a file name (searched as dlopen does) or a path; empty: "
+        "libnccl.so.2."),
 };
 
 #define NUM_SETTINGS (sizeof(settings) / sizeof(settings[0]))
 _Static_assert(NUM_SETTINGS <= KVP_CONFIG_MAX_OVERRIDES, "one override slot per key");
 
-static const char *const sections[] = {"server", "pool", "limits", "access", "transfer", "tuning"};
+/* The sections, in file order, with the introduction the documentation gives each. */
+static const struct {
+    const char *name;
+    const char *doc;
+} sections[] = {
+    {"server",
+     "The listening socket, connection limits, logging, the metrics endpoint and the daemon's "
+     "threads."},
+    {"pool",
+     "The pool's geometry (DESIGN.md §3). Every key here needs a restart, and a restart drops "
+     "every sequence: workers re-create their KV."},
+    {"limits",
+     "Sizes of the daemon's tables, retry memory, leases, quotas and the prefix cache. "
+     "Per-namespace quotas (ns_max_\\*; 0: none; a namespace is what a tenant gets): a request "
+     "that would pass one is refused with RESOURCE_EXHAUSTED and changes nothing; lowering one "
+     "below what a namespace holds only refuses further growth; a reload applies them to every "
+     "namespace, existing ones included. Per-uid quotas (uid_max_\\*; 0: none) hold for every uid "
+     "but root and the daemon's own (the operators), so one tenant cannot fill the global tables; "
+     "a request above one is RESOURCE_EXHAUSTED. Names (namespaces, client names, peers, cache "
+     "scopes) are 1 to 64 characters of A-Z a-z 0-9 and . \\_ : @ / + -; \"default\", "
+     "\"kvpoolctl\" and \"kvpool.\\*\" are reserved for root and the daemon's uid."},
+    {"access",
+     "Who may connect, checked on each connection with SO_PEERCRED and SO_PEERGROUPS; a refused "
+     "peer gets PERMISSION_DENIED and is disconnected. The daemon's own uid and root may always "
+     "connect. A namespace belongs to the uid that created it. The list keys may repeat: each line "
+     "adds its entries."},
+    {"transfer",
+     "KV transfers between daemons over NCCL (ExportBegin and Import; need the cuda backend and "
+     "libnccl.so.2, or tuning.nccl_lib, at run time)."},
+    {"tuning",
+     "How the cuda backend, its kernels and the transfers run: the knobs the benchmarks compare; "
+     "the defaults are what they chose. Each key may also come from the environment as KVPOOL_ and "
+     "the key in upper case (xfer_stages: *KVPOOL_XFER_STAGES*), checked like a value in the file; "
+     "the environment overrides the file, the command line overrides the environment. A bad value "
+     "stops the start. Every key needs a restart. The host backend uses none of them."},
+};
+#define NUM_SECTIONS (sizeof(sections) / sizeof(sections[0]))
 
 /* Named flags: each is --set for one key. */
 static const struct {
@@ -252,8 +333,8 @@ static int find_dotted(const char *key)
 
 static bool known_section(const char *name)
 {
-    for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
-        if (strcmp(sections[i], name) == 0)
+    for (size_t i = 0; i < NUM_SECTIONS; i++)
+        if (strcmp(sections[i].name, name) == 0)
             return true;
     return false;
 }
@@ -706,74 +787,53 @@ static void default_socket(char *buf, size_t len)
     snprintf(buf, len, "/tmp/kvpool-%u/kvpool.sock", (unsigned)uid);
 }
 
+/* A row's default into cfg. The defaults are checked like any value by kvp_config_validate
+ * (and test_config checks that they validate). */
+static void set_default(kvp_config_t *cfg, const setting_t *s)
+{
+    char why[160];
+    if (s->type == T_SOCKET && !s->def_text) {
+        default_socket(field(cfg, s), s->size);
+    } else if (s->def_text) {
+        int r = parse_into(cfg, s, s->def_text, why, sizeof(why));
+        assert(r == 0 && "a default that does not parse");
+        (void)r;
+    } else if (s->size == sizeof(uint64_t)) {
+        *(uint64_t *)field(cfg, s) = s->def;
+    } else {
+        assert(s->size == sizeof(uint32_t) && s->def <= UINT32_MAX);
+        *(uint32_t *)field(cfg, s) = (uint32_t)s->def;
+    }
+}
+
 void kvp_config_defaults(kvp_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
-    default_socket(cfg->socket, sizeof(cfg->socket));
-    cfg->socket_mode = 0660;
-    cfg->max_connections = 256;
-    cfg->max_frame_bytes = 16 * MIB;
-    cfg->max_queued_bytes = 64 * MIB;
-    cfg->max_buffered_bytes = 256 * MIB;
-    cfg->uid_max_connections = 128;
-    cfg->hello_timeout_ms = 10000;
-    cfg->frame_timeout_ms = 10000;
-    cfg->log_level = KVP_LOG_INFO;
-    cfg->watchdog = true;
-    cfg->drain_timeout_ms = 10000;
-    cfg->metrics_max_connections = 16;
-    cfg->metrics_max_connections_per_peer = 8;
-    cfg->metrics_head_timeout_ms = 1000;
-    cfg->metrics_timeout_ms = 5000;
-    cfg->copy_threads = 0;
-    cfg->busy_poll_us = 0;
+    for (size_t i = 0; i < NUM_SETTINGS; i++)
+        set_default(cfg, &settings[i]);
+}
 
-    cfg->backend = KVP_CONFIG_BACKEND_AUTO;
-    cfg->devices.count = 1;
-    cfg->devices.ids[0] = 0;
-    cfg->num_layers = 2;
-    cfg->num_pages = 0;
-    cfg->pool_bytes = 256 * MIB;
-    cfg->page_size = 16;
-    cfg->num_kv_heads = 8;
-    cfg->head_dim = 128;
-    cfg->dtype = KVP_DTYPE_FP16;
-    cfg->layout = KVP_LAYOUT_NHD;
-    cfg->storage = KVP_STORAGE_COMBINED;
+/* ---- for kvp_config_doc.c ---------------------------------------------------------------- */
 
-    cfg->max_seqs = 65536;
-    cfg->max_namespaces = 256;
-    cfg->uid_max_namespaces = 32;
-    cfg->uid_max_idle_namespaces = 8;
-    cfg->uid_max_seqs = 16384;
-    cfg->max_cache_scopes = 256;
-    cfg->max_pins = 1024;
-    cfg->ns_max_pins = 64;
-    cfg->uid_max_pins = 256;
-    cfg->ns_max_pinned_pages = 0; /* derived from the pool */
-    cfg->uid_max_pinned_pages = 0;
-    cfg->ns_max_priority = 50;
-    cfg->pin_max_ttl_ms = 86400000;
-    cfg->max_lookup_tokens = 0; /* derived from the page size */
-    cfg->commit_poll_ms = 1;
-    cfg->max_batch = 4096;
-    cfg->max_batch_tokens = 1048576;
-    cfg->max_seq_tokens = 0;
-    cfg->max_buffers_per_client = 64;
-    cfg->max_buffer_bytes = 64 * GIB;
-    cfg->dedup_window = 1024;
-    cfg->dedup_ns_max_bytes = 8ull << 20;
-    cfg->dedup_max_bytes = 64ull << 20;
-    cfg->default_lease_ms = 30000;
-    cfg->max_lease_ms = 86400000;
+const kvp__config_setting_t *kvp__config_setting(size_t i)
+{
+    return i < NUM_SETTINGS ? &settings[i] : NULL;
+}
 
-    cfg->transfer_timeout_ms = 30000;
-    cfg->transfer_comm_idle_ms = 300000;
-    cfg->transfer_max_in_flight = 2;
+const char *kvp__config_section_doc(const char *section)
+{
+    for (size_t i = 0; i < NUM_SECTIONS; i++)
+        if (strcmp(sections[i].name, section) == 0)
+            return sections[i].doc;
+    return NULL;
+}
 
-    cfg->cuda_ready_timeout_ms = 30000;
-    cfg->xfer_stages = 2;
-    snprintf(cfg->nccl_lib, sizeof(cfg->nccl_lib), "libnccl.so.2");
+void kvp__config_format(const kvp_config_t *cfg, size_t i, char *buf, size_t len)
+{
+    if (i < NUM_SETTINGS)
+        format_value(cfg, &settings[i], buf, len);
+    else if (len)
+        buf[0] = '\0';
 }
 
 /* ---- loading INI ----------------------------------------------------------------------- */
@@ -1294,33 +1354,6 @@ uint32_t kvp_config_copy_threads(const kvp_config_t *cfg)
     long n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
                                                           : sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > 8 ? 8 : (uint32_t)n;
-}
-
-void kvp_config_dump(const kvp_config_t *cfg, FILE *out)
-{
-    char text[1024];
-    const char *section = "";
-    fprintf(out, "; kvpoold effective configuration%s%s\n", cfg->config_path[0] ? ": " : "",
-            cfg->config_path);
-    for (size_t i = 0; i < NUM_SETTINGS; i++) {
-        const setting_t *s = &settings[i];
-        if (strcmp(section, s->section) != 0) {
-            section = s->section;
-            fprintf(out, "%s[%s]\n", i ? "\n" : "", section);
-        }
-        if (s->type == T_IDLIST) { /* 16 entries a line keep lines within inih's limit */
-            const kvp_config_idlist_t *l = cfield(cfg, s);
-            for (uint32_t k = 0; k == 0 || k < l->count; k += 16) {
-                fprintf(out, "%s = ", s->name);
-                for (uint32_t j = k; j < l->count && j < k + 16; j++)
-                    fprintf(out, "%s%u", j > k ? "," : "", l->ids[j]);
-                fputc('\n', out);
-            }
-            continue;
-        }
-        format_value(cfg, s, text, sizeof(text));
-        fprintf(out, "%s = %s\n", s->name, text);
-    }
 }
 
 /* ---- reload ---------------------------------------------------------------------------- */

@@ -18,233 +18,15 @@
  * 199 characters (libinih's line buffer) are errors, except that the list keys (devices,
  * allowed_uids, allowed_gids) may be repeated: each line adds its entries to the list.
  *
- *   [server]
- *   socket           path of the listening Unix socket, absolute, at most 107 bytes.
- *                    Default: /run/kvpool/kvpool.sock when run as root (euid 0), else
- *                    $XDG_RUNTIME_DIR/kvpool/kvpool.sock, else /tmp/kvpool-<uid>/kvpool.sock
- *                    (the rule of kvp_client_default_socket). Ignored under socket activation.
- *   socket_mode      permission bits of the socket file, octal, <= 0777. Default 0660.
- *   socket_group     group (name or number) given to the socket file; empty: the daemon's
- *                    group. Default empty.
- *   max_connections  connections served at once; more are refused. 1..1048576. Default 256.
- *   max_frame_bytes  largest frame accepted or sent (DESIGN.md §5). 4 KiB..1 GiB. Default 16 MiB.
- *   max_queued_bytes answers queued unsent on one connection (a client that does not read
- *                    them) before the daemon drops that client; must be >= max_frame_bytes. Up to
- * 16 GiB. Default 64 MiB.
- *   max_buffered_bytes  memory the daemon gives all connections together: read buffers and
- *                    unsent answers. A read buffer always gets its first 64 KiB; beyond that a
- *                    connection whose buffer would pass the budget is not read (it waits, loses
- *                    nothing) until memory comes back; a connection with answers unsent stops
- *                    being processed while the budget is spent (each may overshoot it by one
- *                    answer). 0 (no budget), or max_frame_bytes..64 GiB. Default 256 MiB.
- *                    Besides it, a connection with 1 MiB of unsent answers is neither read nor
- *                    processed until its client reads (backpressure, fixed).
- *   uid_max_connections connections one peer uid may hold (a uid at it gets RESOURCE_EXHAUSTED
- *                    and the connection closed; others still get in). The daemon's own uid and
- *                    root are exempt. 0 (no limit)..1048576. Default 128.
- *   hello_timeout_ms a connection that has not completed Hello this long after it was
- *                    accepted is answered DEADLINE_EXCEEDED and closed. 0 (off)..3600000.
- *                    Default 10000.
- *   frame_timeout_ms a frame begun and not completed within this long (counted while the daemon
- *                    reads the connection) closes it, with an answer; its fds go with it.
- *                    0 (off)..3600000. Default 10000.
- * log_level        emerg|alert|crit|err|warning|notice|info|debug. Default
- * info. watchdog         send WATCHDOG=1 when systemd asks for it (WATCHDOG_USEC). Default true.
- *   metrics_listen   host:port of the Prometheus HTTP endpoint ("127.0.0.1:9464",
- *                    "[::1]:9464"); empty: off. Default empty.
- *   metrics_max_connections  HTTP connections at once (kvp_http.h). 1..1024. Default 16.
- *   metrics_max_connections_per_peer  of them from one peer address. 1..1024. Default 8.
- *   metrics_head_timeout_ms  time a connection has to send its request head. 10..60000.
- *                    Default 1000.
- *   metrics_timeout_ms  one connection's whole life (head, answer, close); the head
- *                    deadline is the smaller of the two. 100..600000. Default 5000.
- *                    Fairness: a new connection over either limit evicts the oldest
- *                    connection (of that peer, for the per-peer limit) that has not sent its
- *                    head and is older than a tenth of the head deadline; when none may go
- *                    yet, the newcomer waits and accepting pauses (kvp_http.h). Idle sockets
- *                    therefore cannot lock a scraper out, even from the same address.
- *   drain_timeout_ms on SIGTERM, how long in-flight work may take before exit. 0..3600000.
- *                    Default 10000.
- *   copy_threads     worker threads for the requests that leave the event loop (the
- *                    backends' copies); 0: the number of usable CPUs, at most 8 (see
- *                    kvp_config_copy_threads). 0..256. Default 0.
- *   busy_poll_us     after each request, the event loop and the worker threads poll that many
- *                    microseconds for the next one instead of sleeping (server/kvp_jobs.h: a
- *                    wake-up costs tens of microseconds on a virtual machine). Trades up to
- *                    one CPU per busy thread, while requests flow, for latency. 0 (off)..
- *                    1000000. Default 0.
- *   commit_poll_ms   how often the daemon polls the events of pending prefix-cache Commits
- *                    (the pages become findable at the first poll that sees the worker's
- *                    event complete). 1..1000. Default 1. Reloadable.
- *   [pool]           (the geometry: DESIGN.md §3, kvp_geom.h)
- *   backend          auto|host|cuda. auto: cuda when a GPU is usable, else host. Default auto.
- *   devices          comma list of distinct CUDA ordinals (0..1023), 1..16 of them
- * (KVP_MAX_DEVICES). The geometry's num_devices (tensor-parallel group size G) is their number,
- *                    whatever the backend. Default "0".
- *   num_layers       Default 2.
- *   num_pages        pages in the pool; 0: derived from pool_bytes. Default 0.
- *   pool_bytes       bytes of the pool on ONE device (all layers, K and V); used only when
- *                    num_pages = 0, then num_pages = pool_bytes / (bytes of one page over all
- *                    layers, K and V, on one device). Default 256 MiB.
- *   page_size        tokens per page. Default 16.
- *   num_kv_heads     H, over all devices. Default 8.
- *   head_dim         D. Default 128.
- *   dtype            fp8_e4m3|fp8_e5m2|fp16|bf16|fp32. Default fp16.
- *   layout           nhd|hnd. Default nhd.
- *   storage          combined|split. Default combined.
- *   [limits]
- *   max_seqs               live sequences over all namespaces. 1..67108864. Default 65536.
- *   max_namespaces         namespaces at once. 1..1048576. Default 256.
- *   max_batch              sequences in one Append/Reserve. 1..1048576. Default 4096.
- *   max_batch_tokens       tokens in one Append/Reserve. 1..2147483647. Default 1048576.
- *   max_seq_tokens         tokens of one sequence; 0: the pool's capacity. 0..2147483647.
- *                          Default 0.
- *   max_buffers_per_client registered buffers of one connection. 1..65536. Default 64.
- *   max_buffer_bytes       size of one registered buffer. 1..2^50. Default 64 GiB.
- *   dedup_ns_max_bytes     bytes of answers one namespace's retry window keeps (an answer above
- *                          256 KiB is never kept); the oldest answer gives way first and its
- *                          id is then refused as "applied, not kept". 4 KiB..1 TiB. Default
- *                          8 MiB. Reloadable.
- *   dedup_max_bytes        the same over all namespaces together: with max_namespaces, what
- *                          bounds the daemon's retry memory. 4 KiB..1 TiB. Default 64 MiB.
- *                          Reloadable.
- *   dedup_window           request ids remembered per namespace for retries. 1..1048576.
- *                          Default 1024.
- *   default_lease_ms       lease of a Hello that asks for none. Default 30000.
- *   max_lease_ms           largest lease a client may ask for; >= default_lease_ms.
- *                          Up to 2^32-1. Default 86400000 (one day).
- *   Per-namespace quotas (0: none; a namespace is the unit a tenant gets). A request that
- *   would pass one is refused with RESOURCE_EXHAUSTED and changes nothing; lowering one below
- *   what a namespace holds only refuses further growth:
- *   ns_max_seqs            live sequences of one namespace. 0..67108864. Default 0.
- *   ns_max_pages           page references of one namespace (a page shared by k of its
- *                          sequences counts k times: exact and O(1), see README). 0..2^32-1.
- *                          Default 0.
- *   ns_max_buffer_bytes    bytes of the buffers registered by all connections of one
- *                          namespace together. 0..2^50. Default 0.
- *   ns_max_connections     connections attached to one namespace at once (a Hello above it
- *                          is refused). 0..1048576. Default 0.
- *   Per-uid quotas (0: none) for every uid but root and the daemon's own (the operators), so
- *   one tenant cannot fill the global tables; above one a request is RESOURCE_EXHAUSTED:
- *   uid_max_namespaces     namespaces one uid owns (a Hello creating one more is refused).
- *                          0..1048576. Default 32.
- *   uid_max_idle_namespaces  of them with no session, a lease pending: beyond it the one
- *                          whose lease ends first is released at once. 0..1048576. Default 8.
- *   uid_max_seqs           live sequences over all the namespaces one uid owns. 0..67108864.
- *                          Default 16384 (a quarter of the default max_seqs).
- *   The prefix cache (kvpool.proto, prefix cache; DESIGN.md §9):
- *   max_cache_scopes       scopes known at once (a namespace's private one, and each name a
- *                          Hello gives; one with no namespace and nothing held is reused).
- *                          1..1048576. Default 256.
- *   Pins hold pages against eviction, so each has a share (issue #26 defects 5, 6); a Pin
- *   above one is RESOURCE_EXHAUSTED naming the limit it hit. Pinned pages also count against
- *   ns_max_pages, and a namespace kept only for its pins counts as an idle namespace of its
- *   uid (uid_max_idle_namespaces). Root and the daemon's uid are exempt from the uid_ keys.
- *   max_pins               pins alive at once over the daemon. 1..65535. Default 1024.
- *   ns_max_pins            pins of one namespace. 0..65535 (0: no limit). Default 64.
- *   uid_max_pins           pins over all the namespaces one uid owns. 0..65535 (0: no
- *                          limit). Default 256.
- *   ns_max_pinned_pages    pages one namespace may keep pinned (a page in two pins counts
- *                          twice). 0: derived from the pool, num_pages / 8 (at least 1); set
- *                          num_pages or more for no limit. Default 0. Reloadable.
- *   uid_max_pinned_pages   the same over all the namespaces of one uid. 0: num_pages / 4 (at
- *                          least 1). Default 0. Reloadable.
- *   ns_max_priority        highest retention priority (CacheOptions.priority) a non-operator
- *                          may give; above it a request is PERMISSION_DENIED. Eviction is
- *                          daemon-wide, lowest priority first, so a tenant's priority ranks
- *                          its pages against every other tenant's: the operators keep the
- *                          range above this for what they decide. 0..100. Default 50.
- *   pin_max_ttl_ms         longest pin (a Pin asking more is cut to it). Default 86400000.
- *                          Reloadable.
- *   max_lookup_tokens      tokens one Lookup or Pin may carry: the work of one call on the
- *                          event loop (every other client waits behind it). 0: 16384 pages'
- *                          worth, 16384 x page_size tokens, at most 1048576 (about 1 ms of
- *                          the loop on the CI machine at page size 4). Default 0. Reloadable.
- *   [access]         who may connect (checked on each connection with SO_PEERCRED and
- *                    SO_PEERGROUPS; a peer that is refused gets PERMISSION_DENIED and is
- *                    disconnected). The daemon's own uid and root may always connect.
- *   allowed_uids     comma list of numeric uids that may connect, at most 64.
- *   allowed_gids     comma list of numeric gids whose members (primary or supplementary
- *                    group) may connect, at most 64.
- *                    Both empty (the default): members of the socket file's group may
- *                    connect (server.socket_group, else the daemon's group), as the socket's
- *                    0660 mode says. Either set: exactly the listed uids and groups (and the
- *                    daemon's uid and root). A namespace belongs to the uid that created it;
- *                    other uids (root excepted) are refused with PERMISSION_DENIED.
- *   pool_uids        comma list of uids that may receive the pool's memory (the fds of
- *                    Hello/PoolInfo want_pool_fds), at most 64.
- *   pool_gids        the same by primary gid, at most 64. Both empty (the default): every
- *                    admitted uid may (one trust domain). Either set: the listed ones, root
- *                    and the daemon's uid; anyone else asking gets PERMISSION_DENIED and keeps
- *                    to daemon-run calls (RegisterBuffer + Append). Trust model: any
- *                    process holding the pool fds can map ALL of the pool read-write;
- *                    namespace ownership protects allocation, not data. The daemon warns once
- *                    (and Stats.pool_shared_across_uids says) when two uids were given them.
- *   cache_scopes     the prefix-cache scopes shared across uids and who may join each:
- *                    "name=uid,uid;name2=uid" (at most 32 scopes of 16 uids). A Hello naming
- *                    a listed scope joins it if its uid is listed (or is root or the
- *                    daemon's), else gets PERMISSION_DENIED; an unlisted scope name is the
- *                    uid's own (kvp_access.h). Default "": no KV shared across uids.
- *   [transfer]       KV transfers between daemons over NCCL (kvp_xfer.h, DESIGN.md §6)
- *   timeout_ms       longest time one ExportBegin or Import may take, the peer's join
- *                    included, when the request names none. 1..3600000. Default 30000.
- *   comm_idle_ms     a cached NCCL communicator unused this long is destroyed (the exporter
- *                    stops reusing it after half). 1000..2^32-1. Default 300000.
- *   max_in_flight    transfers running at once (exports and imports; each holds a worker
- *                    thread of server.copy_threads while it runs). 1..64. Default 2.
- *   chunk_bytes      the largest staging chunk of an export (the importer stages in the
- *                    exporter's chunks): the stream is packed, sent, received and unpacked in
- *                    chunks, two per side in flight, ramping up from an eighth of it and down
- *                    to 4 MiB at the end. 0: a quarter of the stream within 4..256 MiB.
- *                    0..1073741824 (rounded up to 256 bytes). Default 0.
- *                    transfer.timeout_ms, transfer.comm_idle_ms and transfer.chunk_bytes are
- *                    reloadable, transfer.max_in_flight needs a restart.
- *   [tuning]         how the cuda backend, its kernels and the transfers run: the knobs the
- *                    benchmarks compare (tests/bench/README.md); the defaults are what they
- *                    chose. Every key may also be set by the environment variable KVPOOL_ and
- *                    the key in upper case (cuda_plan_upload: KVPOOL_CUDA_PLAN_UPLOAD), parsed
- *                    and range-checked as the file's value (a bad one stops the start, naming
- *                    the variable); the environment overrides the file, --set and the flags
- *                    override the environment. Every key needs a restart. The host backend
- *                    uses none of them.
- *   cuda_ready_timeout_ms  longest wait for a worker's ready event before an Append is refused
- *                    (a dead or stuck worker). 1..3600000. Default 30000.
- *   cuda_plan_upload every Append uploads its plan and runs the page-table kernel, even where
- *                    the slot kernel would do (to compare the two paths). Default false.
- *   append_kernel    the daemon's copy kernel for Appends with copies or over 1024 tokens:
- *                    auto|warp|block|flat (auto: a warp per token for small batches, the
- *                    block kernel for larger ones). Default auto.
- *   append_tokens_per_block  tokens per block of the block kernel; 0: automatic. 0..64.
- *                    Default 0.
- *   append_blocks_per_sm  cap of the block kernel's grid in blocks per SM (a persistent grid);
- *                    0: none. 0..1024. Default 0.
- *   append_warps_per_block  tokens per block of the warp kernel; 0: automatic (2).
- *                    0..8. Default 0.
- *   append_hints     evict-first hints on the source loads and/or the pool stores:
- *                    none|ld|st|ldst. Default none.
- *   append_vecs_per_thread  16-byte vectors each thread of the warp kernel moves (so whole
- *                    warps of ceil(row vectors / this) threads take a token); 0: automatic
- *                    (2). 0..8. Default 0.
- *   pack_blocks      cap of the transfer pack/unpack kernels' grid; 0: two blocks per SM.
- *                    0..65535. Default 0.
- *   xfer_stages      staging chunks per side of a transfer in flight. 2..4. Default 2.
- *   xfer_register    staging buffers from ncclMemAlloc, registered with the communicator on
- *                    both sides (when the library has it). Default false.
- *   xfer_priority    NCCL's stream at high priority, the pack's at low. Default false.
- *   nccl_lib         the NCCL library transfers dlopen: a file name (searched as dlopen does)
- *                    or a path, at most 255 bytes; empty: libnccl.so.2. Default libnccl.so.2.
- *
- * Reloadable at run time: server.log_level, server.max_connections, server.max_queued_bytes,
- * server.max_buffered_bytes, server.uid_max_connections, server.hello_timeout_ms,
- * server.frame_timeout_ms,
- * server.drain_timeout_ms, limits.max_batch_tokens, limits.max_buffer_bytes,
- * limits.default_lease_ms, limits.max_lease_ms, limits.dedup_ns_max_bytes,
- * limits.dedup_max_bytes, the limits.ns_max_* quotas (applied to every
- * namespace, existing ones included), and the [access] keys (for new connections). Every other key
- * needs a restart: the [limits] that size the daemon's tables (max_seqs, max_namespaces, max_batch,
- * max_seq_tokens, max_buffers_per_client, dedup_window), server.socket, socket_mode,
- * socket_group, max_frame_bytes, watchdog, metrics_listen, copy_threads, busy_poll_us, and all of
- * [pool] and [tuning].
+ * The keys, their defaults, bounds, reload rules and documentation are the rows of the
+ * settings table in kvp_config.c, and for [limits] and [transfer] (the rpc layer's limits) of
+ * rpc/kvp_rpc_limits.h; kvpoold.conf(5) and the example deploy/kvpoold.conf are generated from
+ * them. Sections: [server] (socket, connections, logging, metrics, threads), [pool] (the
+ * geometry, kvp_geom.h), [limits] (tables, retry memory, leases, quotas, the prefix cache),
+ * [access] (who may connect, receive the pool's fds, share cache scopes), [transfer] (NCCL
+ * transfers, kvp_xfer.h) and [tuning] (the cuda backend's knobs; every [tuning] key may also
+ * come from KVPOOL_<KEY>). A reload applies the rows marked reloadable and keeps, and reports,
+ * the others.
  */
 #ifndef KVP_CONFIG_H
 #define KVP_CONFIG_H
@@ -255,6 +37,8 @@
 #include <stdio.h>
 
 #include "kvp_geom.h"
+#include "kvp_rpc_limits.h"
+#include "kvp_server_limits.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -294,19 +78,15 @@ typedef struct {
     char value[KVP_CONFIG_VALUE_MAX];
 } kvp_config_override_t;
 
-/* Plain data: may be copied by assignment. Field meanings and defaults: see the file header. */
+/* Plain data: may be copied by assignment. Each field is a key of the settings table
+ * (kvp_config.c), which gives its meaning, default and bounds. */
 typedef struct {
     /* [server] */
     char socket[KVP_CONFIG_SOCKET_MAX];
     uint32_t socket_mode;
     char socket_group[KVP_CONFIG_NAME_MAX];
-    uint32_t max_connections;
+    KVP_SERVER_LIMITS_KEYS(KVP_RPC_LIMIT_FIELD) /* server/kvp_server_limits.h */
     uint64_t max_frame_bytes;
-    uint64_t max_queued_bytes;
-    uint64_t max_buffered_bytes;
-    uint32_t uid_max_connections;
-    uint32_t hello_timeout_ms;
-    uint32_t frame_timeout_ms;
     int log_level; /* KVP_LOG_* */
     bool watchdog;
     char metrics_listen[KVP_CONFIG_NAME_MAX];
@@ -314,7 +94,6 @@ typedef struct {
     uint32_t metrics_max_connections_per_peer;
     uint32_t metrics_head_timeout_ms;
     uint32_t metrics_timeout_ms;
-    uint32_t drain_timeout_ms;
     uint32_t copy_threads;
     uint32_t busy_poll_us;
     uint32_t commit_poll_ms;
@@ -330,46 +109,16 @@ typedef struct {
     kvp_dtype_t dtype;
     kvp_layout_t layout;
     kvp_storage_t storage;
-    /* [limits] */
-    uint32_t max_seqs;
-    uint32_t max_namespaces;
-    uint32_t max_batch;
-    uint32_t max_batch_tokens;
-    uint32_t max_seq_tokens;
-    uint32_t max_buffers_per_client;
-    uint64_t max_buffer_bytes;
-    uint32_t dedup_window;
-    uint64_t dedup_ns_max_bytes;
-    uint64_t dedup_max_bytes;
-    uint32_t default_lease_ms;
-    uint32_t max_lease_ms;
-    uint32_t ns_max_seqs;
-    uint32_t ns_max_pages;
-    uint64_t ns_max_buffer_bytes;
-    uint32_t ns_max_connections;
-    uint32_t uid_max_namespaces;
-    uint32_t uid_max_idle_namespaces;
-    uint32_t uid_max_seqs;
-    uint32_t max_cache_scopes;
-    uint32_t max_pins;
-    uint32_t ns_max_pins;
-    uint32_t uid_max_pins;
-    uint32_t ns_max_pinned_pages;
-    uint32_t uid_max_pinned_pages;
-    uint32_t ns_max_priority;
-    uint32_t pin_max_ttl_ms;
-    uint32_t max_lookup_tokens;
+    /* [limits] and [transfer]: the rows of rpc/kvp_rpc_limits.h, the same fields as
+     * kvp_rpc_limits_t's (the [transfer] ones named transfer_<key>) */
+    KVP_RPC_LIMITS_KEYS(KVP_RPC_LIMIT_FIELD)
+    KVP_RPC_TRANSFER_KEYS(KVP_RPC_LIMIT_FIELD)
     /* [access] */
     kvp_config_idlist_t allowed_uids;
     kvp_config_idlist_t allowed_gids;
     kvp_config_idlist_t pool_uids;
     kvp_config_idlist_t pool_gids;
     char cache_scopes[KVP_CONFIG_SCOPES_MAX];
-    /* [transfer] */
-    uint32_t transfer_timeout_ms;
-    uint32_t transfer_comm_idle_ms;
-    uint32_t transfer_max_in_flight;
-    uint32_t transfer_chunk_bytes;
     /* [tuning] */
     uint32_t cuda_ready_timeout_ms;
     bool cuda_plan_upload;
@@ -396,8 +145,8 @@ typedef struct {
  * NULL) and names the file and line where there is one, the key, and the offending value. On
  * success err holds "" (except for kvp_config_reload_file, see there). */
 
-/* Fills *cfg with the defaults (reads geteuid() and $XDG_RUNTIME_DIR for the socket path).
- * No file, no overrides. */
+/* Fills *cfg with the defaults of the settings table's rows (reads geteuid() and
+ * $XDG_RUNTIME_DIR for the socket path). No file, no overrides. */
 void kvp_config_defaults(kvp_config_t *cfg);
 
 /* Applies the settings of the INI file at path over *cfg and records path in cfg->config_path.
@@ -471,6 +220,19 @@ void kvp_config_dump(const kvp_config_t *cfg, FILE *out);
  * unchanged. old is only read; out may not alias old. */
 int kvp_config_reload_file(const kvp_config_t *old, const char *path, kvp_config_t *out, char *err,
                            size_t err_len);
+
+/* Build time (kvp_confdoc): the documentation of every key, from the settings table. */
+typedef enum {
+    KVP_CONFIG_DOC_MAN = 0,     /* the KEYS chapter of kvpoold.conf(5), scdoc */
+    KVP_CONFIG_DOC_EXAMPLE = 1, /* the example kvpoold.conf: each key, commented, its default */
+} kvp_config_doc_t;
+
+/* Copies the template tmpl to out, the line "@kvp_config_keys" (exactly one) replaced by the
+ * keys of every section with their defaults, documentation and reload rules. For the example,
+ * each line "@kvp_config_set section.key = value" sets that key (checked as --set would) and is
+ * not copied: such a key is written uncommented with its value. Returns 0, KVP_EINVAL (a bad
+ * template or value, with a message in err) or KVP_ENOMEM. */
+int kvp_config_doc_render(kvp_config_doc_t kind, FILE *tmpl, FILE *out, char *err, size_t err_len);
 
 /* "auto", "host", "cuda"; "invalid" otherwise. Static. */
 const char *kvp_config_backend_name(kvp_config_backend_t b);

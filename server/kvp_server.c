@@ -6,7 +6,8 @@
  * kvp_frame_reader_next (kvp_frame.h: cut one frame with its fds) ->
  * handle_frame (decode, replay or dispatch) -> send_response (encode, queue, sendmsg).
  *
- * A connection answers in order: while one of its Appends runs on the thread pool, its later
+ * A connection answers in order: while one of its calls is suspended (an Append's job runs on
+ * the rpc layer's worker threads until on_resume), its later
  * frames wait in its read buffer and it stops reading once a full frame is buffered (so one
  * client's flood costs it, not the daemon). A client that does not read its answers is dropped
  * when its unsent bytes pass max_queued_bytes.
@@ -39,7 +40,6 @@
 
 #include "kvp_access.h"
 #include "kvp_error.h"
-#include "kvp_jobs.h"
 #include "kvp_frame.h"
 #include "kvp_log.h"
 #include "kvp_wire.h"
@@ -62,11 +62,9 @@ typedef struct conn {
     out_frame_t *out_head, *out_tail;
     uint64_t queued;
     int events;
-    int busy;    /* an Append of this connection is on the thread pool */
+    int busy;    /* a call of this connection is suspended (its job runs off the loop) */
     int closing; /* close once the job (if any) is back */
     int close_after_flush;
-    kvp_job_item_t work; /* the off-loop part of the request in flight */
-    kvp_rpc_job_t *job;
     uint32_t uid;         /* SO_PEERCRED at accept */
     uint64_t accepted_ms; /* for the Hello deadline */
     uint64_t partial_off; /* 1 + stream offset of the partial frame being timed; 0: none */
@@ -98,7 +96,6 @@ struct kvp_server {
     int in_release;        /* budget_released is running */
     uint64_t budget_waits; /* times a connection waited for the budget (for the log) */
     kvp_rpc_t *rpc;
-    kvp_jobs_t *jobs;
     conn_t *conns;
     uint32_t num_conns;
     int draining;
@@ -429,7 +426,7 @@ static void conn_close(conn_t *c)
                 (unsigned long long)c->sess->id, c->sess->pid);
     if (!c->busy)
         uv_close((uv_handle_t *)&c->poll, on_conn_closed);
-    /* else: after_work closes it once the job is back */
+    /* else: on_resume closes it once the call's job is back */
 }
 
 static void on_conn_event(uv_poll_t *h, int status, int events);
@@ -558,56 +555,9 @@ static ssize_t read_some(conn_t *c, int *drained)
     return n;
 }
 
-static void after_work(kvp_job_item_t *w);
-
-/* Work a request started besides its answer (ExportBegin's send): not tied to a connection,
- * which may go away while it runs. */
-typedef struct {
-    kvp_job_item_t item;
-    kvp_server_t *srv;
-    kvp_rpc_job_t *job;
-} bg_work_t;
-
-static void bg_run(kvp_job_item_t *w)
-{
-    bg_work_t *b = w->data;
-    kvp_rpc_job_run(b->job);
-}
-
-static void bg_done(kvp_job_item_t *w)
-{
-    bg_work_t *b = w->data;
-    kvp_rpc_bg_finish(b->srv->rpc, b->job, kvp_server_now_ms());
-    kvp_rpc_job_free(b->job);
-    free(b);
-}
-
-static void submit_bg(kvp_server_t *s, kvp_rpc_job_t *job)
-{
-    bg_work_t *b = calloc(1, sizeof(*b));
-    if (!b) {
-        /* never run: finishing it records the failure and frees what it holds */
-        kvp_log(KVP_LOG_ERR, "out of memory for a background job; it fails");
-        kvp_rpc_bg_finish(s->rpc, job, kvp_server_now_ms());
-        kvp_rpc_job_free(job);
-        return;
-    }
-    b->srv = s;
-    b->job = job;
-    b->item.data = b;
-    b->item.run = bg_run;
-    b->item.done = bg_done;
-    kvp_jobs_submit(s->jobs, &b->item);
-}
-
-static void work_cb(kvp_job_item_t *w)
-{
-    conn_t *c = w->data;
-    kvp_rpc_job_run(c->job);
-}
-
 /* Decodes one frame's payload and hands it to the rpc layer, which answers it, replays a
- * retry's first answer, or gives back a job to run off the loop. */
+ * retry's first answer, or suspends it (an off-loop call: the connection waits, on_resume
+ * answers). */
 static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *fds, int nfds)
 {
     kvp_server_t *s = c->srv;
@@ -639,18 +589,9 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
     for (int i = 0; i < nfds; i++)
         if (fds[i] >= 0)
             close(fds[i]);
-    if (io->bg_job) {
-        submit_bg(s, io->bg_job);
-        io->bg_job = NULL;
-    }
     switch (rc) {
-    case KVP_RPC_ASYNC:
+    case KVP_RPC_ASYNC: /* suspended: no more of this connection's frames until on_resume */
         c->busy = 1;
-        c->job = io->job;
-        c->work.data = c;
-        c->work.run = work_cb;
-        c->work.done = after_work;
-        kvp_jobs_submit(s->jobs, &c->work);
         return;
     case KVP_RPC_REPLAY:
         kvp_rpc_answered(s->rpc, c->sess, NULL, io->replay, io->replay_len, uv_hrtime());
@@ -661,29 +602,20 @@ static void handle_frame(conn_t *c, const uint8_t *payload, uint32_t len, int *f
     }
 }
 
-static void after_work(kvp_job_item_t *w)
+/* The rpc layer's resume (kvp_rpc_resume_fn): the off-loop call of the connection whose
+ * session is sess is answered in io. */
+static void on_resume(void *arg, kvp_session_t *sess, kvp_rpc_io_t *io)
 {
-    conn_t *c = w->data;
-    kvp_server_t *s = c->srv;
-    kvp_rpc_io_t *io = &s->io;
-    if (kvp_log_enabled(KVP_LOG_DEBUG)) /* where an off-loop request's time goes */
-        kvp_log(KVP_LOG_DEBUG, "job timing queue_us=%.1f run_us=%.1f back_us=%.1f",
-                (double)(w->begin_ns - w->queued_ns) / 1e3, (double)(w->end_ns - w->begin_ns) / 1e3,
-                (double)(uv_hrtime() - w->end_ns) / 1e3);
-    kvp_rpc_job_finish(s->rpc, c->job, io, kvp_server_now_ms());
-    kvp_rpc_observe_run(s->rpc, w->end_ns - w->begin_ns); /* stamped by kvp_jobs */
+    (void)arg;
+    conn_t *c = sess->transport;
     c->busy = 0;
     if (c->closing) {
         /* closed meanwhile: the answer is recorded for a retry, not sent */
         send_response(c, &io->resp, NULL, 0, 0);
-        kvp_rpc_job_free(c->job);
-        c->job = NULL;
         uv_close((uv_handle_t *)&c->poll, on_conn_closed);
         return;
     }
     send_response(c, &io->resp, NULL, 0, 1); /* may close c (not busy any more) */
-    kvp_rpc_job_free(c->job);
-    c->job = NULL;
     if (!c->closing)
         process_frames(c);
 }
@@ -735,7 +667,7 @@ static void on_conn_event(uv_poll_t *h, int status, int events)
             return;
     }
     if (events & UV_READABLE) {
-        kvp_jobs_touch(c->srv->jobs);
+        kvp_rpc_touch(c->srv->rpc);
         /* Until the socket is empty (at most 16 reads: one client cannot hold the loop). A
          * short read ends it without the recvmsg that would return EAGAIN; should bytes arrive
          * meanwhile, the poll, level-triggered, reports them on the next turn of the loop. */
@@ -931,6 +863,7 @@ static void on_accept(uv_poll_t *h, int status, int events)
             conn_close(c);
             continue;
         }
+        c->sess->transport = c;
         kvp_log(KVP_LOG_DEBUG, "client connected session=%llu pid=%d uid=%u",
                 (unsigned long long)c->sess->id, (int)cred.pid, (unsigned)cred.uid);
         conn_update_events(c);
@@ -1101,7 +1034,8 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     } else if ((rc = make_listener(s))) {
         goto fail;
     }
-    if ((rc = kvp_jobs_create(loop, cfg->threads ? cfg->threads : 4, cfg->busy_poll_us, &s->jobs)))
+    if ((rc = kvp_rpc_start(rpc, loop, cfg->threads ? cfg->threads : 4, cfg->busy_poll_us,
+                            kvp_server_now_ms, on_resume, s)))
         goto fail;
     /* the access policy: the daemon's uid, root, and the socket file's group until
      * kvp_server_set_access gives lists */
@@ -1121,7 +1055,7 @@ int kvp_server_create(uv_loop_t *loop, const kvp_server_config_t *cfg, kvp_rpc_t
     s->sweep.data = s;
     uint64_t period = sweep_period_ms(cfg);
     uv_timer_start(&s->sweep, on_sweep, period, period);
-    s->open_handles = 5; /* four handles and the jobs */
+    s->open_handles = 5; /* four handles and the rpc layer's worker threads */
     s->listening = 1;
     uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
     kvp_log(KVP_LOG_NOTICE, "listening socket=%s mode=%04o inherited=%d",
@@ -1149,13 +1083,7 @@ uint32_t kvp_server_num_connections(const kvp_server_t *s)
 
 void kvp_server_set_limits(kvp_server_t *s, const kvp_server_config_t *cfg)
 {
-    s->cfg.drain_timeout_ms = cfg->drain_timeout_ms;
-    s->cfg.max_connections = cfg->max_connections;
-    s->cfg.max_queued_bytes = cfg->max_queued_bytes;
-    s->cfg.uid_max_connections = cfg->uid_max_connections;
-    s->cfg.hello_timeout_ms = cfg->hello_timeout_ms;
-    s->cfg.frame_timeout_ms = cfg->frame_timeout_ms;
-    s->cfg.max_buffered_bytes = cfg->max_buffered_bytes;
+    KVP_SERVER_LIMITS_COPY(&s->cfg, cfg);
     if (!s->destroying) {
         uint64_t period = sweep_period_ms(&s->cfg);
         uv_timer_start(&s->sweep, on_sweep, period, period);
@@ -1236,5 +1164,5 @@ void kvp_server_destroy(kvp_server_t *s)
     uv_close((uv_handle_t *)&s->drain_timer, on_server_handle_closed);
     uv_timer_stop(&s->sweep);
     uv_close((uv_handle_t *)&s->sweep, on_server_handle_closed);
-    kvp_jobs_close(s->jobs, jobs_closed, s);
+    kvp_rpc_stop(s->rpc, jobs_closed, s);
 }

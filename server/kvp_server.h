@@ -2,10 +2,11 @@
 /*
  * kvp_server.h - the socket side of kvpoold: a Unix listening socket on a libuv loop,
  * connections read with our own recvmsg (SCM_RIGHTS fd passing, which libuv's pipes cannot
- * hand over for memfds), frames cut and decoded, the pure kvp_rpc_dispatch called, answers
- * encoded and written with sendmsg (fds attached to their first byte). Appends run on libuv's
- * thread pool and answer when the data is in the pool; requests on one connection are answered
- * in order. Knows nothing of the core beyond kvp_rpc.h (STYLE.md: files are layers).
+ * hand over for memfds), frames cut and decoded, kvp_rpc_handle called, answers encoded and
+ * written with sendmsg (fds attached to their first byte). An off-loop call (Append, Import)
+ * suspends its connection until the rpc layer, which runs its job on its worker threads,
+ * resumes it with the answer; requests on one connection are answered in order. Knows nothing of
+ * the core beyond kvp_rpc.h (STYLE.md: files are layers).
  *
  * Against hostile clients (issue #15) it bounds what a connection holds: a Hello deadline, a
  * partial-frame deadline, connections per peer uid, a budget for all buffered bytes with
@@ -21,6 +22,7 @@
 #include <uv.h>
 
 #include "kvp_rpc.h"
+#include "kvp_server_limits.h"
 
 typedef struct kvp_server kvp_server_t;
 
@@ -29,17 +31,15 @@ typedef struct {
     uint32_t socket_mode;    /* e.g. 0660 */
     int64_t socket_gid;      /* chown group, or -1 */
     int listen_fd;           /* an inherited listening socket (socket activation), or -1 */
-    uint32_t max_connections;
     uint32_t max_frame_bytes;
-    uint64_t max_queued_bytes; /* per connection, unsent answers; above it the client is dropped */
-    uint32_t drain_timeout_ms;
-    /* issue #15, a hostile client (kvp_config.h, [server]); 0 turns each off */
-    uint32_t uid_max_connections; /* per peer uid; the daemon's uid and root are exempt */
-    uint32_t hello_timeout_ms;    /* a connection without a completed Hello is closed */
-    uint32_t frame_timeout_ms;    /* a partial frame older than this closes its connection */
-    uint64_t max_buffered_bytes;  /* read buffers + unsent answers of all connections */
-    unsigned threads;             /* worker threads for off-loop requests (kvp_jobs); 0 -> 4 */
-    uint32_t busy_poll_us;        /* kvp_jobs busy polling; 0: off */
+    /* the reloadable limits (issue #15, a hostile client; kvp_server_limits.h): connections
+     * (all, per peer uid: the daemon's uid and root exempt), unsent answers per connection
+     * (above it the client is dropped), read buffers + unsent answers of all connections, the
+     * Hello and partial-frame deadlines, the drain; 0 turns the per-uid, deadline and budget
+     * ones off */
+    KVP_SERVER_LIMITS_KEYS(KVP_RPC_LIMIT_FIELD)
+    unsigned threads;      /* worker threads for off-loop requests (kvp_jobs); 0 -> 4 */
+    uint32_t busy_poll_us; /* kvp_jobs busy polling; 0: off */
 } kvp_server_config_t;
 
 /* Creates the server on loop with rpc (borrowed; must outlive the server). Binds and listens
@@ -59,9 +59,8 @@ void kvp_server_destroy(kvp_server_t *s);
 
 uint32_t kvp_server_num_connections(const kvp_server_t *s);
 
-/* Updates run-time reloadable limits (SIGHUP): max_connections, max_queued_bytes,
- * drain_timeout_ms, uid_max_connections, hello_timeout_ms, frame_timeout_ms and
- * max_buffered_bytes are taken from cfg, the rest of it is ignored. */
+/* Updates run-time reloadable limits (SIGHUP): the rows of kvp_server_limits.h are taken from
+ * cfg, the rest of it is ignored. */
 void kvp_server_set_limits(kvp_server_t *s, const kvp_server_config_t *cfg);
 
 /* Bytes the server buffers now: read buffers and unsent answers of every connection. */

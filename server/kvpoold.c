@@ -106,45 +106,15 @@ static kvp_scope_access_t scope_access(const kvp_config_t *c)
     return a;
 }
 
+/* [limits] and [transfer] are the rows of rpc/kvp_rpc_limits.h in both structs: copied
+ * whole; then what the rpc layer takes from the rest of the configuration. */
 static kvp_rpc_limits_t rpc_limits(const kvp_config_t *c)
 {
-    return (kvp_rpc_limits_t){
-        .max_seqs = c->max_seqs,
-        .max_namespaces = c->max_namespaces,
-        .max_seq_tokens = c->max_seq_tokens,
-        .max_batch = c->max_batch,
-        .max_batch_tokens = c->max_batch_tokens,
-        .max_buffers_per_client = c->max_buffers_per_client,
-        .max_buffer_bytes = c->max_buffer_bytes,
-        .dedup_window = c->dedup_window,
-        .dedup_ns_max_bytes = c->dedup_ns_max_bytes,
-        .dedup_max_bytes = c->dedup_max_bytes,
-        .default_lease_ms = c->default_lease_ms,
-        .max_lease_ms = c->max_lease_ms,
-        .transfer_timeout_ms = c->transfer_timeout_ms,
-        .transfer_comm_idle_ms = c->transfer_comm_idle_ms,
-        .transfer_max_in_flight = c->transfer_max_in_flight,
-        .transfer_chunk_bytes = c->transfer_chunk_bytes,
-        .ns_max_seqs = c->ns_max_seqs,
-        .ns_max_pages = c->ns_max_pages,
-        .ns_max_buffer_bytes = c->ns_max_buffer_bytes,
-        .ns_max_connections = c->ns_max_connections,
-        .uid_max_namespaces = c->uid_max_namespaces,
-        .uid_max_idle_namespaces = c->uid_max_idle_namespaces,
-        .uid_max_seqs = c->uid_max_seqs,
-        .operator_uid = (uint32_t)geteuid(),
-        .pool_access = pool_access(c),
-        .max_cache_scopes = c->max_cache_scopes,
-        .max_pins = c->max_pins,
-        .ns_max_pins = c->ns_max_pins,
-        .uid_max_pins = c->uid_max_pins,
-        .ns_max_pinned_pages = c->ns_max_pinned_pages,
-        .uid_max_pinned_pages = c->uid_max_pinned_pages,
-        .ns_max_priority = c->ns_max_priority,
-        .pin_max_ttl_ms = c->pin_max_ttl_ms,
-        .max_lookup_tokens = c->max_lookup_tokens,
-        .scope_access = scope_access(c),
-    };
+    kvp_rpc_limits_t l = {.operator_uid = (uint32_t)geteuid()};
+    KVP_RPC_LIMITS_COPY(&l, c);
+    l.pool_access = pool_access(c);
+    l.scope_access = scope_access(c);
+    return l;
 }
 
 /* [tuning] -> the cuda backend and the transfers over it. The config's table holds the kernel
@@ -202,15 +172,8 @@ static void on_signal(uv_signal_t *h, int signum)
                 kvp_log(KVP_LOG_WARNING, "reload: %s", err);
             d->cfg = next;
             kvp_log_set_level(d->cfg.log_level);
-            kvp_server_config_t sl = {
-                .max_connections = d->cfg.max_connections,
-                .max_queued_bytes = d->cfg.max_queued_bytes,
-                .drain_timeout_ms = d->cfg.drain_timeout_ms,
-                .uid_max_connections = d->cfg.uid_max_connections,
-                .hello_timeout_ms = d->cfg.hello_timeout_ms,
-                .frame_timeout_ms = d->cfg.frame_timeout_ms,
-                .max_buffered_bytes = d->cfg.max_buffered_bytes,
-            };
+            kvp_server_config_t sl = {0};
+            KVP_SERVER_LIMITS_COPY(&sl, &d->cfg);
             kvp_server_set_limits(d->server, &sl);
             kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
             kvp_rpc_set_limits(d->rpc, &lim);
@@ -334,17 +297,11 @@ static int run(daemon_t *d)
         .socket_mode = d->cfg.socket_mode,
         .socket_gid = gid,
         .listen_fd = listen_fd,
-        .max_connections = d->cfg.max_connections,
         .max_frame_bytes = (uint32_t)d->cfg.max_frame_bytes,
-        .max_queued_bytes = d->cfg.max_queued_bytes,
-        .drain_timeout_ms = d->cfg.drain_timeout_ms,
-        .uid_max_connections = d->cfg.uid_max_connections,
-        .hello_timeout_ms = d->cfg.hello_timeout_ms,
-        .frame_timeout_ms = d->cfg.frame_timeout_ms,
-        .max_buffered_bytes = d->cfg.max_buffered_bytes,
         .threads = kvp_config_copy_threads(&d->cfg),
         .busy_poll_us = d->cfg.busy_poll_us,
     };
+    KVP_SERVER_LIMITS_COPY(&sc, &d->cfg);
     uv_timer_init(d->loop, &d->tick);
     d->tick.data = d;
     uv_timer_start(&d->tick, on_tick, 100, 100);

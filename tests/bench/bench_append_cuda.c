@@ -4,7 +4,7 @@
  * measured in the same run (METHOD.md: a large cudaMemcpyAsync counting bytes read + written)
  * and against FlashInfer's own AppendPagedKVCache (issue #18), side by side in one run. For
  * each workload and layout: FlashInfer's append (when built with its headers:
- * -DKVP_BENCH_FLASHINFER=ON or -DKVP_FLASHINFER_WHEEL=PATH, kernels/kvp_flashinfer.cmake), the
+ * -DKVP_BENCH_FLASHINFER=ON or -DKVP_FLASHINFER_WHEEL=PATH, tests/bench/kvp_flashinfer.cmake), the
  * fused append (positions computed in the launch), the checked append (every token validated
  * before any write), the unchecked one (FlashInfer's inputs: the same batch_indices/positions)
  * and the slots form (each token's pool slot planned once per step by
@@ -590,10 +590,24 @@ typedef struct {
     uint32_t nnz;
 } host_arg_t;
 
+/* The host-slots form of kvp_append_cuda (KVP_APPEND_CUDA_HOST_DEST: the daemon's
+ * small-Append path): slots in host memory, num_layers layers in one launch. */
+static int host_slots(const kvp_paged_kv_t *kv, const kvp_append_src_t *src, const int32_t *slots,
+                      uint32_t nnz, uint32_t num_layers, uint64_t layer_stride_bytes,
+                      uint64_t src_layer_stride_bytes, cudaStream_t s)
+{
+    const kvp_append_dest_t d = {.kind = KVP_APPEND_DEST_SLOTS, .nnz = nnz, .slots = slots};
+    const kvp_append_cuda_args_t a = {.flags = KVP_APPEND_CUDA_HOST_DEST,
+                                      .num_layers = num_layers,
+                                      .layer_stride_bytes = layer_stride_bytes,
+                                      .src_layer_stride_bytes = src_layer_stride_bytes};
+    return kvp_append_cuda(kv, src, &d, &a, s);
+}
+
 static void way_slots(void *p)
 {
     host_arg_t *a = p;
-    if (kvp_append_slots_cuda(&a->kv, &a->src, a->slots, a->nnz, 1, 0, 0, S))
+    if (host_slots(&a->kv, &a->src, a->slots, a->nnz, 1, 0, 0, S))
         exit(1);
 }
 

@@ -170,8 +170,8 @@ while read -r p; do
     esac
     case "$p" in */kvpool/libkvpool.so) fail "the wheel's library in the package: $p" ;; esac
 done <"$tmp/files"
-cmp -s "$root/deploy/kvpoold.conf" /etc/kvpool/kvpoold.conf ||
-    fail "/etc/kvpool/kvpoold.conf differs from deploy/kvpoold.conf"
+cmp -s "$build/deploy/kvpoold.conf" /etc/kvpool/kvpoold.conf ||
+    fail "/etc/kvpool/kvpoold.conf differs from the example deploy/kvpoold.conf (as built)"
 grep -qx "ExecStart=/usr/sbin/kvpoold --config /etc/kvpool/kvpoold.conf" \
     /usr/lib/systemd/system/kvpoold.service || fail "the unit's ExecStart= names other paths"
 [ "$(dpkg-query -W -f='${Conffiles}' kvpool | awk 'NF {print $1}')" = /etc/kvpool/kvpoold.conf ] ||

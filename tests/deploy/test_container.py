@@ -132,9 +132,9 @@ class DockerfileTest(unittest.TestCase):
             self.assertIn(p, dests)
         self.assertIn('["/run/kvpool"]', body["VOLUME"])
         self.assertEqual(body["STOPSIGNAL"], ["SIGTERM"])
-        # the socket path of the example config is the one the image serves
-        with open(os.path.join(SRC, "deploy", "kvpoold.conf")) as f:
-            self.assertIn("socket = /run/kvpool/kvpool.sock\n", f.read())
+        # the socket path of the example config (set in its template) is the one the image serves
+        with open(os.path.join(SRC, "deploy", "kvpoold.conf.in")) as f:
+            self.assertIn("server.socket = /run/kvpool/kvpool.sock\n", f.read())
         self.assertEqual(dict(self.by_stage["worker"])["USER"], "kvpool:kvpool")
 
 

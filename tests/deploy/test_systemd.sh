@@ -10,7 +10,8 @@
 #   - `systemd-analyze security --offline=true` rates the service exactly as its header says;
 #   - systemd-sysusers and systemd-tmpfiles (in --root mode) create the kvpool user and group
 #     and /run/kvpool with mode 0750 owned by them;
-#   - the example kvpoold.conf passes --check-config and documents every key the daemon has.
+#   - the example kvpoold.conf (generated in BUILD_DIR/deploy from deploy/kvpoold.conf.in)
+#     passes --check-config and documents every key the daemon has.
 #
 # usage: test_systemd.sh SOURCE_DIR BUILD_DIR
 set -eu
@@ -96,12 +97,12 @@ gid=$(sed -n 's/^kvpool:x:\([0-9]*\):.*/\1/p' "$tmp/sys/etc/group")
 echo "ok: sysusers, tmpfiles"
 
 # ---- the example configuration ----
-"$build/server/kvpoold" --config "$src/deploy/kvpoold.conf" --check-config >"$tmp/dump" 2>"$tmp/err" ||
+"$build/server/kvpoold" --config "$build/deploy/kvpoold.conf" --check-config >"$tmp/dump" 2>"$tmp/err" ||
     { cat "$tmp/err"; fail "the example config does not pass --check-config"; }
 grep -q '^socket_group = kvpool$' "$tmp/dump" || fail "socket_group is not kvpool"
 keys=$(sed -n 's/^\([a-z_]*\) = .*/\1/p' "$tmp/dump")
 [ "$(echo "$keys" | wc -l)" -gt 30 ] || fail "too few keys in --check-config output"
 for k in $keys; do
-    grep -Eq "^#?$k =" "$src/deploy/kvpoold.conf" || fail "deploy/kvpoold.conf does not document $k"
+    grep -Eq "^#?$k =" "$build/deploy/kvpoold.conf" || fail "deploy/kvpoold.conf does not document $k"
 done
 echo "ok: example config ($(echo "$keys" | wc -l) keys documented)"

@@ -8,8 +8,8 @@ kvpoold.conf(5) documents every configuration key, in its section, with its relo
 MAN_BUILD_DIR holds the generated roff (kvpoold.8, kvpoolctl.1, kvpoold.conf.5) and their .gz.
 Each page must carry its .TH line and render: through `man -l` when man(1) is there, else
 through groff -man, in both cases with groff's warnings turned on and none allowed; with
-neither, the roff must at least be non-empty. The keys come from the settings table of
-server/kvp_config.c (S, S_FIELD and S_ENUM lines: section, key, reloadable); each must have
+neither, the roff must at least be non-empty. The keys come from the settings table (the rows of
+server/kvp_config.c and rpc/kvp_rpc_limits.h: section, key, RELOAD or RESTART); each must have
 an entry "*key* = default" under "## [section]" in kvpoold.conf.5, ending in "Reloadable."
 when the table says reloadable and "Restart to apply." otherwise, and no entry may name a key
 the table lacks. So a new key without its documentation, a stale one, or a reload rule that
@@ -18,7 +18,9 @@ what `kvpoold --check-config` prints with no file (sizes compared in bytes), exc
 written as a placeholder (_PATH_: it depends on who runs the daemon) and pool.num_pages, which
 the daemon derives from pool_bytes; and every option of `kvpoold --help` must be described in
 kvpoold(8). With KVPOOLCTL too, every command and option of `kvpoolctl --help` must be
-described in kvpoolctl(1).
+described in kvpoolctl(1). With KVP_EXAMPLE_CONF naming the generated example kvpoold.conf,
+it must list every key of the table, in its section, with its reload rule at the end of its
+comment and, commented out, the default kvpoold.conf(5) gives (or the example's own value).
 """
 import gzip
 import os
@@ -56,20 +58,80 @@ def render(path):
 
 
 def config_table(src):
-    text = open(os.path.join(src, "server", "kvp_config.c"), encoding="utf-8").read()
-    m = re.search(r"static const setting_t settings\[\] = \{(.*?)\n\};", text, re.S)
-    if not m:
-        sys.exit("no settings table in server/kvp_config.c")
+    """{(section, key): reloadable} from the settings table: the rows of server/kvp_config.c
+    (ROW and ENUM) and of rpc/kvp_rpc_limits.h and server/kvp_server_limits.h (X), each naming
+    its section and key first and holding one RELOAD or RESTART before its doc string."""
     keys = {}
-    for e in re.finditer(r"\bS(_FIELD|_ENUM)?\(\s*(\w+),\s*(\w+),(.*?)\),?\s*$", m.group(1),
-                         re.M):
-        reload = e.group(4).rsplit(",", 1)[-1].strip()
-        if reload not in ("true", "false"):
-            sys.exit("cannot read the reload flag of %s.%s" % (e.group(2), e.group(3)))
-        keys[(e.group(2), e.group(3))] = reload == "true"
-    if len(keys) < 50:  # the table has 77 keys today: a parse that finds few is broken
+    for path, table, row in (
+            (("server", "kvp_config.c"), r"static const setting_t settings\[\] = \{(.*?)\n\};",
+             r"ROW|ENUM"),
+            (("rpc", "kvp_rpc_limits.h"), r"(#define KVP_RPC_LIMITS_KEYS.*?)\n\n/\* clang-format on",
+             r"X"),
+            (("server", "kvp_server_limits.h"),
+             r"(#define KVP_SERVER_LIMITS_KEYS.*?)\n/\* clang-format on", r"X")):
+        text = open(os.path.join(src, *path), encoding="utf-8").read()
+        m = re.search(table, text, re.S)
+        if not m:
+            sys.exit("no settings table in %s" % os.path.join(*path))
+        for e in re.finditer(r"\b(?:%s)\(\s*(\w+),\s*(\w+),[^\n]*?\b(RELOAD|RESTART)\b" % row,
+                             m.group(1)):
+            if (e.group(1), e.group(2)) in keys:
+                sys.exit("%s.%s twice in the settings table" % (e.group(1), e.group(2)))
+            keys[(e.group(1), e.group(2))] = e.group(3) == "RELOAD"
+    if len(keys) < 50:  # the table has 82 keys today: a parse that finds few is broken
         sys.exit("only %d keys read from the settings table" % len(keys))
     return keys
+
+
+def example_keys(path):
+    """{(section, key): (the comment lines above it, value, commented out)} of the example
+    kvpoold.conf."""
+    keys = {}
+    section = None
+    notes = []
+    for line in open(path, encoding="utf-8").read().split("\n"):
+        m = re.match(r"^\[(\w+)\]$", line)
+        if m:
+            section, notes = m.group(1), []
+            continue
+        m = re.match(r"^(#?)(\w+) =(?: (.*))?$", line)
+        if m and section:
+            key = (section, m.group(2))
+            if key in keys:
+                fail("%s: %s.%s listed twice" % (path, section, m.group(2)))
+            keys[key] = (" ".join(notes), m.group(3) or "", m.group(1) == "#")
+            notes = []
+        elif line.startswith("# "):
+            notes.append(line[2:])
+        elif not line.strip():
+            notes = []
+    return keys
+
+
+def check_example(path, table, defaults):
+    """Every key of the table in the example file, in its section, its comment ending in its
+    reload rule, and commented out with the default of kvpoold.conf(5) unless the example sets
+    it; no key the table lacks."""
+    if not os.path.isfile(path):
+        fail("%s: missing (build the example_config target)" % path)
+        return
+    ex = example_keys(path)
+    for (section, key), reloadable in sorted(table.items()):
+        entry = ex.get((section, key))
+        if entry is None:
+            fail("%s does not list %s.%s" % (path, section, key))
+            continue
+        notes, value, commented = entry
+        want = "Reloadable." if reloadable else "Restart to apply."
+        if not notes.endswith(want):
+            fail("%s: the comment of %s.%s should end in \"%s\"" % (path, section, key, want))
+        documented = re.sub(r"\\f[BIR]|\\&", "", defaults.get((section, key), ""))
+        if commented and "\\fI" not in defaults.get((section, key), "\\fI") and \
+                size_norm(documented) != size_norm(value):
+            fail("%s gives %s.%s the default '%s'; kvpoold.conf(5): '%s'"
+                 % (path, section, key, value, documented))
+    for k in sorted(set(ex) - set(table)):
+        fail("%s lists %s.%s, which the settings table does not have" % ((path,) + k))
 
 
 def documented_keys(roff):
@@ -218,6 +280,9 @@ def main():
                  % (section, key, want, "reloadable" if reloadable else "restart"))
     for k in sorted(set(doc) - set(table)):
         fail("kvpoold.conf(5) documents %s.%s, which server/kvp_config.c does not have" % k)
+    example = os.environ.get("KVP_EXAMPLE_CONF")
+    if example:
+        check_example(example, table, defaults)
     if len(sys.argv) >= 4:
         check_defaults(sys.argv[3], defaults)
         check_help(sys.argv[3], os.path.join(mandir, "kvpoold.8"), "kvpoold(8)", False)

@@ -1023,7 +1023,21 @@ START_TEST(page_copy_matches_cpu)
 }
 END_TEST
 
-/* The slot form (kvp_append_slots_cuda, the daemon's small-Append path) against a reference
+/* The host-slots form of kvp_append_cuda (KVP_APPEND_CUDA_HOST_DEST: the daemon's
+ * small-Append path): slots in host memory, num_layers layers in one launch. */
+static int host_slots(const kvp_paged_kv_t *kv, const kvp_append_src_t *src, const int32_t *slots,
+                      uint32_t nnz, uint32_t num_layers, uint64_t layer_stride_bytes,
+                      uint64_t src_layer_stride_bytes, cudaStream_t s)
+{
+    const kvp_append_dest_t d = {.kind = KVP_APPEND_DEST_SLOTS, .nnz = nnz, .slots = slots};
+    const kvp_append_cuda_args_t a = {.flags = KVP_APPEND_CUDA_HOST_DEST,
+                                      .num_layers = num_layers,
+                                      .layer_stride_bytes = layer_stride_bytes,
+                                      .src_layer_stride_bytes = src_layer_stride_bytes};
+    return kvp_append_cuda(kv, src, &d, &a, s);
+}
+
+/* The host-slots form (the daemon's small-Append path) against a reference
  * written from the geometry alone: every layout, storage and row shape (4, 8, 16, 32 and a
  * generic 6 vectors), both inline capacities and their edges, three layers in one launch,
  * strided sources, padding; the rest of the pool (poisoned) must be unchanged. */
@@ -1092,8 +1106,7 @@ static void slots_case(kvp_layout_t lay, kvp_storage_t sto, uint32_t D, uint32_t
                             .k_stride_h = (int64_t)(row / es),
                             .v_stride_n = (int64_t)(tok_stride / es),
                             .v_stride_h = (int64_t)(row / es)};
-    ck_assert_int_eq(kvp_append_slots_cuda(&kv, &src, slots, nnz, L, d.layer_bytes, layer_src, S),
-                     0);
+    ck_assert_int_eq(host_slots(&kv, &src, slots, nnz, L, d.layer_bytes, layer_src, S), 0);
     CK(cudaStreamSynchronize(S));
     CK(cudaMemcpy(back, dp, d.pool_bytes, cudaMemcpyDeviceToHost));
     ck_assert_msg(memcmp(back, ref, d.pool_bytes) == 0,
@@ -1128,14 +1141,13 @@ START_TEST(slots_append_refuses_before_writing)
         slots[i] = (int32_t)(i % (s.kv.num_pages * s.kv.page_size));
     const uint32_t cap = s.kv.num_pages * s.kv.page_size;
     int32_t bad[3] = {0, (int32_t)cap, 1};
-    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, bad, 3, 1, 0, 0, S), KVP_ERANGE);
-    ck_assert_int_eq(
-        kvp_append_slots_cuda(&s.kv, &s.src, slots, KVP_APPEND_SLOTS_MAX + 1, 1, 0, 0, S),
-        KVP_EINVAL);
-    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, slots, 2, 2, 0, 0, S), KVP_EINVAL);
-    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, NULL, 2, 1, 0, 0, S), KVP_EINVAL);
-    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, slots, 2, 0, 0, 0, S), KVP_EINVAL);
-    ck_assert_int_eq(kvp_append_slots_cuda(&s.kv, &s.src, slots, 0, 1, 0, 0, S), 0);
+    ck_assert_int_eq(host_slots(&s.kv, &s.src, bad, 3, 1, 0, 0, S), KVP_ERANGE);
+    ck_assert_int_eq(host_slots(&s.kv, &s.src, slots, KVP_APPEND_SLOTS_MAX + 1, 1, 0, 0, S),
+                     KVP_EINVAL);
+    ck_assert_int_eq(host_slots(&s.kv, &s.src, slots, 2, 2, 0, 0, S), KVP_EINVAL);
+    ck_assert_int_eq(host_slots(&s.kv, &s.src, NULL, 2, 1, 0, 0, S), KVP_EINVAL);
+    ck_assert_int_eq(host_slots(&s.kv, &s.src, slots, 2, 65536, 16, 0, S), KVP_EINVAL);
+    ck_assert_int_eq(host_slots(&s.kv, &s.src, slots, 0, 1, 0, 0, S), 0);
     CK(cudaStreamSynchronize(S));
     ck_assert(pool_untouched(&s));
 }

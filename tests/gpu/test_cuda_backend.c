@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_cuda_backend.c - the cuda backend and libkvpool's CUDA section on a real GPU, every
- * result compared byte-exact with the CPU reference (kvp_append_paged_kv_cache_cpu and
+ * result compared byte-exact with the CPU reference (kvp_append_cpu and
  * kvp_page_copy_cpu on a host copy). Directly: the backend created as the dispatch would,
  * worker-style VMM and memfd buffers imported, plans with copy-on-write copies and layer
  * ranges executed, the pool read back through a second mapping of its exported fd; refusals
  * (too large a claim, a garbage IPC handle, an unsealed memfd, a misaligned source) leave it
- * healthy, a bad position poisons it. End to end: kvpoold --backend cuda with worker processes
+ * healthy, a bad position poisons it; the page-mover out to host and device memory and back.
+ * End to end: kvpoold --backend cuda with worker processes
  * that map the pool, append through event-ordered VMM and IPC buffers and a memfd, reserve and
  * append in-process, and one SIGKILLed mid-stream that leaves the daemon healthy.
  *
@@ -51,6 +52,7 @@ typedef struct {
     uint32_t B, nnz, num_copies;
     int32_t indptr[9], indices[64], last[8], aip[9], seq_lens[8];
     int32_t bidx[512], pos[512];
+    int32_t slots[512]; /* the planner's destination (kvp_plan_slots), from bidx and pos */
     kvp_page_copy_t copies[8];
     uint32_t len[8], npages[8], pages[8][16];
 } plan_t;
@@ -80,19 +82,16 @@ static void plan_grow(plan_t *p, const kvp_geom_t *g, const uint32_t *toks, uint
     ck_assert_uint_le(p->nnz, 512);
     ck_assert_int_eq(
         kvp_get_batch_indices_positions_cpu(p->aip, p->seq_lens, p->B, p->nnz, p->bidx, p->pos), 0);
+    for (uint32_t i = 0; i < p->nnz; i++)
+        p->slots[i] = p->indices[p->indptr[p->bidx[i]] + p->pos[i] / (int32_t)ps] * (int32_t)ps +
+                      p->pos[i] % (int32_t)ps;
 }
 
 static kvp_exec_t plan_exec(const plan_t *p, const kvp_buffer_t *buf, uint64_t row_bytes,
                             uint32_t H, uint32_t lb, uint32_t le)
 {
     uint64_t kv_bytes = (uint64_t)p->nnz * H * row_bytes;
-    return (kvp_exec_t){.batch_size = p->B,
-                        .nnz = p->nnz,
-                        .kv_indptr = p->indptr,
-                        .kv_indices = p->indices,
-                        .kv_last_page_len = p->last,
-                        .batch_indices = p->bidx,
-                        .positions = p->pos,
+    return (kvp_exec_t){.dest = {.kind = KVP_APPEND_DEST_SLOTS, .nnz = p->nnz, .slots = p->slots},
                         .copies = p->copies,
                         .num_copies = p->num_copies,
                         .src = buf,
@@ -120,10 +119,6 @@ static void reference(const kvp_backend_t *b, uint8_t *pool, const kvp_exec_t *e
     }
     for (uint32_t l = e->layer_begin; l < e->layer_end; l++) {
         kvp_backend_layer_view(b, pool, l, &kv);
-        kv.batch_size = e->batch_size;
-        kv.kv_indptr = e->kv_indptr;
-        kv.kv_indices = e->kv_indices;
-        kv.kv_last_page_len = e->kv_last_page_len;
         const uint8_t *base = src + (uint64_t)(l - e->layer_begin) * e->layer_stride;
         kvp_append_src_t s = {.key = base + e->k_offset,
                               .value = base + e->v_offset,
@@ -131,8 +126,7 @@ static void reference(const kvp_backend_t *b, uint8_t *pool, const kvp_exec_t *e
                               .k_stride_h = (int64_t)(e->k_stride_h / elem),
                               .v_stride_n = (int64_t)(e->v_stride_n / elem),
                               .v_stride_h = (int64_t)(e->v_stride_h / elem)};
-        ck_assert_int_eq(
-            kvp_append_paged_kv_cache_cpu(&kv, &s, e->batch_indices, e->positions, e->nnz), 0);
+        ck_assert_int_eq(kvp_append_cpu(&kv, &s, &e->dest), 0);
     }
 }
 
@@ -301,6 +295,124 @@ START_TEST(direct_append_and_copies_match_cpu)
 }
 END_TEST
 
+/* The page-mover (ops->move, issue #27): the packed form of pages out of the GPU pool into host
+ * memory (staged through the device, done when move returns) and into device memory on the
+ * caller's stream (as transfers use it), whole and in 4 KiB pieces, byte-exact against the CPU
+ * pack of the same pool; back in from host memory, the pool byte-exact with the CPU unpack;
+ * refusals leave it healthy. */
+START_TEST(pages_move_out_and_back_through_the_page_mover)
+{
+    const kvp_geom_t *g = &GEOMS[_i];
+    world_t w;
+    world_open(&w, g);
+    kvp_backend_t *b = w.b;
+    kvp_rng_t r;
+    kvp_rng_seed(&r, kvp_test_seed(0x27a0 + (uint64_t)_i));
+    const size_t n = b->derived.pool_bytes;
+    kvp_rng_fill(&r, w.ref, n);
+    CK(cudaMemcpyAsync((void *)(uintptr_t)w.view.ptr, w.ref, n, cudaMemcpyHostToDevice, w.s));
+    CK(cudaStreamSynchronize(w.s));
+
+    const int32_t pages[] = {5, 2, 7, 11};
+    const uint32_t toks = 3 * g->page_size + 5, L = g->num_layers;
+    const uint64_t total = kvp_backend_move_bytes(b, toks), lb = total / L;
+    uint8_t *expect = malloc(total), *out = malloc(total), *zeros = calloc(1, total);
+    ck_assert(expect && out && zeros);
+    for (uint32_t l = 0; l < L; l++) { /* the CPU's pack of the reference pool */
+        kvp_paged_kv_t kv;
+        kvp_backend_layer_view(b, w.ref, l, &kv);
+        ck_assert_int_eq(kvp_kv_pack_range_cpu(&kv, pages, toks, 0, lb, expect + l * lb), 0);
+    }
+    kvp_move_t m = {.dir = KVP_MOVE_OUT,
+                    .pages = pages,
+                    .num_tokens = toks,
+                    .begin = 0,
+                    .end = total,
+                    .buf = out,
+                    .buf_medium = KVP_MEDIUM_HOST};
+    ck_assert_int_eq(b->ops->move(b, &m), 0);
+    ck_assert_msg(memcmp(out, expect, total) == 0, "move out to host memory differs");
+    memset(out, 0, total);
+    for (uint64_t off = 0; off < total; off += 4096) { /* pieces across layers */
+        m.begin = off;
+        m.end = off + 4096 < total ? off + 4096 : total;
+        m.buf = out + off;
+        ck_assert_int_eq(b->ops->move(b, &m), 0);
+    }
+    ck_assert_msg(memcmp(out, expect, total) == 0, "move out in pieces differs");
+
+    /* device memory on the caller's stream, page ids on the device: the transfers' form */
+    uint8_t *dbuf;
+    int32_t *dpages;
+    CK(cudaMalloc((void **)&dbuf, total));
+    CK(cudaMalloc((void **)&dpages, sizeof(pages)));
+    CK(cudaMemcpy(dpages, pages, sizeof(pages), cudaMemcpyHostToDevice));
+    m = (kvp_move_t){.dir = KVP_MOVE_OUT,
+                     .pages = pages,
+                     .pages_dev = dpages,
+                     .num_tokens = toks,
+                     .begin = 0,
+                     .end = total,
+                     .buf = dbuf,
+                     .buf_medium = KVP_MEDIUM_GPU,
+                     .stream = w.s};
+    ck_assert_int_eq(b->ops->move(b, &m), 0);
+    CK(cudaStreamSynchronize(w.s));
+    memset(out, 0, total);
+    CK(cudaMemcpy(out, dbuf, total, cudaMemcpyDeviceToHost));
+    ck_assert_msg(memcmp(out, expect, total) == 0, "move out to device memory differs");
+
+    /* in: zeros over the pages' rows, then the packed bytes back: the pool as it was */
+    m = (kvp_move_t){.dir = KVP_MOVE_IN,
+                     .pages = pages,
+                     .num_tokens = toks,
+                     .begin = 0,
+                     .end = total,
+                     .buf = zeros,
+                     .buf_medium = KVP_MEDIUM_HOST};
+    ck_assert_int_eq(b->ops->move(b, &m), 0);
+    uint8_t *orig = malloc(n);
+    ck_assert_ptr_nonnull(orig);
+    memcpy(orig, w.ref, n);
+    for (uint32_t l = 0; l < L; l++) {
+        kvp_paged_kv_t kv;
+        kvp_backend_layer_view(b, w.ref, l, &kv);
+        ck_assert_int_eq(kvp_kv_unpack_range_cpu(&kv, pages, toks, 0, lb, zeros + l * lb), 0);
+    }
+    ck_assert_int_ne(memcmp(orig, w.ref, n), 0);
+    world_compare(&w, "move in of zeros");
+    m.buf = expect;
+    ck_assert_int_eq(b->ops->move(b, &m), 0);
+    memcpy(w.ref, orig, n);
+    world_compare(&w, "move in of the packed bytes");
+
+    /* refusals: a range not in 16-byte steps, a page beyond the pool, device 1 */
+    m.begin = 8;
+    ck_assert_int_eq(b->ops->move(b, &m), KVP_EINVAL);
+    const int32_t bad[] = {5, 2, 7, (int32_t)g->num_pages};
+    m = (kvp_move_t){.dir = KVP_MOVE_IN,
+                     .pages = bad,
+                     .num_tokens = toks,
+                     .begin = 0,
+                     .end = total,
+                     .buf = zeros,
+                     .buf_medium = KVP_MEDIUM_HOST};
+    ck_assert_int_eq(b->ops->move(b, &m), KVP_ERANGE);
+    m.pages = pages, m.device = 1;
+    ck_assert_int_eq(b->ops->move(b, &m), KVP_EINVAL);
+    world_compare(&w, "after the refused moves");
+    ck_assert_int_eq(b->ops->health(b), 0);
+
+    CK(cudaFree(dbuf));
+    CK(cudaFree(dpages));
+    free(orig);
+    free(zeros);
+    free(out);
+    free(expect);
+    world_close(&w);
+}
+END_TEST
+
 START_TEST(memfd_buffer_is_read_over_the_bus)
 {
     const kvp_geom_t *g = &GEOMS[0];
@@ -465,13 +577,14 @@ START_TEST(a_bad_position_poisons_the_backend)
     uint32_t next_free = 0;
     const uint32_t toks[] = {5};
     plan_grow(&p, g, toks, &next_free);
-    p.pos[4] = 40; /* beyond the sequence: the planner never does this */
+    /* beyond the pool: the planner never does this */
+    p.slots[4] = (int32_t)(g->num_pages * g->page_size);
     kvp_cuda_vmm_t m;
     uint8_t *host;
     kvp_buffer_t buf;
     vmm_buffer(&w, 1 << 20, &r, &m, &host, &buf);
     kvp_exec_t e = plan_exec(&p, &buf, b->derived.row_bytes, b->derived.heads, 0, 1);
-    expected_begin("an append with a position beyond its sequence poisons the backend");
+    expected_begin("an append with a slot beyond the pool poisons the backend");
     ck_assert_int_eq(b->ops->run(b, &e), KVP_EINTERNAL);
     ck_assert_int_eq(b->ops->health(b), KVP_EINTERNAL);
     ck_assert_int_eq(b->ops->run(b, &e), KVP_EINTERNAL); /* forever after */
@@ -1145,6 +1258,8 @@ int main(void)
     TCase *direct = tcase_create("direct");
     tcase_set_timeout(direct, 300);
     tcase_add_loop_test(direct, direct_append_and_copies_match_cpu, 0,
+                        (int)(sizeof(GEOMS) / sizeof(GEOMS[0])));
+    tcase_add_loop_test(direct, pages_move_out_and_back_through_the_page_mover, 0,
                         (int)(sizeof(GEOMS) / sizeof(GEOMS[0])));
     tcase_add_test(direct, memfd_buffer_is_read_over_the_bus);
     tcase_add_test(direct, refused_imports_and_sources_leave_it_healthy);

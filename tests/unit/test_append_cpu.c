@@ -1120,12 +1120,95 @@ START_TEST(test_batch_indices_positions_reject_with_outputs_untouched)
 }
 END_TEST
 
+/* kvp_append_cpu's three destinations say the same thing three ways: two requests (pages
+ * {3, 1} holding 7 tokens, the last 5 appended; page {2} holding 2, both appended), page size
+ * 4, and each form writes the same bytes; a slot beyond the pool and a malformed append_indptr
+ * are refused with the pool untouched. */
+START_TEST(test_dest_forms_write_the_same_bytes)
+{
+    enum { P = 4, H = 2, D = 4, PAGES = 5, NNZ = 7 };
+    const int32_t indptr[] = {0, 2, 3}, indices[] = {3, 1, 2}, last[] = {3, 2};
+    const int32_t aip[] = {0, 5, 7};
+    const int32_t bi[] = {0, 0, 0, 0, 0, 1, 1}, pos[] = {2, 3, 4, 5, 6, 0, 1};
+    const int32_t slots[] = {3 * P + 2, 3 * P + 3, 1 * P + 0, 1 * P + 1,
+                             1 * P + 2, 2 * P + 0, 2 * P + 1};
+    static uint16_t pool[3][2 * PAGES * P * H * D], src[NNZ * H * D * 2];
+    for (size_t i = 0; i < sizeof(src) / sizeof(src[0]); i++)
+        src[i] = (uint16_t)(i * 7 + 1);
+    memset(pool, 0, sizeof(pool));
+    const kvp_append_src_t as = {.key = src,
+                                 .value = src + NNZ * H * D,
+                                 .k_stride_n = H * D,
+                                 .k_stride_h = D,
+                                 .v_stride_n = H * D,
+                                 .v_stride_h = D};
+    const kvp_append_dest_t dests[3] = {
+        {.kind = KVP_APPEND_DEST_TOKENS, .nnz = NNZ, .batch_indices = bi, .positions = pos},
+        {.kind = KVP_APPEND_DEST_FUSED, .nnz = NNZ, .append_indptr = aip},
+        {.kind = KVP_APPEND_DEST_SLOTS, .nnz = NNZ, .slots = slots}};
+    for (int f = 0; f < 3; f++) {
+        kvp_paged_kv_t kv = {.k_data = pool[f],
+                             .v_data = pool[f] + PAGES * P * H * D,
+                             .elem_bytes = 2,
+                             .num_pages = PAGES,
+                             .page_size = P,
+                             .num_heads = H,
+                             .head_dim = D,
+                             .stride_page = P * H * D,
+                             .stride_n = H * D,
+                             .stride_h = D,
+                             .batch_size = 2,
+                             .kv_indptr = indptr,
+                             .kv_indices = indices,
+                             .kv_last_page_len = last};
+        ck_assert_int_eq(kvp_append_cpu(&kv, &as, &dests[f]), 0);
+    }
+    ck_assert_int_eq(memcmp(pool[0], pool[1], sizeof(pool[0])), 0);
+    ck_assert_int_eq(memcmp(pool[0], pool[2], sizeof(pool[0])), 0);
+    /* token 4 (request 0, position 6: page 1, slot 2), head 1, V */
+    ck_assert_int_eq(memcmp(pool[2] + PAGES * P * H * D + (1 * P + 2) * H * D + D,
+                            src + NNZ * H * D + 4 * H * D + D, D * 2),
+                     0);
+    /* refusals: nothing written */
+    kvp_paged_kv_t kv = {.k_data = pool[2],
+                         .v_data = pool[2] + PAGES * P * H * D,
+                         .elem_bytes = 2,
+                         .num_pages = PAGES,
+                         .page_size = P,
+                         .num_heads = H,
+                         .head_dim = D,
+                         .stride_page = P * H * D,
+                         .stride_n = H * D,
+                         .stride_h = D}; /* no page table: the slots form needs none */
+    memset(pool[2], 0, sizeof(pool[2]));
+    int32_t bad[NNZ];
+    memcpy(bad, slots, sizeof(bad));
+    bad[6] = PAGES * P;
+    kvp_append_dest_t d = {.kind = KVP_APPEND_DEST_SLOTS, .nnz = NNZ, .slots = bad};
+    ck_assert_int_eq(kvp_append_cpu(&kv, &as, &d), KVP_ERANGE);
+    bad[6] = -1; /* padding */
+    bad[0] = 0;
+    ck_assert_int_eq(kvp_append_cpu(&kv, &as, &d), 0);
+    memset(pool[2], 0, sizeof(pool[2]));
+    kv.batch_size = 2, kv.kv_indptr = indptr, kv.kv_indices = indices, kv.kv_last_page_len = last;
+    const int32_t aip_short[] = {0, 5, 6}, aip_long[] = {0, 1, 7};
+    d = (kvp_append_dest_t){.kind = KVP_APPEND_DEST_FUSED, .nnz = NNZ, .append_indptr = aip_short};
+    ck_assert_int_eq(kvp_append_cpu(&kv, &as, &d), KVP_EINVAL); /* [batch_size] != nnz */
+    d.append_indptr = aip_long; /* request 1 would append 6 of its 2 tokens */
+    ck_assert_int_eq(kvp_append_cpu(&kv, &as, &d), KVP_ERANGE);
+    ck_assert_int_eq(kvp_append_cpu(&kv, &as, NULL), KVP_EINVAL);
+    for (size_t i = 0; i < sizeof(pool[2]) / sizeof(pool[2][0]); i++)
+        ck_assert_uint_eq(pool[2][i], 0);
+}
+END_TEST
+
 static Suite *append_cpu_suite(void)
 {
     Suite *s = suite_create("append_cpu");
 
     TCase *tc = tcase_create("seed_example");
     tcase_add_test(tc, test_seed_example_matches_flashinfer);
+    tcase_add_test(tc, test_dest_forms_write_the_same_bytes);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("grid");

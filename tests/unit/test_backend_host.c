@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_backend_host.c - the host backend (server/kvp_backend_host.c) through its operations
- * table (server/kvp_backend.h), without the dispatch: the pool memfd it exports (size, seals,
+ * test_backend_host.c - the host backend (backend/kvp_backend_host.c) through its operations
+ * table (backend/kvp_backend.h), without the dispatch: the pool memfd it exports (size, seals,
  * zeroed), the import of a worker's staging buffer (a sealed memfd, as the daemon gets it over
  * SCM_RIGHTS) and its refusals, and run(): an append plan lands byte-exact where DESIGN.md §1
  * puts every token (checked against a reference written here from the tensor shapes, for each
  * layout, storage and element size, over the WHOLE pool, so nothing else is written), the
  * layer range, copy-on-write copies in every layer before the append, and plans it refuses
- * with the pool unchanged.
+ * with the pool unchanged; the page-mover (move), out to host memory and back, byte-exact.
  *
  * Not here: the check of an Append's source offsets and strides against the buffer's size.
  * The backend's contract is that the dispatch validated them before run() (kvp_backend.h,
@@ -304,7 +304,7 @@ END_TEST
 /* The append plan of the tests below: request 0 holds pages {5, 2} and 6 tokens (all appended
  * now: positions 0..5), request 1 holds page {7} and 3 tokens (1 old, positions 1..2 appended),
  * and token 8 is a padding entry (batch index -1). */
-static const int32_t INDPTR[] = {0, 2, 3}, INDICES[] = {5, 2, 7}, LAST[] = {2, 3};
+static const int32_t INDPTR[] = {0, 2, 3}, INDICES[] = {5, 2, 7}; /* last_page_len 2, 3 */
 static const int32_t BATCH[] = {0, 0, 0, 0, 0, 0, 1, 1, -1};
 static const int32_t POS[] = {0, 1, 2, 3, 4, 5, 1, 2, 0};
 #define NNZ 9u
@@ -329,15 +329,17 @@ static src_layout_t src_layout(const kvp_geom_t *g)
     return s;
 }
 
-static kvp_exec_t plan(const kvp_buffer_t *src, const src_layout_t *s, uint32_t lb, uint32_t le)
+/* The plan's destination as the planner hands it to run() (kvp_plan_slots): each token's pool
+ * slot, from BATCH/POS and the page table above (-1 for the padding entry). */
+static int32_t SLOTS[NNZ];
+
+static kvp_exec_t plan(const kvp_geom_t *g, const kvp_buffer_t *src, const src_layout_t *s,
+                       uint32_t lb, uint32_t le)
 {
-    return (kvp_exec_t){.batch_size = 2,
-                        .nnz = NNZ,
-                        .kv_indptr = INDPTR,
-                        .kv_indices = INDICES,
-                        .kv_last_page_len = LAST,
-                        .batch_indices = BATCH,
-                        .positions = POS,
+    const int32_t ps = (int32_t)g->page_size;
+    for (uint32_t i = 0; i < NNZ; i++)
+        SLOTS[i] = BATCH[i] < 0 ? -1 : INDICES[INDPTR[BATCH[i]] + POS[i] / ps] * ps + POS[i] % ps;
+    return (kvp_exec_t){.dest = {.kind = KVP_APPEND_DEST_SLOTS, .nnz = NNZ, .slots = SLOTS},
                         .src = src,
                         .k_offset = s->k_offset,
                         .v_offset = s->v_offset,
@@ -399,7 +401,7 @@ START_TEST(an_append_lands_where_flashinfer_puts_each_token)
 
     uint8_t *expect = calloc(1, f.bytes);
     ck_assert_ptr_nonnull(expect);
-    kvp_exec_t e = plan(&buf, &s, 0, g->num_layers);
+    kvp_exec_t e = plan(g, &buf, &s, 0, g->num_layers);
     ck_assert_int_eq(f.b->ops->run(f.b, &e), 0);
     expect_append(g, expect, stage, &s, 0, g->num_layers);
     assert_pool_is(&f, expect, "all layers");
@@ -417,15 +419,15 @@ START_TEST(an_append_lands_where_flashinfer_puts_each_token)
 
     /* the same plan over layers [1, 2) reads the buffer's first layer block: fresh data */
     kvp_rng_fill(&rng, stage, bytes);
-    e = plan(&buf, &s, 1, 2);
+    e = plan(g, &buf, &s, 1, 2);
     ck_assert_int_eq(f.b->ops->run(f.b, &e), 0);
     expect_append(g, expect, stage, &s, 1, 2);
     assert_pool_is(&f, expect, "layer 1 only");
 
     /* nnz 0 and no copies: nothing happens */
     kvp_rng_fill(&rng, stage, bytes);
-    e = plan(&buf, &s, 0, g->num_layers);
-    e.nnz = 0;
+    e = plan(g, &buf, &s, 0, g->num_layers);
+    e.dest.nnz = 0;
     ck_assert_int_eq(f.b->ops->run(f.b, &e), 0);
     assert_pool_is(&f, expect, "nnz 0");
 
@@ -475,8 +477,8 @@ START_TEST(copies_run_in_every_layer_before_the_append)
 
     /* copies alone (nnz 0, an empty layer range): still applied to every layer */
     const kvp_page_copy_t two[] = {{.src = 3, .dst = 6}, {.src = 1, .dst = 0}};
-    kvp_exec_t e = plan(&buf, &s, 0, 0);
-    e.nnz = 0;
+    kvp_exec_t e = plan(g, &buf, &s, 0, 0);
+    e.dest.nnz = 0;
     e.copies = two;
     e.num_copies = 2;
     ck_assert_int_eq(f.b->ops->run(f.b, &e), 0);
@@ -489,7 +491,7 @@ START_TEST(copies_run_in_every_layer_before_the_append)
      * and 2 of page 7 in layer 1; slot 0 and the other slots keep the copy */
     const kvp_page_copy_t cow[] = {{.src = 4, .dst = 7}};
     kvp_rng_fill(&rng, stage, bytes);
-    e = plan(&buf, &s, 1, 2);
+    e = plan(g, &buf, &s, 1, 2);
     e.copies = cow;
     e.num_copies = 1;
     ck_assert_int_eq(f.b->ops->run(f.b, &e), 0);
@@ -527,32 +529,22 @@ START_TEST(plans_it_refuses_leave_the_pool_unchanged)
     kvp_buffer_t buf, other;
     ck_assert_int_eq(import_memfd(f.b, fd, bytes, &buf), 0);
 
-    /* a position past its request's pages (request 0 holds 6 tokens) */
-    int32_t pos[NNZ];
-    memcpy(pos, POS, sizeof(pos));
-    pos[5] = 6;
-    kvp_exec_t e = plan(&buf, &s, 0, g->num_layers);
-    e.positions = pos;
+    /* a slot past the pool's last (page 8 of 8), or far beyond it: the planner's slots are
+     * inside their sequences by construction, so the pool's bound is what run() checks */
+    int32_t slots[NNZ];
+    kvp_exec_t e = plan(g, &buf, &s, 0, g->num_layers);
+    memcpy(slots, SLOTS, sizeof(slots));
+    e.dest.slots = slots;
+    slots[5] = (int32_t)(g->num_pages * g->page_size);
     ck_assert_int_eq(f.b->ops->run(f.b, &e), KVP_ERANGE);
-    assert_pool_is(&f, before, "position past the pages");
-    /* a page id outside the pool */
-    const int32_t bad_indices[] = {5, 8, 7};
-    e = plan(&buf, &s, 0, g->num_layers);
-    e.kv_indices = bad_indices;
+    assert_pool_is(&f, before, "slot of page 8 of 8");
+    slots[5] = INT32_MAX;
     ck_assert_int_eq(f.b->ops->run(f.b, &e), KVP_ERANGE);
-    assert_pool_is(&f, before, "page id 8 of 8");
-    /* a batch index past the batch */
-    int32_t bi[NNZ];
-    memcpy(bi, BATCH, sizeof(bi));
-    bi[0] = 2;
-    e = plan(&buf, &s, 0, g->num_layers);
-    e.batch_indices = bi;
-    ck_assert_int_eq(f.b->ops->run(f.b, &e), KVP_ERANGE);
-    assert_pool_is(&f, before, "batch index 2 of 2");
+    assert_pool_is(&f, before, "slot INT32_MAX");
     /* copies naming a page outside the pool, or a page onto itself: no copy runs */
     const kvp_page_copy_t out_of_pool[] = {{.src = 3, .dst = 6}, {.src = 1, .dst = 8}};
     const kvp_page_copy_t onto_itself[] = {{.src = 3, .dst = 6}, {.src = 2, .dst = 2}};
-    e = plan(&buf, &s, 0, g->num_layers);
+    e = plan(g, &buf, &s, 0, g->num_layers);
     e.copies = out_of_pool;
     e.num_copies = 2;
     ck_assert_int_eq(f.b->ops->run(f.b, &e), KVP_ERANGE);
@@ -562,7 +554,7 @@ START_TEST(plans_it_refuses_leave_the_pool_unchanged)
     assert_pool_is(&f, before, "copy onto itself");
     /* no source at all, or a tensor-parallel form of two ranks on a one-device pool: the
      * dispatch never sends these, and the backend says so rather than guess */
-    e = plan(NULL, &s, 0, g->num_layers);
+    e = plan(g, NULL, &s, 0, g->num_layers);
     ck_assert_int_eq(f.b->ops->run(f.b, &e), KVP_EINTERNAL);
     uint8_t *m2;
     int fd2 = make_staging(bytes, 1, &m2);
@@ -588,6 +580,147 @@ START_TEST(plans_it_refuses_leave_the_pool_unchanged)
 }
 END_TEST
 
+/* The packed form (kvp_kernels.h) of tokens [0, n) held in pages, from DESIGN.md §1's shapes
+ * alone (ref_offset): per layer K then V, [token][head][D]. */
+static void expect_packed(const fixture_t *f, const uint8_t *pool, const int32_t *pages, uint32_t n,
+                          uint8_t *out)
+{
+    const kvp_geom_t *g = &f->g;
+    const uint64_t row = g->head_dim * elem_of(g);
+    for (uint32_t l = 0; l < g->num_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (uint32_t t = 0; t < n; t++)
+                for (uint32_t h = 0; h < g->num_kv_heads; h++) {
+                    memcpy(out,
+                           pool + ref_offset(g, l, (uint32_t)pages[t / g->page_size], kv,
+                                             t % g->page_size, h),
+                           row);
+                    out += row;
+                }
+}
+
+/* The page-mover seam (ops->move, issue #27): pages go out to host memory and come back
+ * byte-exact, whole or in pieces that cut rows, heads and layers, and nothing else moves. */
+START_TEST(pages_move_out_and_back_through_the_page_mover)
+{
+    fixture_t f;
+    open_fixture(&f, &GEOMS[_i]);
+    const kvp_geom_t *g = &f.g;
+    uint8_t *orig = randomize_pool(&f, 0x27 + (uint64_t)_i);
+    const int32_t pages[] = {5, 2, 7};
+    const uint32_t n = 2 * g->page_size + 3; /* the last page partly used */
+    const uint64_t total = kvp_backend_move_bytes(f.b, n);
+    ck_assert_uint_eq(total, g->num_layers * 2ull * n * g->num_kv_heads * g->head_dim * elem_of(g));
+    uint8_t *expect = malloc(total), *out = malloc(total), *pieces = malloc(total);
+    ck_assert(expect && out && pieces);
+    expect_packed(&f, orig, pages, n, expect);
+
+    kvp_move_t m = {.dir = KVP_MOVE_OUT,
+                    .pages = pages,
+                    .num_tokens = n,
+                    .begin = 0,
+                    .end = total,
+                    .buf = out,
+                    .buf_medium = KVP_MEDIUM_HOST};
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), 0);
+    ck_assert_mem_eq(out, expect, total);
+    ck_assert_mem_eq(f.pool, orig, f.bytes); /* moving out changes nothing */
+
+    /* in odd pieces (7 bytes cuts rows and heads; the pieces cross layers) */
+    for (uint64_t off = 0; off < total; off += 7) {
+        m.begin = off;
+        m.end = off + 7 < total ? off + 7 : total;
+        m.buf = pieces + off;
+        ck_assert_int_eq(f.b->ops->move(f.b, &m), 0);
+    }
+    ck_assert_mem_eq(pieces, expect, total);
+
+    /* the pages' used slots cleared, then moved back in: the pool is the original again */
+    uint8_t *cleared = malloc(f.bytes);
+    ck_assert_ptr_nonnull(cleared);
+    for (uint32_t l = 0; l < g->num_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (uint32_t t = 0; t < n; t++)
+                memset(f.pool + ref_offset(g, l, (uint32_t)pages[t / g->page_size], kv,
+                                           t % g->page_size, 0),
+                       0,
+                       g->num_kv_heads * g->head_dim * elem_of(g) *
+                           (g->layout == KVP_LAYOUT_NHD ? 1 : 0));
+    if (g->layout == KVP_LAYOUT_HND) /* rows of one slot are not adjacent: clear per head */
+        for (uint32_t l = 0; l < g->num_layers; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (uint32_t t = 0; t < n; t++)
+                    for (uint32_t h = 0; h < g->num_kv_heads; h++)
+                        memset(f.pool + ref_offset(g, l, (uint32_t)pages[t / g->page_size], kv,
+                                                   t % g->page_size, h),
+                               0, g->head_dim * elem_of(g));
+    memcpy(cleared, f.pool, f.bytes);
+    ck_assert_int_ne(memcmp(cleared, orig, f.bytes), 0);
+    m = (kvp_move_t){.dir = KVP_MOVE_IN,
+                     .pages = pages,
+                     .num_tokens = n,
+                     .begin = 0,
+                     .end = total / 2,
+                     .buf = out,
+                     .buf_medium = KVP_MEDIUM_HOST};
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), 0); /* half first, then the rest */
+    m.begin = total / 2;
+    m.end = total;
+    m.buf = out + total / 2;
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), 0);
+    ck_assert_mem_eq(f.pool, orig, f.bytes);
+    free(cleared);
+    free(pieces);
+    free(out);
+    free(expect);
+    free(orig);
+    close_fixture(&f);
+}
+END_TEST
+
+START_TEST(a_move_it_refuses_changes_nothing)
+{
+    fixture_t f;
+    open_fixture(&f, &GEOMS[0]);
+    uint8_t *orig = randomize_pool(&f, 99);
+    const int32_t pages[] = {1, 8}; /* 8: out of range */
+    const uint32_t n = 2 * f.g.page_size;
+    const uint64_t total = kvp_backend_move_bytes(f.b, n);
+    uint8_t *buf = calloc(1, total + 16);
+    ck_assert_ptr_nonnull(buf);
+    const kvp_move_t good = {.dir = KVP_MOVE_IN,
+                             .pages = pages,
+                             .num_tokens = f.g.page_size,
+                             .begin = 0,
+                             .end = kvp_backend_move_bytes(f.b, f.g.page_size),
+                             .buf = buf,
+                             .buf_medium = KVP_MEDIUM_HOST};
+    kvp_move_t m = good;
+    m.num_tokens = n; /* reaches page 8 */
+    m.end = total;
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), KVP_ERANGE);
+    m = good, m.end = good.end + 1; /* past the stream */
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), KVP_EINVAL);
+    m = good, m.begin = 2, m.end = 1;
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), KVP_EINVAL);
+    m = good, m.device = 1; /* one device only */
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), KVP_EINVAL);
+    m = good, m.buf_medium = KVP_MEDIUM_GPU; /* no device memory here */
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), KVP_EINVAL);
+    m = good, m.dir = 2;
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), KVP_EINVAL);
+    m = good, m.buf = NULL;
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), KVP_EINVAL);
+    ck_assert_mem_eq(f.pool, orig, f.bytes);
+    m = good; /* and the good one does move: page 1's slots become zeros */
+    ck_assert_int_eq(f.b->ops->move(f.b, &m), 0);
+    ck_assert_int_ne(memcmp(f.pool, orig, f.bytes), 0);
+    free(buf);
+    free(orig);
+    close_fixture(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("backend_host");
@@ -599,6 +732,8 @@ int main(void)
     tcase_add_loop_test(tc, an_append_lands_where_flashinfer_puts_each_token, 0, (int)NUM_GEOMS);
     tcase_add_loop_test(tc, copies_run_in_every_layer_before_the_append, 0, (int)NUM_GEOMS);
     tcase_add_test(tc, plans_it_refuses_leave_the_pool_unchanged);
+    tcase_add_loop_test(tc, pages_move_out_and_back_through_the_page_mover, 0, (int)NUM_GEOMS);
+    tcase_add_test(tc, a_move_it_refuses_changes_nothing);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

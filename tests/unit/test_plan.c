@@ -437,6 +437,7 @@ static void random_run(uint32_t page_size, uint32_t num_pages, uint64_t seed, ui
     kvp_rng_seed(&r, seed);
     uint32_t n_exhausted = 0, n_cow = 0, n_ok = 0;
     int32_t *bi = malloc(sizeof(int32_t) * 8 * MAXTOK), *pos = malloc(sizeof(int32_t) * 8 * MAXTOK);
+    int32_t *slots = malloc(sizeof(int32_t) * 8 * MAXTOK);
     uint64_t *kbuf = malloc(16 * 8 * (size_t)MAXTOK);
 
     for (uint32_t step = 0; step < steps; step++) {
@@ -519,7 +520,21 @@ static void random_run(uint32_t page_size, uint32_t num_pages, uint64_t seed, ui
                                     .k_stride_h = 4,
                                     .v_stride_n = 4,
                                     .v_stride_h = 4};
-            ck_assert_int_eq(kvp_append_paged_kv_cache_cpu(&w->kv, &src, bi, pos, plan.nnz), 0);
+            /* the planner's slots (what the daemon's backends run) name the same slot as the
+             * token's batch index and position through the table; the slots form and the
+             * tokens form take turns writing the pool */
+            kvp_plan_slots(&plan, w->kv.page_size, slots);
+            const int32_t ps = (int32_t)w->kv.page_size;
+            for (uint32_t i = 0; i < plan.nnz; i++)
+                KVP_CHECK(slots[i] == plan.kv_indices[plan.kv_indptr[bi[i]] + pos[i] / ps] * ps +
+                                          pos[i] % ps,
+                          "slot of token %u", i);
+            const kvp_append_dest_t dest = {
+                .kind = KVP_APPEND_DEST_SLOTS, .nnz = plan.nnz, .slots = slots};
+            if (n_ok & 1)
+                ck_assert_int_eq(kvp_append_cpu(&w->kv, &src, &dest), 0);
+            else
+                ck_assert_int_eq(kvp_append_paged_kv_cache_cpu(&w->kv, &src, bi, pos, plan.nnz), 0);
             for (uint32_t j = 0; j < k; j++) {
                 w->seqs[idx[j]].live = 1;
                 w->seqs[idx[j]].len += it[j].num_tokens;
@@ -566,6 +581,7 @@ static void random_run(uint32_t page_size, uint32_t num_pages, uint64_t seed, ui
     free(kbuf);
     free(pos);
     free(bi);
+    free(slots);
     kvp_plan_free(&plan);
     kvp_seqtab_destroy(t);
     kvp_alloc_destroy(a);

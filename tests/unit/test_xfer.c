@@ -246,7 +246,8 @@ static kvp_batch_arrays_t B;
 
 static kvpool_Code call(pb_size_t which)
 {
-    static uint64_t next_id = 1; /* fresh ids: the retry window refuses one reused for another call */
+    static uint64_t next_id =
+        1; /* fresh ids: the retry window refuses one reused for another call */
     Q.which_body = which;
     Q.id = next_id++;
     memset(&IO, 0, sizeof(IO));
@@ -254,7 +255,19 @@ static kvpool_Code call(pb_size_t which)
     int rc = kvp_rpc_handle(R, S, &Q, NULL, 0, &IO, 2000, 0);
     ck_assert_int_eq(rc, KVP_RPC_DONE); /* a host backend never starts a transfer */
     kvp_rpc_answered(R, S, &IO.resp, NULL, 0, 0);
-    ck_assert_ptr_null(IO.bg_job);
+    ck_assert_ptr_null(IO.job);
+    /* and no transfer began in the background (it would be listed, running or failed) */
+    kvpool_Request lq;
+    memset(&lq, 0, sizeof(lq));
+    lq.id = next_id++;
+    lq.which_body = kvpool_Request_list_transfers_tag;
+    static kvp_rpc_io_t lio;
+    memset(&lio, 0, sizeof(lio));
+    lio.batch = &B;
+    ck_assert_int_eq(kvp_rpc_handle(R, S, &lq, NULL, 0, &lio, 2000, 0), KVP_RPC_DONE);
+    ck_assert_int_eq(lio.resp.status.code, kvpool_Code_OK);
+    ck_assert_uint_eq(lio.resp.body.list_transfers.transfers_count, 0);
+    kvp_rpc_answered(R, S, &lio.resp, NULL, 0, 0);
     return IO.resp.status.code;
 }
 

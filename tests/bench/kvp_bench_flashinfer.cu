@@ -2,7 +2,7 @@
 /*
  * kvp_bench_flashinfer.cu - FlashInfer's AppendPagedKVCache as the baseline of
  * bench_append_cuda (kvp_bench_flashinfer.h), compiled from flashinfer-python's headers when
- * the build fetched them (KVP_HAVE_FLASHINFER: kernels/kvp_flashinfer.cmake puts the wheel's
+ * the build fetched them (KVP_HAVE_FLASHINFER: tests/bench/kvp_flashinfer.cmake puts the wheel's
  * flashinfer/data/include and its vendored CCCL on the include path), plus the pattern fill
  * and the diff the bench checks both appends' bytes with. FlashInfer's kernel is called
  * exactly as its own Python binding calls it (append_paged_kv_cache: AppendPagedKVCache with

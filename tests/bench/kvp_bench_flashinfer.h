@@ -3,7 +3,7 @@
  * kvp_bench_flashinfer.h - benchmark-only (kvp_bench_flashinfer.cu, linked by
  * tests/bench/bench_append_cuda only): FlashInfer's own AppendPagedKVCache, compiled from the
  * C++ headers of the flashinfer-python wheel fetched at configure time (-DKVP_BENCH_FLASHINFER=ON
- * or -DKVP_FLASHINFER_WHEEL=PATH, kernels/kvp_flashinfer.cmake), run on a pool that
+ * or -DKVP_FLASHINFER_WHEEL=PATH, tests/bench/kvp_flashinfer.cmake), run on a pool that
  * kvp_paged_kv_t describes, as the baseline kvpool's appends are measured against; and two
  * helpers that check two appends wrote the same bytes (a fill with a pattern, a diff).
  * Nothing of FlashInfer is in the tree: built without it, the FlashInfer entry points return

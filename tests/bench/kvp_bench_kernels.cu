@@ -12,7 +12,8 @@
 #include "kvp_bench_kernels.h"
 #include "kvp_cuda_err.h"
 
-namespace {
+namespace
+{
 
 __device__ __forceinline__ uint64_t global_ns()
 {
@@ -130,11 +131,11 @@ __global__ void read_last_kernel(kvp_paged_kv_t kv, unsigned long long *sum)
     uint32_t h = threadIdx.x;
     if (h >= kv.num_heads)
         return;
-    const uint8_t *row = static_cast<const uint8_t *>(kv.k_data) +
-                         ((int64_t)page * kv.stride_page +
-                          (int64_t)(pos % (int32_t)kv.page_size) * kv.stride_n +
-                          (int64_t)h * kv.stride_h) *
-                             kv.elem_bytes;
+    const uint8_t *row =
+        static_cast<const uint8_t *>(kv.k_data) +
+        ((int64_t)page * kv.stride_page + (int64_t)(pos % (int32_t)kv.page_size) * kv.stride_n +
+         (int64_t)h * kv.stride_h) *
+            kv.elem_bytes;
     atomicAdd(sum, (unsigned long long)*reinterpret_cast<const uint64_t *>(row));
 }
 
@@ -254,8 +255,8 @@ extern "C" int kvp_bench_spin_fill_cuda(void *dst, uint64_t bytes, uint8_t value
                                         void *stream)
 {
     int rc = 0;
-    spin_fill_kernel<<<64, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<uint8_t *>(dst), bytes, value, ns);
+    spin_fill_kernel<<<64, 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<uint8_t *>(dst),
+                                                                        bytes, value, ns);
     KVP_LAUNCH_TRY(rc, fail);
     return 0;
 fail:
