@@ -7,7 +7,10 @@
 # tests again under AddressSanitizer + UndefinedBehaviorSanitizer and runs them (with the
 # stress tests), then a bounded valgrind memcheck run (tests/valgrind.sh quick: the daemon
 # under valgrind too) and the fuzzers. The Python package's pytest suite (tests/python) runs
-# against the default build; ctest's package tests build a program outside the tree against the
+# against the default build, then the tests that need PyTorch (the transformers integration,
+# kvpool._torch's custom operators; on the CPU, host backend) in a venv with torch and
+# transformers from PyPI (tests/python/run.sh --torch: build/torch-venv, made on the first run
+# and reused); ctest's package tests build a program outside the tree against the
 # installed library (tests/install) and install the wheel in a fresh virtualenv
 # (tests/python/test_wheel.sh); the .deb is built, installed, removed and purged here
 # (tests/deb/test_deb.sh: root only, skipped otherwise).
@@ -34,6 +37,8 @@ echo "== tests (default) =="
 ctest --test-dir "$root/build" --output-on-failure -j "$jobs"
 echo "== tests (python package, host backend) =="
 BUILD_DIR="$root/build" sh "$root/tests/python/run.sh"
+echo "== tests (python package with PyTorch and transformers, CPU, host backend) =="
+BUILD_DIR="$root/build" sh "$root/tests/python/run.sh" --torch
 # (the installed C library built against outside the tree, test_install, and the Python wheel
 # in a fresh virtualenv, test_wheel, ran in ctest above: label package)
 echo "== Debian package (tests/deb/test_deb.sh: build-deb/, dpkg -i, -r, -P on this machine) =="

@@ -67,12 +67,36 @@ def start_doomed(script, args):
     return p
 
 
-def check_after_kill(d, prompt, scope, page_size, lease_s=1.0):
-    """After a doomed worker was killed: past its lease the daemon `d` is healthy, its audit
-    clean, nothing is held (its pages free, or cached when keyed) and the prompt it committed
-    after its prefill is still findable, in whole pages."""
-    time.sleep(lease_s)
+def wait_for(cond, timeout_s, what):
+    """Polls cond() every 10 ms until it is true; fails the test naming `what` when timeout_s
+    pass first. The way these tests order events with another process (never a fixed
+    sleep)."""
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail("still not %s after %.1f s" % (what, timeout_s))
+        time.sleep(0.01)
+
+
+def wait_generating(d, scope, min_pages, timeout_s=60):
+    """Waits until the one worker sequence of daemon `d` holds more than min_pages pages (it
+    went on decoding past its prompt)."""
     with d.client("hf-probe", cache_scope=scope) as c:
+        def grown():
+            st = c.stats()
+            assert st.num_seqs == 1, "the worker's sequence is gone: %r" % (st,)
+            return st.used_pages > min_pages
+        wait_for(grown, timeout_s, "more than %d pages held" % min_pages)
+
+
+def check_after_kill(d, prompt, scope, page_size, lease_ms=300):
+    """After a doomed worker (lease lease_ms) was killed: once its lease ran out the daemon `d`
+    has released its sequence, is healthy, its audit clean, nothing is held (its pages free,
+    or cached when keyed) and the prompt it committed after its prefill is still findable, in
+    whole pages. The release is waited for (lease plus a margin for a loaded machine)."""
+    with d.client("hf-probe", cache_scope=scope) as c:
+        wait_for(lambda: c.stats().num_seqs == 0, lease_ms / 1e3 + 10,
+                 "released (the killed worker's lease is %d ms)" % lease_ms)
         c.ping()
         c.audit()
         st = c.stats()

@@ -2,12 +2,22 @@
 # SPDX-License-Identifier: Apache-2.0
 # run.sh - the Python package's tests (tests/python) against the built tree.
 #
-#   tests/python/run.sh            uses $BUILD_DIR (default: build/) of this source tree
+#   tests/python/run.sh [PYTEST ARGS]           every test of tests/python; $BUILD_DIR (default:
+#                                               build/) of this source tree
+#   tests/python/run.sh --torch [PYTEST ARGS]   the tests that need PyTorch (the files that
+#                                               importorskip torch: the transformers
+#                                               integration, kvpool._torch and its custom
+#                                               operators), in the PyTorch venv, on the CPU when
+#                                               there is no GPU
 #
 # Python: /usr/bin/python3 when it has numpy and pytest (Debian: python3-numpy python3-pytest),
 # with client/python on PYTHONPATH (Debian's Python is externally managed: no pip install into
 # it). Otherwise a virtual environment in $BUILD_DIR/pyvenv (python3 -m venv: python3-venv),
 # with numpy and pytest from PyPI, client/python on PYTHONPATH too.
+# --torch: the virtual environment $KVP_TORCH_VENV (default $BUILD_DIR/torch-venv) with
+# tests/python/requirements-torch.txt from PyPI, made once and reused while that file is
+# unchanged (its copy in the venv says what was installed). It lives under the build tree, not
+# in ~/.cache: test_kvpool.py runs its interpreter as another uid, which cannot enter /root.
 # Exits with pytest's status; "no tests collected" (5) is a failure too.
 set -eu
 
@@ -27,7 +37,34 @@ export PYTHONDONTWRITEBYTECODE=1
 
 has_deps() { "$1" -c 'import numpy, pytest' >/dev/null 2>&1; }
 
-if [ -x /usr/bin/python3 ] && has_deps /usr/bin/python3; then
+TORCH=0
+if [ "${1:-}" = "--torch" ]; then
+    TORCH=1
+    shift
+fi
+TESTS=tests/python
+
+if [ "$TORCH" = 1 ]; then
+    VENV=${KVP_TORCH_VENV:-$BUILD_DIR/torch-venv}
+    REQ=$ROOT/tests/python/requirements-torch.txt
+    if [ ! -x "$VENV/bin/python" ]; then
+        # Debian's Python (python3-venv) when there is one: a venv's interpreter is a link to
+        # its base, which test_kvpool.py's second uid must be able to run (not one under /root)
+        BASE=python3
+        [ -x /usr/bin/python3 ] && BASE=/usr/bin/python3
+        echo "run.sh: creating $VENV ($BASE)"
+        "$BASE" -m venv "$VENV"
+    fi
+    PY=$VENV/bin/python
+    if ! cmp -s "$REQ" "$VENV/requirements-torch.txt"; then
+        echo "run.sh: installing $(grep -v '^#' "$REQ" | tr '\n' ' ')into $VENV (PyPI)"
+        "$PY" -m pip install -q --disable-pip-version-check -r "$REQ"
+        cp "$REQ" "$VENV/requirements-torch.txt"
+    fi
+    export PYTHONPATH="$ROOT/client/python${PYTHONPATH:+:$PYTHONPATH}"
+    TESTS=$(cd "$ROOT" && grep -l 'importorskip("torch")' tests/python/test_*.py)
+    echo "run.sh: $VENV with client/python on PYTHONPATH:" $TESTS
+elif [ -x /usr/bin/python3 ] && has_deps /usr/bin/python3; then
     PY=/usr/bin/python3
     export PYTHONPATH="$ROOT/client/python${PYTHONPATH:+:$PYTHONPATH}"
     echo "run.sh: /usr/bin/python3 with client/python on PYTHONPATH"
@@ -48,7 +85,8 @@ else
 fi
 
 set +e
-(cd "$ROOT" && "$PY" -m pytest -q -p no:cacheprovider tests/python "$@")
+# $TESTS unquoted: a list of files (--torch)
+(cd "$ROOT" && "$PY" -m pytest -q -p no:cacheprovider $TESTS "$@")
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -326,10 +326,8 @@ def test_worker_killed_mid_generation(start):
     p = hf_common.start_doomed(__file__, ["--doomed", d.sock, "hf-doomed", SCOPE,
                                           json.dumps([prompt])])
     try:
-        time.sleep(1.0)  # decode steps further, kernels in flight
-        with d.client("hf-probe", cache_scope=SCOPE) as c:
-            st = c.stats()
-            assert st.num_seqs == 1 and st.used_pages > n // 16 + 1  # it went on decoding
+        # decode steps further, kernels in flight: it went on decoding past its prompt
+        hf_common.wait_generating(d, SCOPE, n // 16 + 1)
     finally:
         p.kill()
         p.wait()

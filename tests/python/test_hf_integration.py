@@ -13,10 +13,10 @@ question (batched with an unrelated prompt) links exactly A's whole pages of the
 only the rest, and generates exactly the tokens of a cold run (another scope) and of
 transformers' own cache.
 
-Skipped unless torch and transformers import (CI has neither): run it with a Python that has
-them and the daemon's build, e.g. (the libkvpool.so of the same build: $KVPOOL_LIB)
-    BUILD_DIR=build-h7 KVPOOL_LIB=build-h7/client/libkvpool.so PYTHONPATH=client/python \
-        /work/venv17/bin/python -m pytest -q -s tests/python/test_hf_integration.py
+Skipped unless torch and transformers import. CI runs it (deploy/test.sh) through
+`tests/python/run.sh --torch`, which makes a venv with both from PyPI
+(tests/python/requirements-torch.txt); by hand, e.g.
+    BUILD_DIR=build sh tests/python/run.sh --torch -s -k hf_integration
 The daemon fixture `start` comes from conftest.py.
 """
 import json
@@ -267,10 +267,10 @@ def test_flashinfer_path_plans_once_per_step(start, monkeypatch, page_size, layo
     """attention='flashinfer' with a stand-in module: one plan per forward step (prefill
     wrapper for the prompt step and the reuse prefill, decode wrapper for one-token steps),
     one run per layer, the rows that add no token left out; the tokens equal transformers'."""
-    from kvpool.integrations import transformers as kt
+    from kvpool.integrations.transformers import _attention as kt_attention
 
     monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer())
-    monkeypatch.setattr(kt, "_flashinfer_mod", [])
+    monkeypatch.setattr(kt_attention, "_flashinfer_mod", [])
     _FakeWrapper.plans.clear()
     _FakeWrapper.runs[0] = 0
     d = start(*geometry(page_size, layout))
@@ -392,16 +392,13 @@ def test_worker_killed_mid_generation(start):
     """A worker killed (SIGKILL) in the middle of generate(): the daemon stays healthy, its
     audit is clean, and within the lease the worker's pages are back: free, or cached when
     keyed (its committed prompt is still findable)."""
-    import time
     d = start(*geometry(16, "nhd", num_pages=4096))
     prompt = prompts_of((100,), seed=9)[0]
     p = hf_common.start_doomed(__file__, ["--doomed", d.sock, "hf-doomed", SCOPE,
                                           json.dumps([prompt])])
     try:
-        time.sleep(0.5)  # a few decode steps further
-        with d.client("hf-probe", cache_scope=SCOPE) as c:
-            st = c.stats()
-            assert st.num_seqs == 1 and st.used_pages > (100 // 16)  # mid-generation
+        # mid-generation: a few decode steps further, past the prompt's pages
+        hf_common.wait_generating(d, SCOPE, 100 // 16)
     finally:
         p.kill()
         p.wait()

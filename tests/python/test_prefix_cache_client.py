@@ -10,7 +10,7 @@ import pytest
 
 import kvpool
 from kvpool import _lib
-from kvpool.client import Client, _prompts, _salts
+from kvpool._args import _prompts, _salts, cache_opts
 
 
 def _read(ptr, n, ctype):
@@ -19,24 +19,24 @@ def _read(ptr, n, ctype):
 
 def test_no_cache_argument_means_the_plain_call():
     tok = np.array([3, 4], np.uint32)
-    assert Client._cache_opts(tok, None, None, False, False, None, 0) == (None, None)
+    assert cache_opts(tok, None, None, False, False, None, 0) == (None, None)
 
 
 def test_token_ids_flat_or_per_row_and_salts_per_row_or_shared():
     tok = np.array([2, 0, 3], np.uint32)
-    o, keep = Client._cache_opts(tok, [7, 8, -1, 2**31 - 1, -2**31], None, True, False, None, 0)
+    o, keep = cache_opts(tok, [7, 8, -1, 2**31 - 1, -2**31], None, True, False, None, 0)
     assert _read(o.token_ids, 5, ctypes.c_int32) == [7, 8, -1, 2**31 - 1, -2**31]
     assert not o.salt_lens and not o.salts
     assert (o.reuse, o.leave_last, o.priority, o.retention_ms) == (1, 0, -1, 0)
 
-    o, keep = Client._cache_opts(tok, [[1, 2], [], [3, 4, 5]], [b"ab", None, b"c"], False, True,
+    o, keep = cache_opts(tok, [[1, 2], [], [3, 4, 5]], [b"ab", None, b"c"], False, True,
                                  0, 9)
     assert _read(o.token_ids, 5, ctypes.c_int32) == [1, 2, 3, 4, 5]
     assert _read(o.salt_lens, 3, ctypes.c_uint32) == [2, 0, 1]
     assert bytes(_read(o.salts, 3, ctypes.c_uint8)) == b"abc"
     assert (o.reuse, o.leave_last, o.priority, o.retention_ms) == (0, 1, 0, 9)
 
-    o, keep = Client._cache_opts(tok, None, b"lora-3", False, False, 100, 0)
+    o, keep = cache_opts(tok, None, b"lora-3", False, False, 100, 0)
     assert not o.token_ids
     assert _read(o.salt_lens, 3, ctypes.c_uint32) == [6, 6, 6]
     assert bytes(_read(o.salts, 18, ctypes.c_uint8)) == b"lora-3" * 3
@@ -46,18 +46,18 @@ def test_token_ids_flat_or_per_row_and_salts_per_row_or_shared():
 def test_bad_cache_arguments_are_refused_locally():
     tok = np.array([2, 3], np.uint32)
     with pytest.raises(ValueError, match="4 token ids for 5 tokens"):
-        Client._cache_opts(tok, [1, 2, 3, 4], None, False, False, None, 0)
+        cache_opts(tok, [1, 2, 3, 4], None, False, False, None, 0)
     with pytest.raises(ValueError, match="rows have"):
-        Client._cache_opts(tok, [[1, 2, 3], [4, 5]], None, False, False, None, 0)
+        cache_opts(tok, [[1, 2, 3], [4, 5]], None, False, False, None, 0)
     with pytest.raises(ValueError, match="1 salts for 2 sequences"):
-        Client._cache_opts(tok, None, [b"x"], False, False, None, 0)
+        cache_opts(tok, None, [b"x"], False, False, None, 0)
     for p in (-1, 101):
         with pytest.raises(ValueError, match="priority"):
-            Client._cache_opts(tok, None, None, False, False, p, 0)
+            cache_opts(tok, None, None, False, False, p, 0)
     with pytest.raises(ValueError, match="int32"):
-        Client._cache_opts(tok, [0, 0, 0, 0, 2**31], None, False, False, None, 0)
+        cache_opts(tok, [0, 0, 0, 0, 2**31], None, False, False, None, 0)
     with pytest.raises(TypeError, match="integers"):
-        Client._cache_opts(tok, [0.5] * 5, None, False, False, None, 0)
+        cache_opts(tok, [0.5] * 5, None, False, False, None, 0)
 
 
 def test_lookup_prompts_and_salts_become_flat_arrays():

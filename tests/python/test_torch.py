@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The PyTorch side of the kvpool package (kvpool._torch) against real kvpoold processes.
 
-Needs PyTorch: skipped without it (CI has none: PyTorch's wheels are CUDA builds of about a
-gigabyte). The cuda tests need a GPU too and are skipped without one; on the H200 they run
+Needs PyTorch: skipped without it (CI installs it: tests/python/run.sh --torch runs the tests
+here that need no GPU). The cuda tests need a GPU and are skipped without one; on the H200 they run
 from tests/gpu/run_device.sh (python), like the other GPU tests:
   - client/python/examples/worker_loop_torch.py on the cuda backend in fp16 and bf16, NHD/HND,
     combined/split: Reserve + the CUDA in-process append, daemon Appends from a CUDA staging

@@ -31,8 +31,14 @@ def contents(wheel, version):
     dist = "kvpool-%s.dist-info/" % version
     want = {"kvpool/__init__.py", "kvpool/_lib.py", "kvpool/_version.py", "kvpool/py.typed",
             "kvpool/libkvpool.so", "kvpool/client.py", "kvpool/paged.py", "kvpool/errors.py",
-            "kvpool/_types.py", "kvpool/_torch.py", "kvpool/integrations/__init__.py",
-            "kvpool/integrations/transformers.py", dist + "METADATA", dist + "WHEEL",
+            "kvpool/_types.py", "kvpool/_torch.py", "kvpool/_cuda_pool.py", "kvpool/_host.py",
+            "kvpool/_args.py", "kvpool/codes.py", "kvpool/records.py", "kvpool/step.py",
+            "kvpool/integrations/__init__.py", "kvpool/integrations/transformers/__init__.py",
+            "kvpool/integrations/transformers/_cache.py",
+            "kvpool/integrations/transformers/_attention.py",
+            "kvpool/integrations/transformers/_forward.py",
+            "kvpool/integrations/transformers/_generate.py",
+            "kvpool/integrations/transformers/_graphs.py", dist + "METADATA", dist + "WHEEL",
             dist + "RECORD", dist + "licenses/LICENSE"}
     check(want <= set(names), "missing from the wheel: %s" % sorted(want - set(names)))
     libs = [n for n in names if "libkvpool" in n]

@@ -243,7 +243,7 @@ class PagedKV:
         self.c = client
         info = client.pool_info
         self.L = info.num_layers
-        self.hnd = info.layout == 1
+        self.hnd = info.layout == kvpool.Layout.HND
         self.layout = "HND" if self.hnd else "NHD"
         self.kview = [client.k_view(l) for l in range(self.L)]
         self.vview = [client.v_view(l) for l in range(self.L)]

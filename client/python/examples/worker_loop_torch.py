@@ -151,7 +151,7 @@ class PagedKV:
         self.c, self.dtype, self.device = client, dtype, device
         info = client.pool_info
         self.L, self.ps = info.num_layers, info.page_size
-        self.hnd = info.layout == 1
+        self.hnd = info.layout == kvpool.Layout.HND
         self.layout = "HND" if self.hnd else "NHD"
         self.kview = [_tensor(client.k_view(l)) for l in range(self.L)]
         self.vview = [_tensor(client.v_view(l)) for l in range(self.L)]

@@ -21,6 +21,7 @@ from .client import (
     TransferInfo,
     default_socket,
 )
+from .codes import DTYPES, Backend, BufferKind, DType, Layout, Storage
 from .errors import (
     AlreadyExists,
     AuditFailed,
@@ -52,7 +53,8 @@ __version__ = PACKAGE_VERSION
 
 __all__ = [
     "Client", "PageTable", "PoolInfo", "Stats", "Ticket", "TransferInfo", "default_socket",
-    "CacheStats", "Commit", "Pin",
+    "CacheStats", "Commit", "Pin", "Backend", "DType", "Layout", "Storage", "BufferKind",
+    "DTYPES",
     "library_path", "LibraryMismatch", "ABI_VERSION",
     "KVP_LEASE_DEFAULT", "append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",
     "KvpoolError", "InvalidArgument", "OutOfMemory", "ResourceExhausted", "NotFound",

@@ -1,39 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The cuda backend's Python side, on PyTorch: the mapped pool as device tensors (no copy),
-staging tensors the daemon reads, and FlashInfer's paged-KV helpers on CUDA tensors through the
-kernels libkvpool exports (kernels/kvp_kernels_cuda.h).
+"""kvpool's kernels on PyTorch tensors: FlashInfer's paged-KV helpers (get_seq_lens,
+get_batch_indices_positions, the checked append) and libkvpool's fused append
+(kvp_client_cuda_append_fused), reached through ctypes (kernels/kvp_kernels_cuda.h, kvpool.h).
 
-Imported only when a cuda pool or a torch tensor is used: `import kvpool` never needs PyTorch.
-Pool tensors come from `__cuda_array_interface__` over the pointer libkvpool mapped
-(kvp_client_cuda_map_pool); the interface object keeps the Client alive, so a view never
-outlives the mapping while the Client is open (close() unmaps: views must not be used after).
-bf16 and fp8 pools are built as integer tensors of the element size and reinterpreted with
-Tensor.view(dtype): the array interface has no type strings for them.
+The fused append and the page-table helpers are also PyTorch custom operators (torch.library,
+namespace "kvpool": torch.ops.kvpool.append_paged_kv_cache_fused, .get_seq_lens,
+.get_batch_indices_positions), each with a fake implementation that gives the shapes without
+running anything: torch.compile traces through them without a graph break, and a CUDA graph
+captures their one launch. The functions below call the operators; FusedAppend, prepared once
+a step for a model's layers, is the eager path with the least Python a layer and calls the C
+entry itself. The helpers' operators also run on CPU tensors (the NumPy code of kvpool.paged).
+
+Imported only when a torch tensor or a cuda pool is used: `import kvpool` never needs PyTorch.
 """
 import ctypes
+from typing import Optional, Tuple
 
 import torch
 
 from . import _lib
-from .errors import KVP_EINVAL, KVP_EPRECOND, error
-
-TORCH_DTYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2, 3: torch.float16,
-                4: torch.bfloat16, 5: torch.float32}
-
-
-class _CudaMemory:
-    """A device range as __cuda_array_interface__ (uint8), keeping `owner` alive."""
-
-    def __init__(self, ptr, nbytes, owner):
-        self.__cuda_array_interface__ = {
-            "shape": (int(nbytes),), "typestr": "|u1", "data": (int(ptr), False),
-            "strides": None, "version": 3}
-        self._owner = owner
-
-
-def device_bytes(ptr, nbytes, ordinal, owner):
-    """A uint8 CUDA tensor over [ptr, ptr + nbytes) on device `ordinal`, without a copy."""
-    return torch.as_tensor(_CudaMemory(ptr, nbytes, owner), device=torch.device("cuda", ordinal))
+from .errors import KVP_EPRECOND, error
 
 
 def stream_of(ordinal, stream=None):
@@ -42,122 +28,6 @@ def stream_of(ordinal, stream=None):
     if stream is None:
         stream = torch.cuda.current_stream(torch.device("cuda", ordinal))
     return int(getattr(stream, "cuda_stream", stream))
-
-
-# ---- pool views --------------------------------------------------------------------------
-
-def pool_tensor(client, g):
-    """The whole pool of group device g as a 1-D tensor of the pool's dtype (cached)."""
-    info = client.pool_info
-    if not 0 <= g < info.num_devices:
-        raise IndexError("device %d out of range (the pool spans %d)" % (g, info.num_devices))
-    if g in client._pool_arrays:
-        return client._pool_arrays[g]
-    lib = _lib.load()
-    with client._lock:
-        h = client._handle()
-        rc = lib.kvp_client_cuda_map_pool(h)
-        if rc:
-            raise error(rc, (lib.kvp_client_last_error(h) or b"").decode(errors="replace"))
-        base = lib.kvp_client_pool_base(h, int(g))
-    if not base:
-        raise error(KVP_EPRECOND, "the pool of device %d is not mapped (connect with "
-                    "map_pool=True)" % g)
-    raw = device_bytes(base, info.pool_bytes, info.device_ids[g], client)
-    t = raw.view(TORCH_DTYPES[info.dtype])
-    client._pool_arrays[g] = t
-    return t
-
-
-def kv_view(client, layer, kv, g):
-    """Layer `layer`'s K (kv 0) or V (kv 1) share of device g: [P, page_size, H, D] (NHD) or
-    [P, H, page_size, D] (HND), strides of the pool (page stride covers K and V when
-    combined)."""
-    info = client.pool_info
-    pool = pool_tensor(client, g)
-    e = info.elem_bytes
-    H = info.heads_per_device
-    off = (layer * info.layer_bytes + (info.v_offset_bytes if kv else 0)) // e
-    if info.layout == 0:
-        shape = (info.num_pages, info.page_size, H, info.head_dim)
-        strides = (info.stride_page, info.stride_n, info.stride_h, 1)
-    else:
-        shape = (info.num_pages, H, info.page_size, info.head_dim)
-        strides = (info.stride_page, info.stride_h, info.stride_n, 1)
-    return pool.as_strided(shape, strides, off)
-
-
-def paged_kv_cache(client, layer, g):
-    """FlashInfer's paged_kv_cache argument of a layer: combined -> [P, 2, ...] (K at [:, 0],
-    V at [:, 1]); split -> the tuple (k, v)."""
-    info = client.pool_info
-    k = kv_view(client, layer, 0, g)
-    if info.storage == 1:
-        return k, kv_view(client, layer, 1, g)
-    v_elems = info.v_offset_bytes // info.elem_bytes
-    return k.as_strided((k.shape[0], 2) + tuple(k.shape[1:]),
-                        (k.stride(0), v_elems) + tuple(k.stride()[1:]), k.storage_offset())
-
-
-# ---- staging -----------------------------------------------------------------------------
-
-def alloc_staging(client, nbytes, g=0):
-    """A VMM staging buffer on device g registered with events: (uint8 tensor, buffer id)."""
-    info = client.pool_info
-    lib = _lib.load()
-    ptr = ctypes.c_void_p()
-    bid = ctypes.c_uint32()
-    client._call(lib.kvp_client_cuda_alloc_buffer, int(nbytes), int(info.device_ids[g]),
-                 ctypes.byref(ptr), ctypes.byref(bid), 1)
-    return device_bytes(ptr.value, nbytes, info.device_ids[g], client), int(bid.value)
-
-
-def register_tensor(client, tensor):
-    """Registers a CUDA tensor's bytes (cudaMalloc'd: PyTorch's caching allocator without
-    expandable segments) as a legacy-IPC staging buffer with events; returns the buffer id."""
-    if not (isinstance(tensor, torch.Tensor) and tensor.is_cuda and tensor.is_contiguous()):
-        raise error(KVP_EINVAL, "register_tensor needs a contiguous CUDA tensor")
-    lib = _lib.load()
-    bid = ctypes.c_uint32()
-    nbytes = tensor.numel() * tensor.element_size()
-    with torch.cuda.device(tensor.device):
-        client._call(lib.kvp_client_cuda_register_ipc, ctypes.c_void_p(tensor.data_ptr()),
-                     int(nbytes), ctypes.byref(bid))
-    return int(bid.value)
-
-
-def _table_struct(table):
-    """A kvp_page_table_t over a PageTable's NumPy arrays (host memory, read by libkvpool)."""
-    import numpy as np
-
-    t = _lib.kvp_page_table_t()
-    keep = {}
-    for name in ("kv_indptr", "kv_indices", "kv_last_page_len", "append_indptr", "seq_lens"):
-        a = np.ascontiguousarray(getattr(table, name), dtype=np.int32)
-        keep[name] = a
-        setattr(t, name, a.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
-    c = np.ascontiguousarray(table.copies, dtype=np.uint32).reshape(-1, 2)
-    keep["copies"] = c
-    t.copies = c.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
-    t.batch_size = t.cap_batch = keep["kv_last_page_len"].size
-    t.num_indices = t.cap_indices = keep["kv_indices"].size
-    t.num_copies = t.cap_copies = c.shape[0]
-    t.nnz = int(keep["append_indptr"][-1]) if keep["append_indptr"].size else 0
-    return t, keep
-
-
-def copy_pages(client, table, g=0, stream=None):
-    """Queues a Reserve answer's copy-on-write copies on `stream` of device g (every layer)."""
-    if len(table.copies) == 0:
-        return
-    info = client.pool_info
-    pool_tensor(client, g)  # mapped
-    t, keep = _table_struct(table)
-    lib = _lib.load()
-    with torch.cuda.device(info.device_ids[g]):
-        client._call(lib.kvp_client_cuda_copy_pages, ctypes.byref(t),
-                     ctypes.c_void_p(stream_of(info.device_ids[g], stream)))
-    del keep
 
 
 # ---- FlashInfer's helpers on CUDA tensors -------------------------------------------------
@@ -191,19 +61,39 @@ def _i32(t, name, device):
     return t.to(device=device, dtype=torch.int32).contiguous()
 
 
+def _split_cache(paged_kv_cache, kv_layout):
+    from .paged import _split_cache as split  # the FlashInfer argument forms, in one place
+
+    return split(paged_kv_cache, kv_layout)
+
+
 def _check(rc, what):
     if rc:
         raise error(rc, what)
 
 
+def _index_args(a, a_name, b, b_name):
+    """A helper's two index arrays as its operator takes them: int32 on a's device for CUDA;
+    CPU tensors as they are (the NumPy code checks and converts them, as it does arrays)."""
+    dev = a.device
+    if not a.is_cuda:
+        return a, torch.as_tensor(b)
+    return _i32(a, a_name, dev), _i32(b, b_name, dev)
+
+
 def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
-    dev = kv_indptr.device
-    lib = _kernels(dev)
-    ip = _i32(kv_indptr, "kv_indptr", dev)
-    last = _i32(kv_last_page_len, "kv_last_page_len", dev)
-    if ip.numel() != last.numel() + 1:
+    """paged.get_seq_lens on torch tensors (torch.ops.kvpool.get_seq_lens): on kv_indptr's
+    device, int32."""
+    ip, last = _index_args(kv_indptr, "kv_indptr", kv_last_page_len, "kv_last_page_len")
+    if ip.is_cuda and ip.numel() != last.numel() + 1:
         raise ValueError("kv_indptr has %d entries, kv_last_page_len %d (want B+1 and B)"
                          % (ip.numel(), last.numel()))
+    return torch.ops.kvpool.get_seq_lens(ip, last, int(page_size))
+
+
+def _seq_lens_cuda(ip, last, page_size):
+    dev = ip.device
+    lib = _kernels(dev)
     out = torch.empty(last.numel(), dtype=torch.int32, device=dev)
     with torch.cuda.device(dev):
         _check(lib.kvp_get_seq_lens_cuda(_ptr(ip), _ptr(last), last.numel(), int(page_size),
@@ -213,14 +103,18 @@ def get_seq_lens(kv_indptr, kv_last_page_len, page_size):
 
 
 def get_batch_indices_positions(append_indptr, seq_lens, nnz):
-    dev = append_indptr.device
-    lib = _kernels(dev)
-    ip = _i32(append_indptr, "append_indptr", dev)
-    lens = _i32(seq_lens, "seq_lens", dev)
-    if ip.numel() != lens.numel() + 1:
+    """paged.get_batch_indices_positions on torch tensors
+    (torch.ops.kvpool.get_batch_indices_positions): on append_indptr's device, int32."""
+    ip, lens = _index_args(append_indptr, "append_indptr", seq_lens, "seq_lens")
+    if ip.is_cuda and ip.numel() != lens.numel() + 1:
         raise ValueError("append_indptr has %d entries, seq_lens %d (want B+1 and B)"
                          % (ip.numel(), lens.numel()))
-    nnz = int(nnz)
+    return torch.ops.kvpool.get_batch_indices_positions(ip, lens, int(nnz))
+
+
+def _batch_indices_positions_cuda(ip, lens, nnz):
+    dev = ip.device
+    lib = _kernels(dev)
     bi = torch.full((nnz,), -1, dtype=torch.int32, device=dev)  # padding: -1, position 0
     pos = torch.zeros(nnz, dtype=torch.int32, device=dev)
     with torch.cuda.device(dev):
@@ -355,8 +249,6 @@ class FusedAppend:
 
     def __init__(self, paged_kv_cache, append_indptr, kv_indices, kv_indptr, kv_last_page_len,
                  kv_layout="NHD", *, err=None, stream=None, pdl=False):
-        from .paged import _split_cache  # the FlashInfer argument forms, shared with the checked
-
         k_cache, v_cache, page_size, layout = _split_cache(paged_kv_cache, kv_layout)
         if not (isinstance(k_cache, torch.Tensor) and k_cache.is_cuda):
             raise TypeError("append_paged_kv_cache_fused needs CUDA tensors as the cache")
@@ -403,7 +295,6 @@ class FusedAppend:
         if isinstance(paged_kv_cache, (tuple, list)):
             k_cache, v_cache = paged_kv_cache
         else:
-            from .paged import _split_cache
             k_cache, v_cache, _, _ = _split_cache(paged_kv_cache, self._layout)
         key, value, dev = append_key, append_value, self._dev
         self._check_cache(k_cache, v_cache)
@@ -524,17 +415,82 @@ def append_paged_kv_cache_fused(append_key, append_value, append_indptr, paged_k
             raise TypeError("%s must be a CUDA tensor" % name)
     if check and torch.cuda.is_current_stream_capturing():
         raise ValueError("check=True synchronizes: not while capturing a CUDA graph")
+    k_cache, v_cache, _, layout = _split_cache(paged_kv_cache, kv_layout)
+    if not (isinstance(k_cache, torch.Tensor) and k_cache.is_cuda):
+        raise TypeError("append_paged_kv_cache_fused needs CUDA tensors as the cache")
+    dev = k_cache.device
     word = err
     if check and word is None:
-        dev = (paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list))
-               else paged_kv_cache).device
         word = torch.zeros(1, dtype=torch.int32, device=dev)
-    op = FusedAppend(paged_kv_cache, append_indptr, kv_indices, kv_indptr, kv_last_page_len,
-                     kv_layout, err=word, stream=stream, pdl=pdl)
-    op(append_key, append_value, paged_kv_cache)
+    op = torch.ops.kvpool.append_paged_kv_cache_fused
+    args = (append_key, append_value, k_cache, v_cache, append_indptr, kv_indices, kv_indptr,
+            kv_last_page_len, layout, word, bool(pdl))
+    if stream is None:
+        op(*args)
+    else:  # the operator launches on the current stream: make `stream` current around it
+        s = stream if isinstance(stream, torch.cuda.Stream) else \
+            torch.cuda.ExternalStream(int(stream), device=dev)
+        with torch.cuda.stream(s):
+            op(*args)
     if check:
-        torch.cuda.synchronize(op._dev)  # whatever stream it ran on
+        torch.cuda.synchronize(dev)  # whatever stream it ran on
         code = int(word[0].item())
         if code:
             raise error(code, "append_paged_kv_cache_fused: a token lies outside every request "
                         "or a page id outside the cache; those rows were skipped")
+
+
+# ---- the custom operators (torch.library) ----------------------------------------------------
+# Each has a real implementation (the kernels above; the helpers' CPU halves are kvpool.paged's
+# NumPy code) and a fake one (shapes and dtypes only: what torch.compile traces with). The fused
+# append returns nothing and declares what it writes (mutates_args), so a compiled graph orders
+# later reads of the cache after it.
+
+@torch.library.custom_op("kvpool::append_paged_kv_cache_fused",
+                         mutates_args=("k_cache", "v_cache", "err"))
+def _fused_op(append_key: torch.Tensor, append_value: torch.Tensor, k_cache: torch.Tensor,
+              v_cache: torch.Tensor, append_indptr: torch.Tensor, kv_indices: torch.Tensor,
+              kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, kv_layout: str,
+              err: Optional[torch.Tensor], pdl: bool) -> None:
+    """append_paged_kv_cache_fused on (k_cache, v_cache), on the current stream."""
+    FusedAppend((k_cache, v_cache), append_indptr, kv_indices, kv_indptr, kv_last_page_len,
+                kv_layout, err=err, pdl=pdl)(append_key, append_value, (k_cache, v_cache))
+
+
+@_fused_op.register_fake
+def _fused_fake(append_key, append_value, k_cache, v_cache, append_indptr, kv_indices,
+                kv_indptr, kv_last_page_len, kv_layout, err, pdl):
+    return None
+
+
+@torch.library.custom_op("kvpool::get_seq_lens", mutates_args=())
+def _seq_lens_op(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
+                 page_size: int) -> torch.Tensor:
+    if kv_indptr.is_cuda:
+        return _seq_lens_cuda(kv_indptr, kv_last_page_len, page_size)
+    from . import paged
+
+    return torch.from_numpy(paged.get_seq_lens(kv_indptr.numpy(), kv_last_page_len.numpy(),
+                                               page_size))
+
+
+@_seq_lens_op.register_fake
+def _seq_lens_fake(kv_indptr, kv_last_page_len, page_size):
+    return kv_last_page_len.new_empty(kv_last_page_len.shape, dtype=torch.int32)
+
+
+@torch.library.custom_op("kvpool::get_batch_indices_positions", mutates_args=())
+def _batch_op(append_indptr: torch.Tensor, seq_lens: torch.Tensor,
+              nnz: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    if append_indptr.is_cuda:
+        return _batch_indices_positions_cuda(append_indptr, seq_lens, nnz)
+    from . import paged
+
+    bi, pos = paged.get_batch_indices_positions(append_indptr.numpy(), seq_lens.numpy(), nnz)
+    return torch.from_numpy(bi), torch.from_numpy(pos)
+
+
+@_batch_op.register_fake
+def _batch_fake(append_indptr, seq_lens, nnz):
+    return (append_indptr.new_empty((nnz,), dtype=torch.int32),
+            append_indptr.new_empty((nnz,), dtype=torch.int32))

@@ -1,408 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Client: one libkvpool handle (one connection, one session of one namespace)."""
-import builtins
+"""Client: one libkvpool handle (one connection, one session of one namespace), its calls, and
+the pool object of its backend (kvpool._host / kvpool._cuda_pool) that shows the pool and the
+staging buffers. The records it answers with are in kvpool.records (re-exported here), the
+argument conversions in kvpool._args, the prepared per-step Reserve in kvpool.step."""
 import ctypes
 import dataclasses
 import os
-import struct
 import threading
-from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
-                    Union)
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _lib
+from ._args import (_INDICES_CAP, _num_tokens, _prompts, _ptr, _salts,  # noqa: F401
+                    _table_arrays, _token_array, _u64_array, cache_opts, table_answer)
+from ._args import source as source_of
+from ._host import HostPool
 from ._types import Array, IntArray, Salts, Stream, TokenIds
+from .codes import Backend, BufferKind
 from .errors import KVP_EPRECOND, error
-
-DTYPE_NAMES = {1: "fp8_e4m3", 2: "fp8_e5m2", 3: "fp16", 4: "bf16", 5: "fp32"}
-# The NumPy dtype of a view. NumPy has no bf16 or fp8: those pools are shown raw, as unsigned
-# integers of the element size (reinterpret with ml_dtypes or torch if needed).
-NUMPY_DTYPES = {1: np.uint8, 2: np.uint8, 3: np.float16, 4: np.uint16, 5: np.float32}
-LAYOUT_NAMES = {0: "nhd", 1: "hnd"}
-STORAGE_NAMES = {0: "combined", 1: "split"}
-BACKEND_NAMES = {0: "host", 1: "cuda"}
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolInfo:
-    """kvp_pool_info_t (the daemon's PoolInfo). Strides are in elements; sizes in bytes, for
-    one device's share of heads_per_device heads."""
-
-    num_layers: int
-    num_pages: int
-    page_size: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: int
-    layout: int
-    storage: int
-    num_devices: int
-    backend: int
-    elem_bytes: int
-    heads_per_device: int
-    pool_bytes: int
-    layer_bytes: int
-    v_offset_bytes: int
-    stride_page: int
-    stride_n: int
-    stride_h: int
-    map_granularity: int
-    device_ids: Tuple[int, ...]
-
-    @property
-    def dtype_name(self) -> str:
-        return DTYPE_NAMES.get(self.dtype, "unknown")
-
-    @property
-    def layout_name(self) -> str:
-        return LAYOUT_NAMES.get(self.layout, "unknown")
-
-    @property
-    def storage_name(self) -> str:
-        return STORAGE_NAMES.get(self.storage, "unknown")
-
-    @property
-    def backend_name(self) -> str:
-        return BACKEND_NAMES.get(self.backend, "unknown")
-
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return np.dtype(NUMPY_DTYPES[self.dtype])
-
-    @classmethod
-    def _from_c(cls, p):
-        vals = {f.name: getattr(p, f.name) for f in dataclasses.fields(cls) if f.name != "device_ids"}
-        n = min(p.num_devices, _lib.KVP_CLIENT_MAX_DEVICES)
-        return cls(device_ids=tuple(p.device_ids[i] for i in range(n)), **vals)
-
-
-_NO_CACHED = np.zeros(0, np.uint32)
-_NO_CACHED.flags.writeable = False
-
-
-class PageTable(NamedTuple):
-    """A batch's page table, laid out as FlashInfer's plan() / append_paged_kv_cache take it:
-    int32 kv_indptr [B+1], kv_indices [kv_indptr[B]], kv_last_page_len [B], append_indptr
-    [B+1], seq_lens [B]; copies: uint32 [n, 2] (src, dst) page pairs to copy (K and V, every
-    layer) before appending (Reserve; the daemon already ran them for Append); cached_tokens:
-    uint32 [B], the tokens each row linked from the prefix cache (reuse=True; zeros when the
-    answer has none), a multiple of the page size."""
-
-    kv_indptr: np.ndarray
-    kv_indices: np.ndarray
-    kv_last_page_len: np.ndarray
-    append_indptr: np.ndarray
-    seq_lens: np.ndarray
-    copies: np.ndarray
-    cached_tokens: np.ndarray = _NO_CACHED
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.kv_last_page_len.size)
-
-    @property
-    def nnz(self) -> int:
-        """Tokens appended by the call (append_indptr[-1]; 0 for page_table)."""
-        return int(self.append_indptr[-1]) if self.append_indptr.size else 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    """kvp_stats_summary_t."""
-
-    num_pages: int
-    free_pages: int
-    used_pages: int
-    shared_pages: int
-    num_seqs: int
-    num_clients: int
-    num_tokens: int
-    page_refs: int
-    page_bytes: int
-    uptime_ms: int
-    requests_total: int
-    append_bytes_total: int
-
-
-class Pin(NamedTuple):
-    """A pin of a cached prefix (kvp_pin_t): unpin(pin_id) drops it."""
-
-    pin_id: int
-    pinned_tokens: int
-    pinned_pages: int
-    expires_in_ms: int
-
-
-class Commit(NamedTuple):
-    """A Commit's answer: the keyed pages it covered, and how many of them were findable when
-    the daemon answered (all without an event; with one, usually 0: they follow when the
-    event completes)."""
-
-    pages: int
-    published: int
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheStats:
-    """The prefix cache's counters (kvp_cache_stats_t, Stats.cache)."""
-
-    cached_pages: int
-    pinned_pages: int
-    indexed_pages: int
-    pins: int
-    query_tokens_total: int
-    hit_tokens_total: int
-    evictions_pressure_total: int
-    evictions_flush_total: int
-    evictions_rewrite_total: int
-    bytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Ticket:
-    """What ExportBegin answers and Import needs (kvp_transfer_ticket_t): the sending engine hands
-    it to the receiving one over its own channel, unchanged (to_bytes / from_bytes)."""
-
-    nccl_id: bytes  # the communicator's ncclUniqueId, 128 bytes
-    transfer_id: int
-    num_tokens: int  # of the whole set
-    num_layers: int
-    bytes: int  # of the packed stream
-    seq_tokens: Tuple[int, ...]  # each sequence's tokens, in stream order
-    chunk_bytes: int
-    flags: int
-
-    _MAGIC = b"KVPT"
-    _HEAD = struct.Struct("<4sI128sQIIQIII")  # magic, version, then the fields, num_seqs
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_tokens)
-
-    def to_bytes(self) -> builtins.bytes:  # `bytes` is a field here
-        """A portable form (little-endian, versioned) to carry between engines."""
-        n = len(self.seq_tokens)
-        return self._HEAD.pack(self._MAGIC, 1, self.nccl_id, self.transfer_id, self.num_tokens,
-                               self.num_layers, self.bytes, self.chunk_bytes, self.flags,
-                               n) + struct.pack("<%dI" % n, *self.seq_tokens)
-
-    @classmethod
-    def from_bytes(cls, b: Union[builtins.bytes, bytearray, memoryview]) -> "Ticket":
-        b = bytes(b)
-        h = cls._HEAD
-        if len(b) < h.size:
-            raise ValueError("a ticket is at least %d bytes, got %d" % (h.size, len(b)))
-        magic, version, nid, tid, tokens, layers, nbytes, chunk, flags, n = h.unpack_from(b)
-        if magic != cls._MAGIC or version != 1:
-            raise ValueError("not a kvpool ticket (magic %r, version %d)" % (magic, version))
-        if not 1 <= n <= _lib.KVP_TRANSFER_MAX_SEQS or len(b) != h.size + 4 * n:
-            raise ValueError("a ticket of %d bytes naming %d sequences" % (len(b), n))
-        return cls(nid, tid, tokens, layers, nbytes, struct.unpack_from("<%dI" % n, b, h.size),
-                   chunk, flags)
-
-    @classmethod
-    def _from_c(cls, t):
-        n = int(t.num_seqs)
-        return cls(bytes(t.nccl_id), int(t.transfer_id), int(t.num_tokens), int(t.num_layers),
-                   int(t.bytes), tuple(int(x) for x in t.seq_tokens[:n]), int(t.chunk_bytes),
-                   int(t.flags))
-
-    def _to_c(self):
-        if len(self.nccl_id) != _lib.KVP_TRANSFER_ID_BYTES:
-            raise ValueError("nccl_id has %d bytes, must be %d" %
-                             (len(self.nccl_id), _lib.KVP_TRANSFER_ID_BYTES))
-        if not 1 <= len(self.seq_tokens) <= _lib.KVP_TRANSFER_MAX_SEQS:
-            raise ValueError("a ticket names 1..%d sequences, not %d" %
-                             (_lib.KVP_TRANSFER_MAX_SEQS, len(self.seq_tokens)))
-        t = _lib.kvp_transfer_ticket_t()
-        ctypes.memmove(t.nccl_id, self.nccl_id, len(self.nccl_id))
-        t.transfer_id, t.num_tokens, t.num_layers = self.transfer_id, self.num_tokens, \
-            self.num_layers
-        t.bytes, t.chunk_bytes, t.flags = self.bytes, self.chunk_bytes, self.flags
-        t.num_seqs = len(self.seq_tokens)
-        for i, v in enumerate(self.seq_tokens):
-            t.seq_tokens[i] = v
-        return t
-
-
-@dataclasses.dataclass(frozen=True)
-class TransferInfo:
-    """One transfer as ListTransfers reports it (kvp_transfer_info_t)."""
-
-    transfer_id: int
-    direction: str  # "export" | "import"
-    state: str  # "running" | "ok" | "failed"
-    peer: str
-    namespace: str
-    seq_id: int  # a set's first
-    num_seqs: int
-    num_tokens: int
-    bytes: int
-    elapsed_ms: int
-    message: str
-
-
-class _Memory:
-    """Exposes raw memory to NumPy (__array_interface__) and keeps its owner alive as long as an
-    array over it exists."""
-
-    def __init__(self, addr, nbytes, owner, readonly=False):
-        self.owner = owner
-        self.__array_interface__ = {
-            "shape": (int(nbytes),),
-            "typestr": "|u1",
-            "data": (int(addr), bool(readonly)),
-            "version": 3,
-        }
-
-
-def _u64_array(x, name):
-    a = np.ascontiguousarray(np.atleast_1d(np.asarray(x)), dtype=np.uint64)
-    if a.ndim != 1:
-        raise ValueError("%s must be 1-D" % name)
-    return a
-
-
-def _num_tokens(num_tokens, n):
-    t = np.asarray(num_tokens)
-    if t.ndim == 0:
-        t = np.full(n, int(t))
-    t = np.ascontiguousarray(t, dtype=np.uint32)
-    if t.shape != (n,):
-        raise ValueError("num_tokens has %d entries for %d sequences" % (t.size, n))
-    return t
-
-
-def _ptr(a, ctype):
-    return a.ctypes.data_as(ctypes.POINTER(ctype))
-
-
-def _token_array(tokens, what):
-    """One sequence of token ids as a contiguous int32 array."""
-    a = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        raise TypeError("%s must be integers, not %s" % (what, a.dtype))
-    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
-        raise ValueError("%s do not fit in int32" % what)
-    return a.astype(np.int32, copy=False)
-
-
-def _prompts(prompts):
-    """A list of token-id sequences -> (their int32 concatenation, uint32 lengths)."""
-    arrs = [_token_array(p, "token ids") for p in prompts]
-    lens = np.array([a.size for a in arrs], dtype=np.uint32)
-    flat = np.concatenate(arrs) if arrs else np.zeros(0, np.int32)
-    return np.ascontiguousarray(flat, dtype=np.int32), lens
-
-
-def _salts(salts, n):
-    """None -> (None, None); one bytes-like -> the same salt for all n; a list of n bytes-like
-    (None: no salt) -> (uint8 concatenation, uint32 lengths)."""
-    if salts is None:
-        return None, None
-    if isinstance(salts, (bytes, bytearray, memoryview)):
-        salts = [bytes(salts)] * n
-    salts = [b"" if x is None else bytes(x) for x in salts]
-    if len(salts) != n:
-        raise ValueError("%d salts for %d sequences" % (len(salts), n))
-    lens = np.array([len(x) for x in salts], dtype=np.uint32)
-    data = np.frombuffer(b"".join(salts) or b"\0", dtype=np.uint8).copy()
-    return data, lens
-
-
-# Cap on the kv_indices array prepared for a reply (entries, 4 bytes each; np.empty only
-# reserves address space): beyond it a page_table read that overflows is repeated exactly.
-_INDICES_CAP = 1 << 24
-
-
-def _table_arrays(n, cap_indices):
-    """The answer arrays of a table call for n sequences (kv_indices of cap_indices entries)
-    and the kvp_page_table_t pointing at them."""
-    cap = max(int(cap_indices), 1)
-    arrs = dict(
-        kv_indptr=np.empty(n + 1, np.int32),
-        kv_indices=np.empty(cap, np.int32),
-        kv_last_page_len=np.empty(max(n, 1), np.int32),
-        append_indptr=np.empty(n + 1, np.int32),
-        seq_lens=np.empty(max(n, 1), np.int32),
-        copies=np.empty((max(n, 1), 2), np.uint32),
-        cached_tokens=np.empty(n + 1, np.uint32),
-    )
-    t = _lib.kvp_page_table_t()
-    for k, a in arrs.items():
-        u32 = k in ("copies", "cached_tokens")
-        setattr(t, k, _ptr(a, ctypes.c_uint32 if u32 else ctypes.c_int32))
-    t.cap_batch, t.cap_indices, t.cap_copies = n + 1, cap, max(n, 1)
-    return arrs, t
-
-
-class StepReserve:
-    """Client.reserve() for the same sequences again and again, with the least Python a call:
-    the sequence ids, the salts, the argument structs and the answer's arrays are made once;
-    run() copies the step's token counts (and token ids) in, makes the one C call and answers a
-    PageTable whose arrays are VIEWS into this object's, valid until the next run() (copy what
-    you keep longer). Not thread-safe (the Client's lock serialises the call itself)."""
-
-    def __init__(self, client: "Client", seq_ids: IntArray, salts: Optional[Salts] = None,
-                 max_indices: Optional[int] = None) -> None:
-        self._client = client
-        lib = client._lib
-        self._seq = _u64_array(seq_ids, "seq_ids")
-        n = self._seq.size
-        if n == 0:
-            raise ValueError("step_reserve needs at least one sequence")
-        info = client._info
-        cap = max_indices if max_indices is not None else min(n * info.num_pages, _INDICES_CAP)
-        self._tok = np.zeros(n, np.uint32)
-        self._arrs, self._t = _table_arrays(n, cap)
-        self._opts = _lib.kvp_cache_opts_t()
-        self._opts.priority = -1
-        sdata, slens = _salts(salts, n)
-        self._salts = (sdata, slens)  # alive while this object is
-        self._ids = np.zeros(max(4 * n, 16), np.int32)
-        self._ids_ptr = _ptr(self._ids, ctypes.c_int32)
-        self._plain = (lib.kvp_client_reserve, _ptr(self._seq, ctypes.c_uint64),
-                       _ptr(self._tok, ctypes.c_uint32), n)
-        self._keyed = (lib.kvp_client_reserve_cached, _ptr(self._seq, ctypes.c_uint64),
-                       _ptr(self._tok, ctypes.c_uint32), n, ctypes.byref(self._opts))
-        self._salted = slens is not None
-        if self._salted:
-            self._salt_ptrs = (_ptr(sdata, ctypes.c_uint8), _ptr(slens, ctypes.c_uint32))
-
-    def run(self, num_tokens: IntArray, token_ids: Optional[IntArray] = None) -> "PageTable":
-        """The step's Reserve: num_tokens per sequence (an int for all), token_ids the ids of
-        the tokens appended (sum(num_tokens) integers in batch order; None: the pages are not
-        keyed, as reserve() without token ids)."""
-        tok = self._tok
-        tok[:] = num_tokens
-        if token_ids is None:
-            fn, *args = self._plain
-        else:
-            ids = np.asarray(token_ids).reshape(-1)
-            total = int(tok.sum(dtype=np.uint64))
-            if ids.size != total:
-                raise ValueError("%d token ids for %d tokens appended" % (ids.size, total))
-            if ids.size and not np.issubdtype(ids.dtype, np.integer):
-                raise TypeError("token_ids must be integers, not %s" % ids.dtype)
-            if ids.size and (ids.min() < -2**31 or ids.max() >= 2**31):
-                raise ValueError("token_ids do not fit in int32")
-            if ids.size > self._ids.size:
-                self._ids = np.zeros(2 * ids.size, np.int32)
-                self._ids_ptr = _ptr(self._ids, ctypes.c_int32)
-            self._ids[: ids.size] = ids
-            o = self._opts
-            o.token_ids = self._ids_ptr
-            if self._salted:
-                o.salts, o.salt_lens = self._salt_ptrs
-            fn, *args = self._keyed
-        t = self._t
-        self._client._call(fn, *args, ctypes.byref(t))
-        a, B = self._arrs, t.batch_size
-        return PageTable(kv_indptr=a["kv_indptr"][: B + 1], kv_indices=a["kv_indices"][:t.num_indices],
-                         kv_last_page_len=a["kv_last_page_len"][:B],
-                         append_indptr=a["append_indptr"][: B + 1], seq_lens=a["seq_lens"][:B],
-                         copies=a["copies"][: t.num_copies], cached_tokens=a["cached_tokens"][:B])
+from .records import (CacheStats, Commit, PageTable, Pin, PoolInfo, Stats,  # noqa: F401
+                      Ticket, TransferInfo)
+from .step import StepReserve
 
 
 class Client:
@@ -430,7 +49,8 @@ class Client:
         self._lib = _lib.load()
         self._h = None
         self._lock = threading.Lock()
-        self._staging: Dict[int, Any] = {}  # buffer id -> its array or tensor
+        self._staging: Dict[int, Any] = {}  # buffer id -> its array or tensor (kept alive)
+        self._pool_obj: Optional[Any] = None  # HostPool or CudaPool, made on first use
         opts = _lib.kvp_client_opts_t()
         enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
         opts.socket_path = enc(socket)
@@ -450,9 +70,6 @@ class Client:
         self.socket = socket
         self.namespace = namespace or "default"
         self._info = PoolInfo._from_c(self._lib.kvp_client_pool_info(h).contents)
-        self._pool_arrays: Dict[int, np.ndarray] = {}
-        # buffer id -> group device, for CUDA staging buffers
-        self._cuda_buffers: Dict[int, int] = {}
 
     # ---- handle --------------------------------------------------------------------------
 
@@ -462,7 +79,8 @@ class Client:
             if self._h is not None:
                 self._lib.kvp_client_close(self._h)
                 self._h = None
-                self._pool_arrays.clear()
+                if self._pool_obj is not None:
+                    self._pool_obj.close()
                 self._staging.clear()
 
     def __enter__(self) -> "Client":
@@ -524,58 +142,30 @@ class Client:
 
     # ---- pool views ----------------------------------------------------------------------
 
-    def _cuda(self):
-        """The PyTorch side (kvpool._torch), for a cuda pool."""
-        try:
-            from . import _torch
-        except ImportError as e:
-            raise ImportError("a cuda-backend pool is shown as PyTorch tensors: install torch "
-                              "(%s)" % e) from e
-        return _torch
+    def _pool(self):
+        """This connection's pool object, of its backend's kind (kvpool._host.HostPool, or
+        kvpool._cuda_pool.CudaPool: PyTorch is imported only then), made on first use."""
+        if self._pool_obj is None:
+            if self._info.backend == Backend.CUDA:
+                try:
+                    from ._cuda_pool import CudaPool
+                except ImportError as e:
+                    raise ImportError("a cuda-backend pool is shown as PyTorch tensors: install "
+                                      "torch (%s)" % e) from e
+                self._pool_obj = CudaPool(self)
+            else:
+                self._pool_obj = HostPool(self)
+        return self._pool_obj
 
-    def _pool(self, device=0):
-        info = self._info
-        if info.backend == 1:
-            return self._cuda().pool_tensor(self, int(device))
-        if device in self._pool_arrays:
-            return self._pool_arrays[device]
-        with self._lock:
-            base = self._lib.kvp_client_pool_base(self._handle(), int(device))
-        if not base:
-            raise error(KVP_EPRECOND, "the pool of device %d is not mapped (connect with "
-                        "map_pool=True)" % device)
-        arr = np.asarray(_Memory(base, info.pool_bytes, self))
-        self._pool_arrays[device] = arr
-        return arr
+    def _check_layer(self, layer):
+        if not 0 <= layer < self._info.num_layers:
+            raise IndexError("layer %d out of range (the pool has %d)" % (layer,
+                                                                          self._info.num_layers))
 
     def pool_bytes_view(self, device: int = 0) -> Array:
         """The whole mapped pool of a device as a writable uint8 array (no copy); on the cuda
         backend a uint8 CUDA tensor."""
-        p = self._pool(device)
-        if self._info.backend == 1:
-            import torch
-
-            return p.view(torch.uint8)
-        return p
-
-    def _kv_view(self, layer, kv, device):
-        info = self._info
-        if not 0 <= layer < info.num_layers:
-            raise IndexError("layer %d out of range (the pool has %d)" % (layer, info.num_layers))
-        if info.backend == 1:
-            return self._cuda().kv_view(self, layer, kv, int(device))
-        pool = self._pool(device)
-        dt = info.numpy_dtype
-        e = dt.itemsize
-        H = info.heads_per_device
-        off = layer * info.layer_bytes + (info.v_offset_bytes if kv else 0)
-        if info.layout == 0:  # NHD: [P, page_size, H, D]
-            shape = (info.num_pages, info.page_size, H, info.head_dim)
-            strides = (info.stride_page * e, info.stride_n * e, info.stride_h * e, e)
-        else:  # HND: [P, H, page_size, D]
-            shape = (info.num_pages, H, info.page_size, info.head_dim)
-            strides = (info.stride_page * e, info.stride_h * e, info.stride_n * e, e)
-        return np.ndarray(shape, dtype=dt, buffer=pool, offset=off, strides=strides)
+        return self._pool().bytes_view(int(device))
 
     def k_view(self, layer: int, device: int = 0) -> Array:
         """Layer `layer`'s K cache as a writable NumPy array over the mapped pool (no copy):
@@ -584,43 +174,26 @@ class Client:
         stride is 2 * page elements (K and V of a page side by side). On the cuda backend: a
         CUDA tensor of the pool's dtype (bf16 and fp8 too) on device_ids[device], aliasing the
         daemon's pool (kvp_client_cuda_map_pool on first use)."""
-        return self._kv_view(layer, 0, device)
+        self._check_layer(layer)
+        return self._pool().kv_view(layer, 0, int(device))
 
     def v_view(self, layer: int, device: int = 0) -> Array:
         """Layer `layer`'s V cache; see k_view."""
-        return self._kv_view(layer, 1, device)
+        self._check_layer(layer)
+        return self._pool().kv_view(layer, 1, int(device))
 
     def paged_kv_cache(self, layer: int,
                        device: int = 0) -> Union[Array, Tuple[Array, Array]]:
         """Layer `layer` as FlashInfer's paged_kv_cache argument: combined storage -> one array
         [num_pages, 2, ...] ([:, 0] K, [:, 1] V); split storage -> the tuple (k, v)."""
-        if self._info.backend == 1:
-            if not 0 <= layer < self._info.num_layers:
-                raise IndexError("layer %d out of range (the pool has %d)"
-                                 % (layer, self._info.num_layers))
-            return self._cuda().paged_kv_cache(self, layer, int(device))
-        k = self.k_view(layer, device)
-        if self._info.storage == 1:
-            return k, self.v_view(layer, device)
-        vstride = self._info.v_offset_bytes
-        return np.lib.stride_tricks.as_strided(
-            k, shape=(k.shape[0], 2) + k.shape[1:],
-            strides=(k.strides[0], vstride) + k.strides[1:], writeable=True)
+        self._check_layer(layer)
+        return self._pool().paged_kv_cache(layer, int(device))
 
     def apply_copies(self, table: PageTable, device: int = 0, stream: Stream = None) -> None:
         """Runs a Reserve answer's copy-on-write copies on the mapped pool (K and V, every
         layer), as the Reserve caller must before its own appends. cuda backend: queued on
         `stream` (default: the current torch stream of the device)."""
-        if self._info.backend == 1:
-            return self._cuda().copy_pages(self, table, int(device), stream)
-        c = np.asarray(table.copies)
-        if c.size == 0:
-            return
-        src, dst = c[:, 0].astype(np.int64), c[:, 1].astype(np.int64)
-        for layer in range(self._info.num_layers):
-            for kv in (0, 1):
-                v = self._kv_view(layer, kv, device)
-                v[dst] = v[src]
+        self._pool().apply_copies(table, int(device), stream)
 
     # ---- staging buffers -----------------------------------------------------------------
 
@@ -630,34 +203,23 @@ class Client:
         GPU memory of device_ids[device] (CUDA VMM, shared with the daemon by fd, with
         interprocess events), as a uint8 CUDA tensor; append() then orders the daemon's copy
         after the work queued on the current stream. Freed by unregister_buffer / close."""
-        if self._info.backend == 1:
-            t, bid = self._cuda().alloc_staging(self, nbytes, int(device))
-            self._staging[bid] = t
-            self._cuda_buffers[bid] = int(device)
-            return t, bid
-        ptr = ctypes.c_void_p()
-        bid = ctypes.c_uint32()
-        self._call(self._lib.kvp_client_alloc_host_buffer, int(nbytes), ctypes.byref(ptr),
-                   ctypes.byref(bid))
-        arr = np.asarray(_Memory(ptr.value, nbytes, self))
-        self._staging[bid.value] = arr
-        return arr, int(bid.value)
+        arr, bid = self._pool().alloc_staging(int(nbytes), int(device))
+        self._staging[bid] = arr
+        return arr, bid
 
     def register_tensor(self, tensor: Any, device: int = 0) -> int:
         """cuda backend: registers a contiguous CUDA tensor (PyTorch's cudaMalloc'd memory;
         not expandable segments) as a staging buffer through a legacy IPC handle, with
         events; source offsets are then relative to tensor.data_ptr(). The tensor must
         outlive the registration (unregister_buffer). Returns the buffer id."""
-        if self._info.backend != 1:
-            raise error(KVP_EPRECOND, "register_tensor needs the cuda backend")
-        bid = self._cuda().register_tensor(self, tensor)
+        bid = self._pool().register_tensor(tensor, int(device))
         self._staging[bid] = tensor
-        self._cuda_buffers[bid] = int(device)
         return bid
 
-    def register_fd(self, fd: int, size_bytes: int, kind: int = 0) -> int:
-        """Registers a buffer given as an fd (kind 0: memfd sealed against shrinking); the fd
-        stays the caller's. Returns the buffer id."""
+    def register_fd(self, fd: int, size_bytes: int, kind: int = BufferKind.MEMFD) -> int:
+        """Registers a buffer given as an fd (kind BufferKind.MEMFD: a memfd sealed against
+        shrinking; BufferKind.CUDA_VMM_FD); the fd stays the caller's. Returns the buffer
+        id."""
         bid = ctypes.c_uint32()
         self._call(self._lib.kvp_client_register_fd, int(fd), int(kind), int(size_bytes),
                    ctypes.byref(bid))
@@ -667,10 +229,9 @@ class Client:
         """Unregisters a buffer (and unmaps it if alloc_staging made it: its array must not be
         used afterwards)."""
         bid = int(buffer_id)
-        if bid in self._cuda_buffers:
-            self._call(self._lib.kvp_client_cuda_free_buffer, bid)
-            del self._cuda_buffers[bid]
-        else:
+        # a buffer the pool object made itself (CUDA staging) is freed by it; no pool object
+        # yet: no such buffer either
+        if self._pool_obj is None or not self._pool_obj.free_buffer(bid):
             self._call(self._lib.kvp_client_unregister_buffer, bid)
         self._staging.pop(bid, None)
 
@@ -682,58 +243,7 @@ class Client:
         cap_idx = n_indices if n_indices is not None else min(n * info.num_pages, _INDICES_CAP)
         arrs, t = _table_arrays(n, cap_idx)
         self._call(fn, _ptr(seq, ctypes.c_uint64), *extra, ctypes.byref(t))
-        B = t.batch_size
-        out = PageTable(
-            kv_indptr=arrs["kv_indptr"][: B + 1].copy(),
-            kv_indices=arrs["kv_indices"][: t.num_indices].copy(),
-            kv_last_page_len=arrs["kv_last_page_len"][:B].copy(),
-            append_indptr=arrs["append_indptr"][: B + 1].copy(),
-            seq_lens=arrs["seq_lens"][:B].copy(),
-            copies=arrs["copies"][: t.num_copies].copy(),
-            cached_tokens=arrs["cached_tokens"][:B].copy(),
-        )
-        if B == 0:  # the daemon may leave an empty batch's arrays out: kv_indptr = [0]
-            out = out._replace(kv_indptr=np.zeros(1, np.int32), append_indptr=np.zeros(1, np.int32))
-        return out
-
-    @staticmethod
-    def _cache_opts(tok, token_ids, salts, reuse, leave_last, priority, retention_ms,
-                    skip_tokens=0):
-        """A kvp_cache_opts_t and the arrays it points at (kept alive by the caller), or
-        (None, None) when no prefix-cache argument is given."""
-        if (token_ids is None and salts is None and not reuse and not leave_last
-                and priority is None and not retention_ms and not skip_tokens):
-            return None, None
-        n = tok.size
-        o = _lib.kvp_cache_opts_t()
-        keep = []
-        if token_ids is not None:
-            if (isinstance(token_ids, (list, tuple)) and len(token_ids) == n and n
-                    and all(np.ndim(x) == 1 for x in token_ids)):
-                ids, lens = _prompts(token_ids)  # one sequence of ids per row
-                if not np.array_equal(lens, tok):
-                    raise ValueError("token_ids rows have %s tokens, num_tokens %s"
-                                     % (lens.tolist(), tok.tolist()))
-            else:
-                ids = _token_array(token_ids, "token_ids")
-            if ids.size != int(tok.sum(dtype=np.uint64)):
-                raise ValueError("%d token ids for %d tokens appended"
-                                 % (ids.size, int(tok.sum(dtype=np.uint64))))
-            keep.append(ids)
-            o.token_ids = _ptr(ids, ctypes.c_int32)
-        sdata, slens = _salts(salts, n)
-        if slens is not None:
-            keep += [sdata, slens]
-            o.salts = _ptr(sdata, ctypes.c_uint8)
-            o.salt_lens = _ptr(slens, ctypes.c_uint32)
-        o.reuse = 1 if reuse else 0
-        o.leave_last = 1 if leave_last else 0
-        if priority is not None and not 0 <= int(priority) <= 100:
-            raise ValueError("priority must be 0..100 or None, not %r" % (priority,))
-        o.priority = -1 if priority is None else int(priority)
-        o.retention_ms = int(retention_ms)
-        o.skip_tokens = int(skip_tokens)
-        return o, keep
+        return table_answer(arrs, t)
 
     def append(self, seq_ids: IntArray, num_tokens: IntArray,
                source: Union[Mapping[str, int], "_lib.kvp_source_t"], stream: Stream = None, *,
@@ -756,20 +266,14 @@ class Client:
         cached; fewer cached by then raises (FAILED_PRECONDITION) and changes nothing."""
         seq = _u64_array(seq_ids, "seq_ids")
         tok = _num_tokens(num_tokens, seq.size)
-        src = self._source(source)
-        opts, _keep = self._cache_opts(tok, token_ids, salts, reuse, leave_last, priority,
+        src = source_of(source, self._info)
+        opts, _keep = cache_opts(tok, token_ids, salts, reuse, leave_last, priority,
                                        retention_ms, skip_tokens)
-        g = self._cuda_buffers.get(int(src.buffer_id))
-        if g is not None:
-            cuda = self._cuda()
-            ordinal = self._info.device_ids[g]
-            s = ctypes.c_void_p(cuda.stream_of(ordinal, stream))
-            o = ctypes.byref(opts) if opts is not None else None
-
-            def fn(h, seq_p, tok_p, n, src_p, table_p):
-                with cuda.torch.cuda.device(ordinal):
-                    return self._lib.kvp_client_cuda_append_async_cached(
-                        h, seq_p, tok_p, n, src_p, o, table_p, s)
+        # a staging buffer of the pool object (CUDA) has its own call: the daemon waits on an
+        # event; no pool object made yet: no such buffer either
+        fn = None if self._pool_obj is None else self._pool_obj.append_call(src.buffer_id, opts,
+                                                                             stream)
+        if fn is not None:
             return self._table_call(fn, seq,
                                     (_ptr(tok, ctypes.c_uint32), seq.size, ctypes.byref(src)))
         if opts is not None:
@@ -797,7 +301,7 @@ class Client:
         become findable only after commit()."""
         seq = _u64_array(seq_ids, "seq_ids")
         tok = _num_tokens(num_tokens, seq.size)
-        opts, _keep = self._cache_opts(tok, token_ids, salts, reuse, leave_last, priority,
+        opts, _keep = cache_opts(tok, token_ids, salts, reuse, leave_last, priority,
                                        retention_ms)
         if opts is not None:
             return self._table_call(self._lib.kvp_client_reserve_cached, seq,
@@ -824,21 +328,8 @@ class Client:
         completes; this returns at once, without waiting for the GPU."""
         seq = _u64_array(seq_ids, "seq_ids")
         pages, published = ctypes.c_uint32(), ctypes.c_uint32()
-        if stream is not None or self._info.backend == 1:
-            cuda = self._cuda()
-            dev = getattr(stream, "device", None)
-            ordinal = dev.index if dev is not None and dev.index is not None \
-                else self._info.device_ids[0]
-            s = ctypes.c_void_p(cuda.stream_of(ordinal, stream))
-
-            def fn(h, *args):
-                with cuda.torch.cuda.device(ordinal):
-                    return self._lib.kvp_client_cuda_commit_ex(h, *args)
-            self._call(fn, _ptr(seq, ctypes.c_uint64), seq.size, s, ctypes.byref(pages),
-                       ctypes.byref(published))
-        else:
-            self._call(self._lib.kvp_client_commit, _ptr(seq, ctypes.c_uint64), seq.size, None,
-                       ctypes.byref(pages), ctypes.byref(published))
+        self._pool().commit(_ptr(seq, ctypes.c_uint64), seq.size, stream, ctypes.byref(pages),
+                            ctypes.byref(published))
         return Commit(int(pages.value), int(published.value))
 
     def lookup(self, prompts: Iterable[Union[Sequence[int], np.ndarray]],
@@ -975,26 +466,6 @@ class Client:
                              dec(i.ns), int(i.seq_id), int(i.num_seqs), int(i.num_tokens),
                              int(i.bytes), int(i.elapsed_ms), dec(i.message))
                 for i in out[:n.value]]
-
-    def _source(self, source):
-        if isinstance(source, _lib.kvp_source_t):
-            return source
-        s = dict(source)
-        info = self._info
-        row = info.head_dim * info.elem_bytes
-        defaults = dict(k_stride_h=row, k_stride_n=row * info.heads_per_device,
-                        v_stride_h=row, v_stride_n=row * info.heads_per_device,
-                        layer_stride=0, layer_begin=0, layer_end=0)
-        for k in ("buffer_id", "k_offset", "v_offset"):
-            if k not in s:
-                raise ValueError("source needs %r" % k)
-        unknown = set(s) - set(defaults) - {"buffer_id", "k_offset", "v_offset"}
-        if unknown:
-            raise ValueError("unknown source fields: %s" % sorted(unknown))
-        src = _lib.kvp_source_t()
-        for k, v in {**defaults, **s}.items():
-            setattr(src, k, int(v))
-        return src
 
 
 def default_socket() -> Optional[str]:

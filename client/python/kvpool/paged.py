@@ -11,7 +11,9 @@ copy is a pure copy: the cache's dtype, no conversion.
 PyTorch tensors are accepted too: CUDA tensors (the cuda backend's views) go to the CUDA
 kernels libkvpool exports (kvpool._torch: the checked append, which writes nothing when an
 entry is out of range, queued on the current stream; pass check=True to wait and raise); CPU
-tensors are handled by the NumPy code on their memory (bf16/fp8 as raw integers).
+tensors by the same NumPy code on their memory (bf16/fp8 as raw integers); the two index
+helpers reach both through their PyTorch custom operators (torch.ops.kvpool.*), which
+torch.compile traces.
 """
 from typing import Sequence, Tuple, Union
 
@@ -52,24 +54,13 @@ def _np(x):
     return x.numpy()
 
 
-def _from_np(a, like):
-    if not _is_torch(like):
-        return a
-    import torch
-
-    return torch.from_numpy(a)
-
-
 def get_seq_lens(kv_indptr: Array, kv_last_page_len: Array, page_size: int) -> Array:
     """seq_len[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b],
     0 for a request without pages. int32."""
-    if _torch_cuda(kv_indptr):
+    if _is_torch(kv_indptr):  # the custom operator (kvpool._torch), CPU or CUDA
         from . import _torch
 
         return _torch.get_seq_lens(kv_indptr, kv_last_page_len, page_size)
-    if _is_torch(kv_indptr):
-        return _from_np(get_seq_lens(_np(kv_indptr), _np(kv_last_page_len), page_size),
-                        kv_indptr)
     indptr = _i32(kv_indptr, "kv_indptr")
     last = _i32(kv_last_page_len, "kv_last_page_len")
     if indptr.size != last.size + 1:
@@ -86,13 +77,10 @@ def get_batch_indices_positions(append_indptr: Array, seq_lens: Array,
     request b gets batch index b and position seq_lens[b] - append_len[b] + j (seq_lens already
     count the appended tokens). Entries past append_indptr[-1] are padding: batch index -1,
     position 0."""
-    if _torch_cuda(append_indptr):
+    if _is_torch(append_indptr):  # the custom operator (kvpool._torch), CPU or CUDA
         from . import _torch
 
         return _torch.get_batch_indices_positions(append_indptr, seq_lens, nnz)
-    if _is_torch(append_indptr):
-        bi, pos = get_batch_indices_positions(_np(append_indptr), _np(seq_lens), nnz)
-        return _from_np(bi, append_indptr), _from_np(pos, append_indptr)
     indptr = _i32(append_indptr, "append_indptr")
     lens = _i32(seq_lens, "seq_lens")
     nnz = int(nnz)
