@@ -314,7 +314,8 @@ START_TEST(pages_move_out_and_back_through_the_page_mover)
     CK(cudaStreamSynchronize(w.s));
 
     const int32_t pages[] = {5, 2, 7, 11};
-    const uint32_t toks = 3 * g->page_size + 5, L = g->num_layers;
+    const uint32_t toks = 3 * g->page_size + (g->page_size + 1) / 2,
+                   L = g->num_layers; /* 4 pages */
     const uint64_t total = kvp_backend_move_bytes(b, toks), lb = total / L;
     uint8_t *expect = malloc(total), *out = malloc(total), *zeros = calloc(1, total);
     ck_assert(expect && out && zeros);
