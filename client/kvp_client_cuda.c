@@ -4,8 +4,8 @@
  * pool into the worker with the VMM API, staging buffers shared with the daemon (a VMM fd, or
  * a legacy cudaIpcMemHandle_t for memory such as a PyTorch tensor's), the daemon-run append
  * ordered by interprocess events, a Reserve's copy-on-write copies on the worker's stream, and
- * the Commit of the prefix cache ordered by an interprocess event on the worker's stream, and
- * the fused in-process append (no handle: host-side checks, then the kernels library's launch).
+ * and the Commit of the prefix cache ordered by an interprocess event on the worker's stream.
+ * The fused in-process append, which needs no handle, is kvp_client_fused.c.
  *
  * The state hangs off the handle (kvp__client_cuda_state) and is freed by kvp_client_close.
  * Every CUDA call goes through a check macro of cuda/kvp_cuda_err.h, which records the call,
@@ -31,60 +31,6 @@ const char *kvp_last_cuda_error(void)
 void kvp_clear_cuda_error(void)
 {
     kvp_cuda_clear_error();
-}
-
-/* kvp_client_cuda_append_fused's host-side checks, the same in both builds (so that a build
- * without CUDA refuses what a CUDA build refuses): 0, or KVP_EINVAL recorded with its reason.
- * They repeat the kernels library's (it would refuse the same, but with no reason) and add
- * what it leaves to the caller: src and the page-table pointers, the int32 ranges. */
-static int fused_refuse(const char *why)
-{
-    return KVP_CUDA_FAIL(KVP_EINVAL, "kvp_client_cuda_append_fused", "%s", why);
-}
-
-static int misaligned16(const void *p)
-{
-    return ((uintptr_t)p & 15u) != 0;
-}
-
-static int misaligned_stride(int64_t stride, uint32_t elem_bytes)
-{
-    return stride < 0 || stride > INT64_MAX / 4 || (stride * (int64_t)elem_bytes) % 16 != 0;
-}
-
-static int fused_check(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                       const int32_t *append_indptr, uint32_t nnz, unsigned flags)
-{
-    if (flags & ~(unsigned)KVP_CLIENT_CUDA_APPEND_PDL)
-        return fused_refuse("unknown flag");
-    if (!kv || !src)
-        return fused_refuse("NULL kv or src");
-    if (nnz == 0)
-        return 0;
-    if (nnz > INT32_MAX || kv->batch_size > INT32_MAX)
-        return fused_refuse("nnz or batch_size above INT32_MAX (int32 page table)");
-    if (!append_indptr || !kv->kv_indptr || !kv->kv_indices || !kv->kv_last_page_len)
-        return fused_refuse("NULL append_indptr or page-table array");
-    if (kv->batch_size == 0)
-        return fused_refuse("tokens to append but batch_size 0");
-    if (!kv->k_data || !kv->v_data || !src->key || !src->value)
-        return fused_refuse("NULL cache or source pointer");
-    const uint32_t e = kv->elem_bytes;
-    if (e != 1 && e != 2 && e != 4)
-        return fused_refuse("elem_bytes must be 1, 2 or 4");
-    if (!kv->num_pages || !kv->page_size || !kv->num_heads || !kv->head_dim)
-        return fused_refuse("num_pages, page_size, num_heads and head_dim must be non-zero");
-    if (((uint64_t)kv->head_dim * e) % 16)
-        return fused_refuse("rows (head_dim * elem_bytes) must be multiples of 16 bytes");
-    if (misaligned16(kv->k_data) || misaligned16(kv->v_data) || misaligned16(src->key) ||
-        misaligned16(src->value))
-        return fused_refuse("cache and source pointers must be 16-byte aligned");
-    if (misaligned_stride(kv->stride_page, e) || misaligned_stride(kv->stride_n, e) ||
-        misaligned_stride(kv->stride_h, e) || misaligned_stride(src->k_stride_n, e) ||
-        misaligned_stride(src->k_stride_h, e) || misaligned_stride(src->v_stride_n, e) ||
-        misaligned_stride(src->v_stride_h, e))
-        return fused_refuse("strides must be non-negative and 16-byte multiples");
-    return 0;
 }
 
 #ifdef KVP_HAVE_CUDA
@@ -758,27 +704,6 @@ fail:
     return cuda_fail(c, rc);
 }
 
-/* ---- the fused in-process append (no handle) -------------------------------------------- */
-
-_Static_assert((unsigned)KVP_CLIENT_CUDA_APPEND_PDL == (unsigned)KVP_CUDA_APPEND_PDL,
-               "kvpool.h's append flags are the kernels library's");
-
-int kvp_client_cuda_append_fused(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                 const int32_t *append_indptr, uint32_t nnz, int32_t *err_dev,
-                                 unsigned flags, void *stream)
-{
-    int rc = fused_check(kv, src, append_indptr, nnz, flags);
-    if (rc || nnz == 0)
-        return rc;
-    const kvp_append_dest_t dest = {
-        .kind = KVP_APPEND_DEST_FUSED, .nnz = nnz, .append_indptr = append_indptr};
-    const kvp_append_cuda_args_t args = {.flags = flags, .err_dev = err_dev};
-    KVP_KERNEL_TRY(kvp_append_cuda(kv, src, &dest, &args, stream), rc, fail);
-    return 0;
-fail:
-    return rc;
-}
-
 void kvp__client_cuda_close(kvp_client_t *c)
 {
     void **slot = kvp__client_cuda_state(c);
@@ -896,18 +821,6 @@ int kvp_client_cuda_append_async_cached(kvp_client_t *c, const uint64_t *seq_ids
 {
     (void)seq_ids, (void)num_tokens, (void)n, (void)src, (void)cache, (void)table, (void)stream;
     return unavailable(c);
-}
-
-int kvp_client_cuda_append_fused(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
-                                 const int32_t *append_indptr, uint32_t nnz, int32_t *err_dev,
-                                 unsigned flags, void *stream)
-{
-    (void)err_dev, (void)stream;
-    int rc = fused_check(kv, src, append_indptr, nnz, flags);
-    if (rc)
-        return rc;
-    return KVP_CUDA_FAIL(KVP_EUNAVAIL, "kvp_client_cuda_append_fused",
-                         "libkvpool was built without CUDA");
 }
 
 void kvp__client_cuda_close(kvp_client_t *c)
