@@ -52,12 +52,12 @@ static kvp_append_src_t src_ok(void)
     return s;
 }
 
-/* The record must be exactly "client/kvp_client_cuda.c:<line> kvp_client_cuda_append_fused:
+/* The record must be exactly "client/kvp_client_fused.c:<line> kvp_client_cuda_append_fused:
  * <reason>". */
 static void assert_record(const char *reason)
 {
     const char *r = kvp_last_cuda_error();
-    const char *prefix = "client/kvp_client_cuda.c:";
+    const char *prefix = "client/kvp_client_fused.c:";
     ck_assert_msg(strncmp(r, prefix, strlen(prefix)) == 0, "record '%s'", r);
     const char *who = strstr(r, " " WHO);
     ck_assert_msg(who != NULL, "record '%s'", r);
