@@ -148,11 +148,13 @@ def prefill_in_another_process(args, salts):
 
 
 def _is_kvpool_append(name):
-    """libkvpool's append kernels (kernels/kvp_append_cuda.cu: copy_kernel<VECS, MODE> and
-    copy_row_kernel<VECS, MODE> in an anonymous namespace; copy_warp_kernel before issue #18),
-    not PyTorch's copy kernels (at::native::...direct_copy_kernel...)."""
-    return any(k in name for k in ("copy_kernel<", "copy_row_kernel<", "copy_warp_kernel<")) \
-        and "at::" not in name and "direct_copy" not in name
+    """libkvpool's append kernels (kernels/kvp_append_cuda_copy.cuh since issue #27:
+    copy_block_kernel, copy_warp_kernel, copy_flat_kernel, copy_inline_kernel; before it
+    copy_kernel and copy_row_kernel), not PyTorch's copy kernels
+    (at::native::...direct_copy_kernel...)."""
+    names = ("copy_block_kernel<", "copy_warp_kernel<", "copy_flat_kernel<", "copy_inline_kernel<",
+             "copy_kernel<", "copy_row_kernel<")
+    return any(k in name for k in names) and "at::" not in name and "direct_copy" not in name
 
 
 class ProfClock(StepClock):
