@@ -29,7 +29,7 @@ for w in "$@"; do
     i=$((i + 1))
     for pass in forms copy; do
         if [ $pass = forms ]; then
-            k='regex:copy_row_kernel|copy_kernel|AppendPagedKVCache|validate|slots_kernel'
+            k='regex:copy_(block|warp|flat|inline)_kernel|AppendPagedKVCache|validate'
             c=240
         else
             k='regex:plain_copy_kernel|scatter_copy_kernel'
