@@ -68,6 +68,9 @@ int kvp_ctl_report(ctl_t *x, int rc, const char *what);
 
 /* Reads Stats into st, its arrays pointed at st's own. Returns 0 or libkvpool's code. */
 int kvp_ctl_get_stats(ctl_t *x, kvp_ctl_stats_t *st);
+/* The same into a new kvp_ctl_stats_t (the caller frees it), or NULL with the failure reported
+ * and its exit status in *status. */
+kvp_ctl_stats_t *kvp_ctl_read_stats(ctl_t *x, int *status);
 
 /* How many namespaces the daemon has (visible to this uid): namespaces_total, or the list's
  * length from a daemon that does not send it. */

@@ -94,6 +94,22 @@ int kvp_ctl_get_stats(ctl_t *x, kvp_ctl_stats_t *st)
     return kvp_client_daemon_stats(x->c, &st->s);
 }
 
+kvp_ctl_stats_t *kvp_ctl_read_stats(ctl_t *x, int *status)
+{
+    kvp_ctl_stats_t *st = malloc(sizeof(*st));
+    if (!st) {
+        *status = kvp_ctl_report(x, KVP_ENOMEM, "stats");
+        return NULL;
+    }
+    int rc = kvp_ctl_get_stats(x, st);
+    if (rc) {
+        free(st);
+        *status = kvp_ctl_report(x, rc, "stats");
+        return NULL;
+    }
+    return st;
+}
+
 uint32_t kvp_ctl_ns_total(const kvp_daemon_stats_t *s)
 {
     return s->namespaces_total > s->num_namespaces ? s->namespaces_total : s->num_namespaces;
@@ -125,14 +141,9 @@ int kvp_ctl_cmd_status(ctl_t *x)
     rc = kvp_client_ping(x->c, &rtt_ns);
     if (rc)
         return kvp_ctl_report(x, rc, "ping");
-    kvp_ctl_stats_t *st = malloc(sizeof(*st));
+    kvp_ctl_stats_t *st = kvp_ctl_read_stats(x, &rc);
     if (!st)
-        return kvp_ctl_report(x, KVP_ENOMEM, "stats");
-    rc = kvp_ctl_get_stats(x, st);
-    if (rc) {
-        free(st);
-        return kvp_ctl_report(x, rc, "stats");
-    }
+        return rc;
     const kvp_daemon_stats_t *d = &st->s;
     const kvp_stats_summary_t *s = &d->summary;
     const kvp_pool_info_t *p = kvp_client_pool_info(x->c);

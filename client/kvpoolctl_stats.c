@@ -278,14 +278,9 @@ int kvp_ctl_cmd_stats(ctl_t *x)
     int rc = kvp_ctl_connect(x, NULL, 0);
     if (rc)
         return rc;
-    kvp_ctl_stats_t *st = malloc(sizeof(*st));
+    kvp_ctl_stats_t *st = kvp_ctl_read_stats(x, &rc);
     if (!st)
-        return kvp_ctl_report(x, KVP_ENOMEM, "stats");
-    rc = kvp_ctl_get_stats(x, st);
-    if (rc) {
-        free(st);
-        return kvp_ctl_report(x, rc, "stats");
-    }
+        return rc;
     kvp_daemon_stats_t *d = &st->s;
     const kvp_stats_summary_t *s = &d->summary;
     if (x->o->ns) { /* namespace NS only: the one row of it, or no such namespace */
