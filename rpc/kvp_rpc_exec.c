@@ -9,7 +9,7 @@
  * (kvp_rpc_job_ops_t), so nothing here knows what an append or a transfer is, and the
  * transport knows nothing of jobs.
  */
-#include <stdlib.h>
+#include <string.h>
 
 #include "kvp_error.h"
 #include "kvp_log.h"
@@ -85,8 +85,11 @@ static void item_done(kvp_job_item_t *it)
         j->ops->free(j);
         return;
     }
-    kvp_rpc_io_t *io = &r->resume_io;
+    kvp_rpc_io_t *io = &r->resume_io; /* reused: nothing of the last job's answer stays */
     io->nfds_out = 0;
+    io->replay = NULL;
+    io->replay_len = 0;
+    memset(&io->out, 0, sizeof(io->out));
     kvp_rpc_job_finish(r, j, io, now_ms);
     kvp_counters_observe_run(&r->counters, it->end_ns - it->begin_ns); /* stamped by kvp_jobs */
     r->resume(r->resume_arg, j->sess, io);
