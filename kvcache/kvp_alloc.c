@@ -47,13 +47,20 @@ void kvp__alloc_push_free(kvp_alloc_t *a, uint32_t page)
 
 void kvp__alloc_revive(kvp_alloc_t *a, uint32_t page)
 {
-    assert(page < a->num_pages && a->refcount[page] == 0 && !a->pins[page]);
+    assert(page < a->num_pages && a->refcount[page] == 0);
+    if (a->pins[page])
+        a->num_pinned_free--; /* released while a copy pinned it: held again */
     a->refcount[page] = 1;
 }
 
 uint32_t kvp_alloc_num_cached(const kvp_alloc_t *a)
 {
     return a->pc ? kvp__pcache_num_cached(a->pc) : 0;
+}
+
+uint32_t kvp_alloc_num_demoting(const kvp_alloc_t *a)
+{
+    return a->pc ? kvp__pcache_num_demoting(a->pc) : 0;
 }
 
 uint32_t kvp_alloc_num_available(const kvp_alloc_t *a)
@@ -230,19 +237,25 @@ int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len)
             seen[p] = 1;
         }
     }
-    uint32_t cached = 0;
+    uint32_t cached = 0, demoting = 0;
     for (uint32_t p = 0; p < a->num_pages && !rc; p++) {
         const int in_cache = a->pc && kvp__pcache_is_cached(a->pc, p);
-        if (in_cache && (seen[p] || a->refcount[p] || a->pins[p])) {
-            snprintf(msg, msg_len, "cached page %u: refcount %u, %u pins, %s the free stack", p,
-                     a->refcount[p], a->pins[p], seen[p] ? "on" : "off");
+        const int in_demotion = a->pc && kvp__pcache_is_demoting(a->pc, p);
+        if (in_cache && in_demotion) {
+            snprintf(msg, msg_len, "page %u is both cached and demoting", p);
             rc = KVP_EAUDIT;
-        } else if (a->refcount[p] == 0 && !a->pins[p] && !seen[p] && !in_cache) {
+        } else if ((in_cache || in_demotion) && (seen[p] || a->refcount[p] || a->pins[p])) {
+            snprintf(msg, msg_len, "%s page %u: refcount %u, %u pins, %s the free stack",
+                     in_cache ? "cached" : "demoting", p, a->refcount[p], a->pins[p],
+                     seen[p] ? "on" : "off");
+            rc = KVP_EAUDIT;
+        } else if (a->refcount[p] == 0 && !a->pins[p] && !seen[p] && !in_cache && !in_demotion) {
             snprintf(msg, msg_len, "page %u has refcount 0 but is not on the free stack", p);
             rc = KVP_EAUDIT;
         }
         cached += in_cache;
-        zero += a->refcount[p] == 0 && !a->pins[p] && !in_cache;
+        demoting += in_demotion;
+        zero += a->refcount[p] == 0 && !a->pins[p] && !in_cache && !in_demotion;
         pinned_free += a->refcount[p] == 0 && a->pins[p];
         shared += a->refcount[p] > 1;
     }
@@ -253,6 +266,11 @@ int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len)
     if (!rc && cached != kvp_alloc_num_cached(a)) {
         snprintf(msg, msg_len, "cached count %u but %u pages are cached", kvp_alloc_num_cached(a),
                  cached);
+        rc = KVP_EAUDIT;
+    }
+    if (!rc && demoting != kvp_alloc_num_demoting(a)) {
+        snprintf(msg, msg_len, "demoting count %u but %u pages are demoting",
+                 kvp_alloc_num_demoting(a), demoting);
         rc = KVP_EAUDIT;
     }
     if (!rc && pinned_free != a->num_pinned_free) {

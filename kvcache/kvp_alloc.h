@@ -62,7 +62,10 @@ uint32_t kvp_alloc_num_pages(const kvp_alloc_t *a);
 uint32_t kvp_alloc_num_free(const kvp_alloc_t *a);
 /* pages the prefix cache keeps at refcount 0 (evictable), 0 without a cache */
 uint32_t kvp_alloc_num_cached(const kvp_alloc_t *a);
-/* free + cached: what kvp_alloc_reserve can hand out */
+/* pages the prefix cache is demoting to its host tier (refcount 0, neither free nor cached:
+ * not handed out until the demotion ends), 0 without a cache */
+uint32_t kvp_alloc_num_demoting(const kvp_alloc_t *a);
+/* free + cached: what kvp_alloc_reserve can hand out (demoting pages are not) */
 uint32_t kvp_alloc_num_available(const kvp_alloc_t *a);
 /* pages with refcount > 1 */
 uint32_t kvp_alloc_num_shared(const kvp_alloc_t *a);
@@ -71,9 +74,8 @@ uint32_t kvp_alloc_num_shared(const kvp_alloc_t *a);
 const uint32_t *kvp_alloc_free_stack(const kvp_alloc_t *a, uint32_t *n);
 
 /* Checks the allocator's own invariants: every free-stack entry is a distinct page with
- * refcount 0 and no pin, every unpinned page with refcount 0 is on the stack or cached (not
- * both), the cached, shared and
- * pinned-free counters are exact.
+ * refcount 0 and no pin, every unpinned page with refcount 0 is exactly one of on the stack,
+ * cached or demoting, the cached, demoting, shared and pinned-free counters are exact.
  * Returns 0 or KVP_EAUDIT with a one-line reason in msg. O(num_pages); uses a scratch bitmap
  * allocated here (KVP_ENOMEM if that fails). */
 int kvp_alloc_audit(const kvp_alloc_t *a, char *msg, unsigned msg_len);

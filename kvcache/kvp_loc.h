@@ -3,8 +3,9 @@
  * kvp_loc.h - where a cached page's content lives: a medium and an index in it (issue #27, the
  * seams for tiers). In KVP_MEDIUM_GPU the index is the pool's page id (GPU memory on the cuda
  * backend, the pool memfd on the host backend); in KVP_MEDIUM_HOST it is a slot of the
- * host-memory tier (issue #28), whose owner hands the indexes out. A plain value: holding one
- * holds nothing, and it does not say whether content is there (ask the prefix cache).
+ * host-memory tier (issue #28), which the prefix cache hands out (kvp_pcache.h). A plain value:
+ * holding one holds nothing, and it does not say whether content is there (ask the prefix
+ * cache).
  */
 #ifndef KVP_LOC_H
 #define KVP_LOC_H

@@ -4,12 +4,13 @@
  * hooks through which the planner and the sequence table key pages (a chain per sequence with
  * token ids), unkey them (a truncate, a rewrite) and count queries. The model is in
  * kvp_pcache.h; the layout, shared by the cache's files, in kvp_pcache_internal.h. Finding and
- * publishing live in kvp_pcache_index.c, the eviction order and demotion in kvp_pcache_evict.c,
- * pins in kvp_pcache_pin.c, counters and the audit in kvp_pcache_audit.c.
+ * publishing live in kvp_pcache_index.c, the eviction order in kvp_pcache_evict.c, the host
+ * tier (its slots, demotion, restores) in kvp_pcache_tier.c, pins in kvp_pcache_pin.c, counters
+ * and the audit in kvp_pcache_audit.c.
  *
- * Layout: structure-of-arrays over entry slots (the pool's pages, then host_slots slots of
- * another medium), all allocated at create (nothing is allocated per page afterwards). About 60
- * bytes a page plus 46 a host slot (kvp_pcache_stats_t.bytes says exactly).
+ * Layout: structure-of-arrays over entry slots (the pool's pages, then host_slots slots of the
+ * host tier), all allocated at create (nothing is allocated per page afterwards). About 60
+ * bytes a page plus 58 a host slot (kvp_pcache_stats_t.bytes says exactly).
  */
 #include "kvp_pcache.h"
 
@@ -116,6 +117,8 @@ void kvp__pcache_unkey(kvp_pcache_t *c, uint32_t p)
         kvp__pcache_index_remove(c, p);
         c->st.evictions[KVP_EVICT_REWRITE]++;
     }
+    if (c->flags[p] & KVP_PAGE_RESTORING)
+        c->st.restoring--; /* its restore's end then only unpins it and frees the slot */
     c->flags[p] = 0;
     c->gen[p]++;
 }
@@ -161,12 +164,20 @@ void kvp__pcache_truncated(kvp_pcache_t *c, kvp_seq_t *s, uint32_t old_tokens)
     }
 }
 
-void kvp__pcache_count_query(kvp_pcache_t *c, uint32_t scope, uint64_t q, uint64_t h)
+void kvp__pcache_count_query(kvp_pcache_t *c, uint32_t scope, uint64_t q, uint64_t h_gpu,
+                             uint64_t h_host)
 {
     c->st.query_tokens += q;
-    c->st.hit_tokens += h;
+    c->st.hit_tokens += h_gpu;
+    c->st.host_hit_tokens += h_host;
     c->sc[scope].query_tokens += q;
-    c->sc[scope].hit_tokens += h;
+    c->sc[scope].hit_tokens += h_gpu;
+    c->sc[scope].host_hit_tokens += h_host;
+}
+
+uint32_t kvp__pcache_num_pages(const kvp_pcache_t *c)
+{
+    return c->np;
 }
 
 /* ---- create / destroy --------------------------------------------------------------------- */
@@ -202,10 +213,13 @@ int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcach
     c->rel = calloc(ns, 8);
     c->flags = calloc(ns, 1);
     c->prio = calloc(ns, 1);
+    c->hpos = calloc(ns, 4);
+    c->heap = malloc(ns * 4);
     c->gen = calloc(np, 4);
-    c->hpos = calloc(np, 4);
     c->pinrefs = calloc(np, 2);
-    c->heap = malloc(np * 4);
+    const size_t hwords = ((size_t)c->nhost + 63) / 64;
+    c->hpage = calloc(c->nhost ? c->nhost : 1, 4);
+    c->hfree = calloc(hwords ? hwords : 1, 8);
     c->bucket = malloc((size_t)nb * 4);
     c->pins = calloc(cfg->max_pins, sizeof(kvp__pc_pin_t));
     c->pin_free = malloc((size_t)cfg->max_pins * 4);
@@ -214,7 +228,8 @@ int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcach
     c->sc = calloc(cfg->max_scopes, sizeof(*c->sc));
     if (!c->key || !c->scope || !c->gen || !c->hnext || !c->prev || !c->next || !c->ret ||
         !c->hpos || !c->rel || !c->flags || !c->prio || !c->pinrefs || !c->heap || !c->bucket ||
-        !c->pins || !c->pin_free || !c->ns_quota || !c->ns_pins || !c->sc) {
+        !c->hpage || !c->hfree || !c->pins || !c->pin_free || !c->ns_quota || !c->ns_pins ||
+        !c->sc) {
         c->t = NULL; /* not attached yet */
         kvp_pcache_destroy(c);
         return KVP_ENOMEM;
@@ -231,11 +246,12 @@ int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcach
     for (uint32_t i = 0; i < cfg->max_pins; i++)
         c->pin_free[i] = cfg->max_pins - 1 - i;
     c->num_pin_free = cfg->max_pins;
-    /* per slot: key, scope, hnext, prev, next, ret, rel, flags, prio; per page: gen, hpos,
-     * heap, pinrefs */
-    c->st.bytes = sizeof(*c) + ns * (sizeof(kvp_pagekey_t) + 4 * 5 + 8 + 1 + 1) + np * (4 * 3 + 2) +
-                  (size_t)nb * 4 + (size_t)cfg->max_pins * (sizeof(kvp__pc_pin_t) + 4) +
-                  (size_t)c->max_ns * 12 + (size_t)cfg->max_scopes * sizeof(*c->sc);
+    /* per slot: key, scope, hnext, prev, next, ret, hpos, heap, rel, flags, prio; per page:
+     * gen, pinrefs; per host slot: hpage, a bit of hfree */
+    c->st.bytes = sizeof(*c) + ns * (sizeof(kvp_pagekey_t) + 4 * 7 + 8 + 1 + 1) + np * (4 + 2) +
+                  (size_t)c->nhost * 4 + hwords * 8 + (size_t)nb * 4 +
+                  (size_t)cfg->max_pins * (sizeof(kvp__pc_pin_t) + 4) + (size_t)c->max_ns * 12 +
+                  (size_t)cfg->max_scopes * sizeof(*c->sc);
     kvp__alloc_set_cache(c->a, c);
     kvp__seqtab_set_cache(t, c);
     *out = c;
@@ -250,6 +266,16 @@ void kvp_pcache_destroy(kvp_pcache_t *c)
         for (uint32_t i = 0; i < c->max_pins; i++)
             if (c->pins[i].id)
                 kvp__pcache_drop_pin(c, i);
+        /* restores still in flight (the daemon drains its copies first): their pins go, their
+         * pages keep no key; demotions in flight: flush frees their pages */
+        for (uint32_t j = 0; j < c->nhost; j++) {
+            if ((c->flags[c->np + j] & (KVP_SLOT_BUSY | KVP__PC_RESTORE_SRC)) ==
+                (KVP_SLOT_BUSY | KVP__PC_RESTORE_SRC)) {
+                const uint32_t pg = c->hpage[j];
+                kvp_pcache_move_t m = {pg, c->gen[pg], j};
+                kvp_pcache_restore_end(c, &m, 1, 0);
+            }
+        }
         kvp_pcache_flush(c, KVP_PCACHE_NO_SCOPE);
         kvp__alloc_set_cache(c->a, NULL);
         kvp__seqtab_set_cache(c->t, NULL);
@@ -260,6 +286,8 @@ void kvp_pcache_destroy(kvp_pcache_t *c)
         }
     }
     free(c->sc);
+    free(c->hfree);
+    free(c->hpage);
     free(c->ns_pins);
     free(c->ns_quota);
     free(c->pin_free);

@@ -11,8 +11,9 @@
  *              content stays keyed and private and is freed like any other page.
  *   cached     indexed with refcount 0: in an eviction list instead of the free stack.
  *   pinned     a pin holds a reference (so it is never cached while pinned).
- * A page leaves the table when it is evicted (allocation under pressure, flush) or rewritten
- * (a truncate made it partial again while it was its sole holder's last page).
+ * A page leaves the table when it is evicted (allocation under pressure, flush), rewritten
+ * (a truncate made it partial again while it was its sole holder's last page) or its restore
+ * from the host tier failed.
  *
  * Eviction order: one list per retention priority (0..100), each ordered by release time (a
  * page enters its list's tail when its refcount reaches 0); allocation evicts the head of the
@@ -24,15 +25,35 @@
  * expiries, checked at eviction). Everything is O(1) per page but the retention heap
  * (O(log n) when a page with a duration is released or reused) and flush (O(cached pages)).
  *
- * Identity and tiers (issue #27): the cache names where an entry's content lives with a
+ * Identity and tiers (issues #27, #28): the cache names where an entry's content lives with a
  * kvp_loc_t (kvp_loc.h), not a page id. An entry lives in exactly one place: a GPU page (the
- * states above) or a slot of another medium (KVP_MEDIUM_HOST, config host_slots) where a demoter
- * the owner installs put it when eviction took its page. Such an entry stays in the key table
- * (kvp_pcache_locate finds it) but is never handed out as a page: Lookup, reuse and pins match
- * GPU pages only, so until promotion exists (issue #28) it is a miss; publishing the same
- * content on the GPU again replaces it. With no demoter installed nothing is ever demoted and
- * the cache behaves exactly as without this seam. The functions taking or returning a plain
- * page id (find, page_state, page_key, eviction_order) are the GPU medium's view.
+ * states above) or a slot of the host tier (KVP_MEDIUM_HOST, slots 0..host_slots-1, of which
+ * [0, kvp_pcache_set_host_limit) are usable). The cache owns the slots (free, holding an entry,
+ * or busy with a move) but never copies bytes: the daemon copies between the begin and end
+ * calls below, on its worker threads, and reports how each copy ended.
+ *   demotion   kvp_pcache_demote_begin takes cached GPU pages in eviction order and pairs each
+ *              with a host slot. The page is DEMOTING: still the entry's place (indexed,
+ *              findable, linkable: a link or a pin cancels the demotion), neither cached nor
+ *              free (the allocator neither hands it out nor counts it available). At
+ *              kvp_pcache_demote_end a demotion still untouched moves the entry to the slot
+ *              and frees the page; a failed one makes the page cached again; a cancelled one
+ *              only frees the slot.
+ *   host tier  an entry in a slot is findable by kvp_pcache_locate and kvp_pcache_lookup_tiers,
+ *              never handed out as a page (kvp_pcache_find, Lookup, plain reuse and pins see
+ *              GPU pages only). Its own eviction order: by priority, then demotion order (a
+ *              retention duration keeps counting there). A demotion that finds no free slot
+ *              drops the head of that order for good; so does lowering the limit below it.
+ *              Publishing the same content on the GPU replaces a host entry.
+ *   promotion  the planner with reuse and promote (kvp_plan_cache_t) continues a found prefix
+ *              into the host tier: each host entry gets a fresh GPU page that takes its
+ *              identity at once (indexed there, RESTORING, pinned) while the slot, now busy,
+ *              is read; kvp_pcache_restore_end ends it (a failed restore leaves the page
+ *              private, its key unindexed). Calls that link a RESTORING page wait for it
+ *              (kvp_pcache_restoring).
+ * A key therefore lives in one place or is in flight between two, where it is still its GPU
+ * page's entry. With the limit at 0 (the start) nothing is ever demoted and the cache behaves
+ * exactly as without a tier. The functions taking or returning a plain page id (find,
+ * page_state, page_key, eviction_order) are the GPU medium's view.
  *
  * Scopes are small integers the caller assigns (0..max_scopes-1); pages of different scopes
  * never match. Times are caller-supplied milliseconds; the core reads no clock. Not
@@ -61,8 +82,9 @@ typedef struct kvp_pcache kvp_pcache_t;
 typedef struct {
     uint32_t max_scopes; /* scope ids 0..max_scopes-1 (>= 1) */
     uint32_t max_pins;   /* pins alive at once (>= 1) */
-    uint32_t host_slots; /* entries the cache can keep in KVP_MEDIUM_HOST (slots 0..host_slots-1;
-                            0: none, the default). Issue #28 sizes it from cache.host_bytes. */
+    uint32_t host_slots; /* host-tier slots the cache can ever use (0..host_slots-1; 0: none,
+                            the default), usable up to kvp_pcache_set_host_limit. The daemon
+                            sizes it from cache.host_bytes. */
 } kvp_pcache_config_t;
 
 /* Why a page left the key table (the index of kvp_pcache_stats_t.evictions). */
@@ -80,7 +102,7 @@ typedef enum {
 extern const uint64_t kvp_pcache_residence_le_ms[KVP_PCACHE_RESIDENCE_BUCKETS];
 
 typedef struct {
-    uint32_t indexed_pages; /* findable GPU pages (held or cached) */
+    uint32_t indexed_pages; /* findable GPU pages (held, cached, demoting or restoring) */
     uint32_t cached_pages;  /* findable with refcount 0: in an eviction list */
     uint32_t pinned_pages;  /* pages held by at least one pin */
     uint32_t pins;
@@ -88,23 +110,35 @@ typedef struct {
     uint64_t evictions[KVP_EVICT_REASONS];
     uint64_t residence[KVP_PCACHE_RESIDENCE_BUCKETS + 1]; /* histogram counts (not cumulative) */
     uint64_t residence_sum_ms;
-    uint64_t bytes;      /* memory of the cache's own tables (fixed at create) */
-    uint32_t host_pages; /* entries kept in KVP_MEDIUM_HOST (not counted in indexed_pages) */
-    uint64_t demotions;  /* entries a demoter moved out of the GPU medium (not in evictions) */
+    uint64_t bytes; /* memory of the cache's own tables (fixed at create) */
+    /* the host tier: hit_tokens above are the GPU tier's */
+    uint32_t host_pages;        /* entries kept in host slots (not counted in indexed_pages) */
+    uint32_t host_slots_usable; /* the limit (kvp_pcache_set_host_limit, <= host_slots) */
+    uint32_t host_free;         /* usable slots free */
+    uint32_t host_busy;         /* slots a move in flight writes (demotion) or reads (restore) */
+    uint32_t demoting;          /* GPU pages of demotions in flight, not cancelled */
+    uint32_t restoring;         /* GPU pages whose restore has not ended */
+    uint64_t demotions;         /* entries moved to the host tier (kvp_pcache_demote_end) */
+    uint64_t promotions;        /* entries moved back to a GPU page (restores started) */
+    uint64_t host_evictions;    /* host entries dropped for room or by a lower limit (final) */
+    uint64_t host_hit_tokens;   /* found tokens beyond the GPU tier's leading pages */
 } kvp_pcache_stats_t;
 
 typedef struct {
     uint32_t indexed_pages, cached_pages;
     uint64_t query_tokens, hit_tokens;
     uint32_t host_pages;
+    uint64_t host_hit_tokens;
 } kvp_pcache_scope_stats_t;
 
 /* Creates the cache over t (and t's allocator), every page unkeyed. Returns 0, KVP_EINVAL
  * (NULL, zero sizes, t already has a cache) or KVP_ENOMEM. */
 int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcache_t **out);
 
-/* Drops every pin and every cached page (back to the free stack), detaches from the table and
- * frees the cache. Sequences keep their pages; their keys are forgotten. NULL: no-op. */
+/* Drops every pin and every cached page (back to the free stack) and the host tier's entries,
+ * detaches from the table and frees the cache. Sequences keep their pages; their keys are
+ * forgotten. Moves still in flight (the daemon ends its copies first): a restore's pin goes and
+ * its page keeps no key, a demoting page is freed. NULL: no-op. */
 void kvp_pcache_destroy(kvp_pcache_t *c);
 
 /* The cache attached to t, or NULL. */
@@ -123,8 +157,18 @@ void kvp_pcache_set_now(kvp_pcache_t *c, uint64_t now_ms);
 uint32_t kvp_pcache_lookup(kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t root,
                            const int32_t *tokens, uint64_t num_tokens, int count_stats);
 
-/* The indexed GPU page holding (scope, key), or UINT32_MAX (also when the entry lives in
- * another medium: it is not a page to hand out). */
+/* kvp_pcache_lookup over both tiers: returns the leading pages findable in either tier (on the
+ * GPU: indexed pages, demoting and restoring ones included; in the host tier: entries in usable
+ * slots), *gpu_pages (when not NULL) the leading pages of those that are on the GPU (gpu <=
+ * returned). With count_stats adds the query tokens once and the hit tokens per tier
+ * (hit_tokens: the GPU pages, host_hit_tokens: the rest; the scope's too). No other side
+ * effect. A bad scope returns 0 (and *gpu_pages 0). */
+uint32_t kvp_pcache_lookup_tiers(kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t root,
+                                 const int32_t *tokens, uint64_t num_tokens, int count_stats,
+                                 uint32_t *gpu_pages);
+
+/* The indexed GPU page holding (scope, key) (demoting and restoring ones too), or UINT32_MAX
+ * (also when the entry lives in the host tier: it is not a page to hand out). */
 uint32_t kvp_pcache_find(const kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t key);
 
 /* Where the entry (scope, key) lives, in any medium, or kvp_loc_none(). */
@@ -159,8 +203,8 @@ uint32_t kvp_pcache_take_written(kvp_pcache_t *c, kvp_seq_t *s, uint32_t from_pa
 /* Makes the pages findable: each ref whose page still has that generation, is keyed, held
  * (refcount >= 1), not pinned by the allocator (no daemon copy still writes or reads it) and
  * not indexed goes into the key table unless its (scope, key) is already there on a GPU page.
- * An entry of that (scope, key) in another medium is replaced: it leaves the table and the
- * demoter's forget is called with its location. Returns how many became findable. */
+ * An entry of that (scope, key) in the host tier is replaced: it leaves the table and its slot
+ * is free again. Returns how many became findable. */
 uint32_t kvp_pcache_publish(kvp_pcache_t *c, const kvp_pcache_ref_t *refs, uint32_t n);
 
 /* kvp_pcache_take_unpublished + kvp_pcache_publish of everything s keyed (the daemon's own
@@ -181,7 +225,8 @@ int kvp_pcache_set_retention(kvp_pcache_t *c, kvp_seq_t *s, uint32_t priority,
 int kvp_pcache_set_pin_quota(kvp_pcache_t *c, uint32_t ns, uint64_t max_pinned_pages);
 
 /* Pins the findable prefix of tokens (scope, root) for namespace ns until now_ms + ttl_ms:
- * a reference on each page. Its pages count in the namespace's pinned_pages (kvp_ns_stats_t),
+ * a reference on each page (GPU pages only, restoring ones included; a demoting page's
+ * demotion is cancelled). Its pages count in the namespace's pinned_pages (kvp_ns_stats_t),
  * against its pinned-page quota and its page quota (max_page_refs covers the page references
  * of its sequences and of its pins: issue #26 defect 6). Returns 0 and *pin_id (never 0),
  * *pages (>= 1); KVP_ENOENT (no page of it is findable), KVP_ELIMIT (either quota, or
@@ -210,50 +255,61 @@ uint64_t kvp_pcache_next_expiry(const kvp_pcache_t *c);
 uint64_t kvp_pcache_ns_pinned_pages(const kvp_pcache_t *c, uint32_t ns);
 uint32_t kvp_pcache_ns_pins(const kvp_pcache_t *c, uint32_t ns);
 
-/* Evicts every cached page of scope (KVP_PCACHE_NO_SCOPE: of every scope), and every entry of
- * it kept in another medium (the demoter's forget is called for each). Held and pinned pages
- * stay. Returns how many went. */
+/* Evicts every cached page of scope (KVP_PCACHE_NO_SCOPE: of every scope), every demoting page
+ * of it (its key goes and the page is free at once: the copy in flight only reads it, and its
+ * end is discarded) and every entry of it kept in the host tier (its slot is free again). Held,
+ * pinned and restoring pages stay, and so do busy slots until their move ends. Returns how many
+ * entries went. */
 uint32_t kvp_pcache_flush(kvp_pcache_t *c, uint32_t scope);
 
-/* ---- demotion (the seam of the host tier, issue #28) ---------------------------------------- */
+/* ---- the host tier (issue #28) ------------------------------------------------------------ */
 
-/* A cached GPU page eviction is about to take, offered to the demoter. */
+/* Makes host slots [0, min(n, host_slots)) usable (0 at create). Raising frees the new slots
+ * (one still busy with a move becomes free when the move ends). Lowering drops the entries kept
+ * in slots >= n for good (counted in host_evictions) and takes free ones out of use; a slot >= n
+ * busy with a move stops being used when the move ends. O(slots changed). */
+void kvp_pcache_set_host_limit(kvp_pcache_t *c, uint32_t n);
+
+/* A copy between a GPU page and a host slot: the page, its generation when the move began
+ * (kvp_pcache_ref_t's), the slot. Plain values; the cache keeps the slot busy until the end call
+ * that names it. */
 typedef struct {
-    kvp_pagekey_t key;
-    uint32_t scope;
-    uint32_t page;     /* its GPU page: its bytes are there until the callback returns */
-    uint32_t priority; /* retention priority (an ended duration already counts as the default) */
-    uint32_t pressure; /* 1: inside kvp_alloc_reserve, the page is handed out the moment the
-                          callback returns; 0: kvp_pcache_demote_some, it goes to the free stack */
-} kvp_pcache_victim_t;
+    uint32_t page, gen, slot;
+} kvp_pcache_move_t;
 
-/* Returns 1 and *to, a free slot of another medium that now holds (or will hold) the page's
- * content, to keep the entry there; 0 to decline (the page is destroyed as without a demoter
- * under pressure; kvp_pcache_demote_some leaves it cached and stops). A location that is not
- * a free slot the cache can keep (the GPU medium, an index >= host_slots, a slot in use) counts
- * as a decline. Called on the loop thread in the middle of an eviction: it must not call into
- * the cache, its sequence table or its allocator. The bytes must be out of the page before it
- * returns (an asynchronous copy that holds the page longer is issue #28's). */
-typedef int (*kvp_pcache_demote_fn)(void *arg, const kvp_pcache_victim_t *v, kvp_loc_t *to);
-/* The cache dropped the entry it kept at loc (flush, a GPU copy published in its place,
- * destroy): the owner may reuse the slot. Same thread and rule as the demote function. */
-typedef void (*kvp_pcache_forget_fn)(void *arg, kvp_loc_t loc);
+/* The watermark path (memcached extstore's storage thread is the model): starts demoting cached
+ * GPU pages, in GPU eviction order, while kvp_alloc_num_free(a) + (pages already demoting) <
+ * want_free_pages and fewer than max were started: each gets a host slot (the lowest free one,
+ * else the host order's head is dropped for good; none: stop). The page leaves its eviction
+ * list but stays indexed and findable on the GPU (a link or pin cancels the demotion); it is
+ * neither free nor cached until kvp_pcache_demote_end. The slot is busy. Advances the clock to
+ * now_ms first (ended retention durations count). Writes out[0..ret) (room for max) and returns
+ * ret: the caller copies each page's bytes into its slot, then calls kvp_pcache_demote_end. */
+uint32_t kvp_pcache_demote_begin(kvp_pcache_t *c, uint64_t now_ms, uint32_t want_free_pages,
+                                 uint32_t max, kvp_pcache_move_t *out);
 
-/* Installs (demote and forget both set) or removes (both NULL) the demoter; arg is borrowed
- * until it is removed or the cache destroyed (destroy calls forget for every entry still kept
- * in another medium). Returns 0, KVP_EINVAL (one of the two NULL, or a demoter for a cache
- * without host_slots) or KVP_EBUSY (entries live in another medium: flush them first). */
-int kvp_pcache_set_demoter(kvp_pcache_t *c, kvp_pcache_demote_fn demote,
-                           kvp_pcache_forget_fn forget, void *arg);
+/* The copies of m[0..n) (from kvp_pcache_demote_begin) ended; ok: the bytes are in the slots.
+ * For each: a demotion still untouched (the page still demoting with the same generation into
+ * that slot) moves its entry to the slot (indexed there, at the host order's tail with its
+ * priority and retention) and the page goes to the free stack; !ok, or a slot the limit retired
+ * meanwhile, puts the page back at its eviction list's tail (cached) and frees the slot. A
+ * cancelled demotion (the page was linked, pinned, flushed or rewritten meanwhile) only frees
+ * the slot: the page is whoever's it is now. A move whose slot is not busy with a demotion of
+ * that page (ended already, made up) is ignored. A slot at or above the limit is retired instead
+ * of freed. Returns how many entries moved to the host tier. */
+uint32_t kvp_pcache_demote_end(kvp_pcache_t *c, const kvp_pcache_move_t *m, uint32_t n, int ok);
 
-/* The watermark path (memcached extstore's storage thread is the model): demotes cached GPU
- * pages ahead of allocation, in eviction order, through the demoter, each freed page going to
- * the free stack, until kvp_alloc_num_free (the query to run against a watermark) reaches
- * want_free_pages, max_pages were demoted, no page is cached, or the demoter declines (that page
- * stays cached). Returns pages demoted; 0 without a demoter. Advances the clock to now_ms
- * first (retention durations that ended count). O(1) per page but the retention heap. */
-uint32_t kvp_pcache_demote_some(kvp_pcache_t *c, uint64_t now_ms, uint32_t want_free_pages,
-                                uint32_t max_pages);
+/* The restores of m[0..n) (kvp_plan_t.restores) ended; ok: the bytes are in the pages. For
+ * each: the page stops RESTORING, the pin the planner took goes (a page no sequence holds any
+ * longer becomes cached), the slot is free (or retired above the limit). !ok: the page's content
+ * is not there, so its entry leaves the key table (counted as a KVP_EVICT_REWRITE eviction, its
+ * generation changes); the sequences holding it keep it as a private page, never published.
+ * A move whose slot is not busy with a restore into that page is ignored. */
+void kvp_pcache_restore_end(kvp_pcache_t *c, const kvp_pcache_move_t *m, uint32_t n, int ok);
+
+/* 1 while page is RESTORING (a restore into it started and has not ended), else 0. A call that
+ * linked such a page waits for that restore before its worker reads the page. */
+int kvp_pcache_restoring(const kvp_pcache_t *c, uint32_t page);
 
 /* Pin iteration (kvpoolctl): start with *cursor = 0; returns 0 and the pin's fields, or
  * KVP_ENOENT at the end. */
@@ -274,13 +330,19 @@ int kvp_pcache_scope_reset(kvp_pcache_t *c, uint32_t scope);
 /* KVP_EINVAL for a bad scope. */
 int kvp_pcache_scope_stats(const kvp_pcache_t *c, uint32_t scope, kvp_pcache_scope_stats_t *out);
 
-/* A page's cache state, for tests and the audit: bit 0 keyed, bit 1 indexed, bit 2 cached. */
-#define KVP_PAGE_KEYED   1u
-#define KVP_PAGE_INDEXED 2u
-#define KVP_PAGE_CACHED  4u
+/* A page's cache state, for tests and the audit: bit 0 keyed, bit 1 indexed, bit 2 cached,
+ * bit 3 demoting (its copy out to a host slot is in flight), bit 4 restoring (its content is
+ * being copied in from a host slot). */
+#define KVP_PAGE_KEYED     1u
+#define KVP_PAGE_INDEXED   2u
+#define KVP_PAGE_CACHED    4u
+#define KVP_PAGE_DEMOTING  8u
+#define KVP_PAGE_RESTORING 16u
+#define KVP_SLOT_BUSY      32u /* a host slot a move in flight writes or reads (no entry) */
 unsigned kvp_pcache_page_state(const kvp_pcache_t *c, uint32_t page);
-/* The same for any location: a GPU page as above; a slot of another medium is KEYED | INDEXED
- * when an entry lives there, else 0 (as is a location out of range). */
+/* The same for any location: a GPU page as above; a host slot is KEYED | INDEXED when an entry
+ * lives there, KVP_SLOT_BUSY during a move, else 0 (free or unused, as is a location out of
+ * range). */
 unsigned kvp_pcache_loc_state(const kvp_pcache_t *c, kvp_loc_t loc);
 /* The key and scope of a keyed page (0 and *key, *scope), else KVP_ENOENT. */
 int kvp_pcache_page_key(const kvp_pcache_t *c, uint32_t page, kvp_pagekey_t *key, uint32_t *scope);
@@ -291,20 +353,23 @@ int kvp_pcache_loc_key(const kvp_pcache_t *c, kvp_loc_t loc, kvp_pagekey_t *key,
  * how many it wrote. O(cached). For tests. */
 uint32_t kvp_pcache_eviction_order(const kvp_pcache_t *c, uint32_t *out, uint32_t max);
 /* The entries of one medium in that medium's order (GPU: as above; host: by priority, then
- * demotion order, the order issue #28's host-tier eviction takes): up to max locations, returns
- * how many it wrote. O(entries). For tests. */
+ * demotion order, the order in which host entries are dropped for room): up to max locations,
+ * returns how many it wrote. O(entries). For tests. */
 uint32_t kvp_pcache_eviction_order_in(const kvp_pcache_t *c, uint32_t medium, kvp_loc_t *out,
                                       uint32_t max);
 
 /* Checks every invariant of the cache and of the table it is attached to (kvp_seqtab_audit
  * first): each indexed page is in the key table exactly once and found through it, no two
  * entries share (scope, key) whatever their media, cached pages are exactly the indexed ones
- * with refcount 0 and no allocator pin, each in exactly one eviction list exactly once, in its
- * priority's list, referenced pages in none; each slot of another medium is free or holds an
- * entry that is keyed, indexed and in its medium's list of its priority exactly once, with a
- * demoter installed; refcounts equal sequence references plus pin references; pinned-page
- * counts and namespace quota use add up; every counter (host_pages too, per scope) equals its
- * recount. Returns 0, KVP_EAUDIT with the first violation in msg, or KVP_ENOMEM.
+ * with refcount 0, no allocator pin and no demotion, each in exactly one eviction list exactly
+ * once, in its priority's list, referenced pages in none; demoting pages have refcount 0, no
+ * allocator pin, are in no list and name a slot busy with their demotion; restoring pages are
+ * pinned and name a slot busy with their restore; every usable host slot is exactly one of free
+ * (in the free set), an entry (keyed, indexed, in its priority's host list once) or busy (one
+ * move in flight), and no slot at or above the limit is free or an entry; refcounts equal
+ * sequence references plus pin references; pinned-page counts and namespace quota use add up;
+ * every counter (host_pages, host_free, host_busy, demoting, restoring, per scope too) equals
+ * its recount. Returns 0, KVP_EAUDIT with the first violation in msg, or KVP_ENOMEM.
  * O(pages + host slots). */
 int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len);
 

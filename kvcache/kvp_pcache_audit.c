@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pcache_audit.c - reading the prefix cache: its counters, a scope's counters and their
- * reset, and the audit that recounts every structure from scratch (kvp_pcache.h). Nothing here
+ * reset, and the audit that recounts every structure from scratch, both tiers and the moves
+ * between them (kvp_pcache.h). Nothing here
  * changes what the cache holds (scope_reset zeroes counters only); the audit allocates its own
  * scratch and is O(pages + slots + sequences).
  */
@@ -82,6 +83,8 @@ int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len)
                 AUDIT_FAIL("slot %u is in the index but not indexed (flags %u)", p, c->flags[p]);
             if (p >= np && c->flags[p] != other_flags)
                 AUDIT_FAIL("host slot %u: flags %u in the index", p - np, c->flags[p]);
+            if (p >= np && p - np >= c->hlimit)
+                AUDIT_FAIL("host slot %u: indexed at or above the limit %u", p - np, c->hlimit);
             if (kvp__pc_bucket(c, c->scope[p], c->key[p]) != b)
                 AUDIT_FAIL("slot %u is in the wrong bucket", p);
             if (seen[p]++)
@@ -145,8 +148,9 @@ int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len)
             AUDIT_FAIL("pin record %u is inconsistent", i);
         for (uint32_t k = 0; k < pin->num_pages; k++) {
             uint32_t p = pin->pages[k];
-            if (p >= np || !(c->flags[p] & KVP_PAGE_INDEXED))
-                AUDIT_FAIL("pin %llu holds page %u, not indexed", (unsigned long long)pin->id, p);
+            /* indexed when pinned; a restore that failed since leaves it keyed, unindexed */
+            if (p >= np || !(c->flags[p] & KVP_PAGE_KEYED))
+                AUDIT_FAIL("pin %llu holds page %u, not keyed", (unsigned long long)pin->id, p);
             pinned[p]++;
         }
         nsp[pin->ns] += pin->num_pages;
@@ -154,10 +158,16 @@ int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len)
         pins++;
     }
     /* every GPU page */
+    uint32_t demoting = 0, restoring = 0;
     for (uint32_t p = 0; p < np; p++) {
         const uint8_t f = c->flags[p];
         const uint32_t rc_p = kvp_alloc_refcount(c->a, p), apins = kvp_alloc_pins(c->a, p);
-        const int should_cache = (f & KVP_PAGE_INDEXED) && rc_p == 0 && apins == 0;
+        const int moving = (f & (KVP_PAGE_DEMOTING | KVP_PAGE_RESTORING)) != 0;
+        const int should_cache =
+            (f & KVP_PAGE_INDEXED) && rc_p == 0 && apins == 0 && !(f & KVP_PAGE_DEMOTING);
+        if (f & ~(KVP_PAGE_KEYED | KVP_PAGE_INDEXED | KVP_PAGE_CACHED | KVP_PAGE_DEMOTING |
+                  KVP_PAGE_RESTORING))
+            AUDIT_FAIL("page %u: flags %u", p, f);
         if (((f & KVP_PAGE_CACHED) != 0) != should_cache)
             AUDIT_FAIL("page %u: cached flag %d, indexed %d, refcount %u, pins %u", p,
                        (f & KVP_PAGE_CACHED) != 0, (f & KVP_PAGE_INDEXED) != 0, rc_p, apins);
@@ -169,39 +179,98 @@ int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len)
             AUDIT_FAIL("page %u: flags %u without a key", p, f);
         if (f == KVP_PAGE_KEYED && rc_p == 0 && apins == 0)
             AUDIT_FAIL("page %u: keyed, unindexed, with no reference", p);
+        if (moving) {
+            const uint32_t j = kvp__pc_move_slot(c, p);
+            const uint8_t kind = (f & KVP_PAGE_RESTORING) ? KVP__PC_RESTORE_SRC : 0;
+            if ((f & (KVP_PAGE_DEMOTING | KVP_PAGE_RESTORING)) ==
+                    (KVP_PAGE_DEMOTING | KVP_PAGE_RESTORING) ||
+                !(f & KVP_PAGE_INDEXED) || (f & KVP_PAGE_CACHED))
+                AUDIT_FAIL("page %u: moving with flags %u", p, f);
+            if (j >= c->nhost || c->flags[np + j] != (KVP_SLOT_BUSY | kind) || c->hpage[j] != p)
+                AUDIT_FAIL("%s page %u names host slot %u, not busy with its move",
+                           kind ? "restoring" : "demoting", p, j);
+        }
+        if ((f & KVP_PAGE_DEMOTING) && (rc_p || apins))
+            AUDIT_FAIL("demoting page %u: refcount %u, pins %u", p, rc_p, apins);
+        if ((f & KVP_PAGE_RESTORING) && apins == 0)
+            AUDIT_FAIL("restoring page %u is not pinned", p);
+        demoting += (f & KVP_PAGE_DEMOTING) != 0;
+        restoring += (f & KVP_PAGE_RESTORING) != 0;
         if (pinned[p] != c->pinrefs[p])
             AUDIT_FAIL("page %u: %u pin references counted, %u kept", p, pinned[p], c->pinrefs[p]);
         pinned_pages += pinned[p] > 0;
+    }
+    /* every host slot: exactly one of free (usable only), an entry (usable only, indexed and
+     * listed), busy (a move's, paired with its page) or unused (at or above the limit) */
+    uint32_t host_free = 0, busy = 0, busy_restore = 0, live_demotions = 0;
+    for (uint32_t j = 0; j < c->nhost; j++) {
+        const uint32_t p = np + j;
+        const uint8_t f = c->flags[p];
+        const int is_free = (c->hfree[j >> 6] >> (j & 63)) & 1;
+        if (is_free && (f != 0 || j >= c->hlimit))
+            AUDIT_FAIL("host slot %u: free with flags %u (limit %u)", j, f, c->hlimit);
+        if (is_free && (j >> 6) < c->hfree_lo)
+            AUDIT_FAIL("host slot %u: free below the free-set hint %u", j, c->hfree_lo * 64);
+        if (f == other_flags) {
+            if (j >= c->hlimit)
+                AUDIT_FAIL("host slot %u: an entry at or above the limit %u", j, c->hlimit);
+        } else if (f == KVP_SLOT_BUSY || f == (KVP_SLOT_BUSY | KVP__PC_RESTORE_SRC)) {
+            const uint32_t pg = c->hpage[j];
+            if (pg >= np)
+                AUDIT_FAIL("host slot %u: busy with page %u", j, pg);
+            busy++;
+            if (f & KVP__PC_RESTORE_SRC) {
+                busy_restore++;
+                if (kvp_alloc_pins(c->a, pg) == 0)
+                    AUDIT_FAIL("host slot %u: a restore's source, its page %u not pinned", j, pg);
+            } else if ((c->flags[pg] & KVP_PAGE_DEMOTING) && kvp__pc_move_slot(c, pg) == j) {
+                live_demotions++;
+            }
+        } else if (f != 0) {
+            AUDIT_FAIL("host slot %u: flags %u", j, f);
+        } else if (!is_free && j < c->hlimit) {
+            AUDIT_FAIL("host slot %u: usable, neither free, an entry nor busy", j);
+        }
+        if ((f == other_flags) != ((seen[p] & 1) != 0) ||
+            (f == other_flags) != ((seen[p] & 2) != 0))
+            AUDIT_FAIL("host slot %u: flags %u, in the index %d, in a list %d", j, f, seen[p] & 1,
+                       (seen[p] & 2) != 0);
+        host_free += is_free;
+    }
+    if (c->nhost % 64 && c->hfree[c->nhost / 64] >> (c->nhost % 64))
+        AUDIT_FAIL("free-set bits beyond the last host slot");
+    if (live_demotions != demoting || busy_restore < restoring)
+        AUDIT_FAIL("moves: %u demoting pages but %u slots busy with their demotion; %u restoring "
+                   "pages, %u slots busy with restores",
+                   demoting, live_demotions, restoring, busy_restore);
+    if (host_free != c->st.host_free || busy != c->st.host_busy || demoting != c->st.demoting ||
+        restoring != c->st.restoring || c->hlimit != c->st.host_slots_usable ||
+        c->hlimit > c->nhost)
+        AUDIT_FAIL("host counters: free %u/%u busy %u/%u demoting %u/%u restoring %u/%u "
+                   "usable %u/%u (counted/kept)",
+                   host_free, c->st.host_free, busy, c->st.host_busy, demoting, c->st.demoting,
+                   restoring, c->st.restoring, c->hlimit, c->st.host_slots_usable);
+    /* the retention heap: cached GPU pages and host entries with a duration, nothing else */
+    for (uint32_t p = 0; p < nslots; p++) {
+        const uint8_t f = c->flags[p];
         if (c->prio[p] > KVP_PCACHE_MAX_PRIORITY)
-            AUDIT_FAIL("page %u: priority %u", p, c->prio[p]);
-        const int want_heap = (f & KVP_PAGE_CACHED) && c->ret[p];
+            AUDIT_FAIL("slot %u: priority %u", p, c->prio[p]);
+        const int listed = p < np ? (f & KVP_PAGE_CACHED) != 0 : f == other_flags;
+        const int want_heap = listed && c->ret[p];
         if (want_heap != (c->hpos[p] != 0))
-            AUDIT_FAIL("page %u: cached with retention %u ms but heap position %u", p, c->ret[p],
-                       c->hpos[p]);
+            AUDIT_FAIL("slot %u: listed %d with retention %u ms but heap position %u", p, listed,
+                       c->ret[p], c->hpos[p]);
         if (c->hpos[p]) {
             uint32_t i = c->hpos[p] - 1;
             if (i >= c->heap_n || c->heap[i] != p)
-                AUDIT_FAIL("page %u: heap position %u is wrong", p, i);
+                AUDIT_FAIL("slot %u: heap position %u is wrong", p, i);
             if (i > 0 && kvp__pc_heap_less(c, p, c->heap[(i - 1) / 2]))
                 AUDIT_FAIL("retention heap out of order at %u", i);
             in_heap++;
         }
     }
     if (in_heap != c->heap_n)
-        AUDIT_FAIL("retention heap holds %u pages, %u counted", c->heap_n, in_heap);
-    /* every slot of another medium: free (flags 0) or an entry, indexed and listed */
-    for (uint32_t p = np; p < nslots; p++) {
-        const uint8_t f = c->flags[p];
-        if (f != 0 && f != other_flags)
-            AUDIT_FAIL("host slot %u: flags %u", p - np, f);
-        if ((f != 0) != ((seen[p] & 1) != 0) || (f != 0) != ((seen[p] & 2) != 0))
-            AUDIT_FAIL("host slot %u: flags %u, in the index %d, in a list %d", p - np, f,
-                       seen[p] & 1, (seen[p] & 2) != 0);
-        if (c->prio[p] > KVP_PCACHE_MAX_PRIORITY)
-            AUDIT_FAIL("host slot %u: priority %u", p - np, c->prio[p]);
-    }
-    if (hosted && !c->forget)
-        AUDIT_FAIL("%u entries live in another medium but no demoter is installed", hosted);
+        AUDIT_FAIL("retention heap holds %u slots, %u counted", c->heap_n, in_heap);
     /* the chains of the sequences */
     uint32_t cur = 0;
     for (kvp_seq_t *s; (s = kvp_seqtab_next(c->t, &cur));) {

@@ -2,10 +2,10 @@
 /*
  * kvp_pcache_evict.c - what the prefix cache keeps and what goes: the eviction order of each
  * medium (a doubly linked list per retention priority, a bitmap of the non-empty ones), the
- * retention heap of cached GPU pages with a duration, the allocator's hooks (a page's last
- * reference went, give me a page), retention, flush, and demotion: the demoter an owner
- * installs is offered each victim and may keep it in another medium (kvp_pcache.h). It does not
- * find entries (kvp_pcache_index.c) nor copy bytes: moving content is the demoter's job.
+ * retention heap of cached GPU pages and host entries with a duration, the allocator's hooks (a
+ * page's last reference went, give me a page: under pressure the victim is destroyed, never
+ * demoted), references (a link cancels a demotion), retention and flush. It does not find
+ * entries (kvp_pcache_index.c) nor move them between tiers (kvp_pcache_tier.c).
  */
 #include <assert.h>
 
@@ -22,8 +22,7 @@ const uint64_t kvp_pcache_residence_le_ms[KVP_PCACHE_RESIDENCE_BUCKETS] = {
 
 /* ---- eviction lists and the retention heap ----------------------------------------------- */
 
-/* Slot p enters its medium's list of its priority, at the tail. */
-static void list_push(kvp_pcache_t *c, uint32_t p)
+void kvp__pcache_list_push(kvp_pcache_t *c, uint32_t p)
 {
     kvp__pc_order_t *o = &c->ord[kvp__pc_medium(c, p)];
     uint32_t l = c->prio[p];
@@ -37,7 +36,7 @@ static void list_push(kvp_pcache_t *c, uint32_t p)
     o->nonempty[l >> 6] |= 1ull << (l & 63);
 }
 
-static void list_remove(kvp_pcache_t *c, uint32_t p)
+void kvp__pcache_list_remove(kvp_pcache_t *c, uint32_t p)
 {
     kvp__pc_order_t *o = &c->ord[kvp__pc_medium(c, p)];
     uint32_t l = c->prio[p];
@@ -91,13 +90,13 @@ static void heap_down(kvp_pcache_t *c, uint32_t i)
     heap_set(c, i, p);
 }
 
-static void heap_push(kvp_pcache_t *c, uint32_t p)
+void kvp__pcache_heap_push(kvp_pcache_t *c, uint32_t p)
 {
     c->heap[c->heap_n] = p;
     heap_up(c, c->heap_n++);
 }
 
-static void heap_remove(kvp_pcache_t *c, uint32_t p)
+void kvp__pcache_heap_remove(kvp_pcache_t *c, uint32_t p)
 {
     uint32_t i = c->hpos[p] - 1;
     c->hpos[p] = 0;
@@ -116,20 +115,19 @@ void kvp__pcache_expire_retention(kvp_pcache_t *c)
 {
     while (c->heap_n && kvp__pc_expiry(c, c->heap[0]) <= c->now) {
         uint32_t p = c->heap[0];
-        heap_remove(c, p);
-        list_remove(c, p);
+        kvp__pcache_heap_remove(c, p);
+        kvp__pcache_list_remove(c, p);
         c->prio[p] = KVP_PCACHE_DEFAULT_PRIORITY;
         c->ret[p] = 0;
-        list_push(c, p);
+        kvp__pcache_list_push(c, p);
     }
 }
 
-/* A cached page leaves its list (it is linked, pinned, demoted or dropped). */
-static void uncache(kvp_pcache_t *c, uint32_t p)
+void kvp__pcache_uncache(kvp_pcache_t *c, uint32_t p)
 {
-    list_remove(c, p);
+    kvp__pcache_list_remove(c, p);
     if (c->hpos[p])
-        heap_remove(c, p);
+        kvp__pcache_heap_remove(c, p);
     c->flags[p] &= (uint8_t)~KVP_PAGE_CACHED;
     c->st.cached_pages--;
     c->sc[c->scope[p]].cached_pages--;
@@ -138,7 +136,7 @@ static void uncache(kvp_pcache_t *c, uint32_t p)
 /* A cached page leaves the cache altogether, for reason. */
 static void drop_cached(kvp_pcache_t *c, uint32_t p, kvp_evict_reason_t reason)
 {
-    uncache(c, p);
+    kvp__pcache_uncache(c, p);
     kvp__pcache_index_remove(c, p);
     c->flags[p] = 0;
     c->gen[p]++;
@@ -153,22 +151,12 @@ static void drop_cached(kvp_pcache_t *c, uint32_t p, kvp_evict_reason_t reason)
     c->st.residence_sum_ms += stay;
 }
 
-void kvp__pcache_drop_other(kvp_pcache_t *c, uint32_t s)
-{
-    assert(s >= c->np && s < c->np + c->nhost);
-    const kvp_loc_t loc = kvp__pc_loc(c, s);
-    list_remove(c, s);
-    kvp__pcache_index_remove(c, s);
-    c->flags[s] = 0;
-    if (c->forget) /* told once the cache no longer has it */
-        c->forget(c->demote_arg, loc);
-}
-
 /* ---- the allocator's hooks ---------------------------------------------------------------- */
 
 int kvp__pcache_on_zero(kvp_pcache_t *c, uint32_t p)
 {
     uint8_t f = c->flags[p];
+    assert(!(f & (KVP_PAGE_DEMOTING | KVP_PAGE_RESTORING))); /* held at 0 refs, or pinned */
     if (!(f & KVP_PAGE_INDEXED)) {
         if (f) { /* keyed, never published (or a duplicate): its content goes with it */
             c->flags[p] = 0;
@@ -178,38 +166,18 @@ int kvp__pcache_on_zero(kvp_pcache_t *c, uint32_t p)
     }
     c->flags[p] = f | KVP_PAGE_CACHED;
     c->rel[p] = c->now << STAMP_BITS | (c->release_seq++ & ((1u << STAMP_BITS) - 1));
-    list_push(c, p);
+    kvp__pcache_list_push(c, p);
     if (c->ret[p])
-        heap_push(c, p);
+        kvp__pcache_heap_push(c, p);
     c->st.cached_pages++;
     c->sc[c->scope[p]].cached_pages++;
     return 1;
 }
 
-/* The entry of cached GPU page p moves to free slot s of another medium: p is left unkeyed at
- * refcount 0, out of every list, for the caller to hand out or free. */
-static void move_out(kvp_pcache_t *c, uint32_t p, uint32_t s)
-{
-    uncache(c, p);
-    kvp__pcache_index_remove(c, p);
-    c->key[s] = c->key[p];
-    c->scope[s] = c->scope[p];
-    c->prio[s] = c->prio[p];
-    c->ret[s] = c->ret[p]; /* kept, not tracked there: no heap for other media (issue #28) */
-    c->rel[s] = c->rel[p];
-    c->flags[s] = KVP_PAGE_KEYED;
-    kvp__pcache_index_insert(c, s);
-    list_push(c, s);
-    c->flags[p] = 0;
-    c->gen[p]++;
-    c->st.demotions++;
-}
-
-/* The head of the GPU eviction order leaves the GPU medium. With a demoter that accepts, its
- * entry moves to the location it names; otherwise under pressure it is destroyed, and on the
- * watermark path (pressure 0) it stays cached and NIL is returned. Returns the page, now
+/* The head of the GPU eviction order is destroyed (allocation under pressure: the daemon's
+ * demoter keeps free pages ahead of it with kvp_pcache_demote_begin). Returns the page, now
  * unkeyed at refcount 0 in no list. There must be a cached page. */
-static uint32_t take_victim(kvp_pcache_t *c, int pressure)
+static uint32_t take_victim(kvp_pcache_t *c)
 {
     kvp__pcache_expire_retention(c);
     const kvp__pc_order_t *o = &c->ord[KVP_MEDIUM_GPU];
@@ -217,30 +185,13 @@ static uint32_t take_victim(kvp_pcache_t *c, int pressure)
     uint32_t l = o->nonempty[0] ? (uint32_t)__builtin_ctzll(o->nonempty[0])
                                 : 64u + (uint32_t)__builtin_ctzll(o->nonempty[1]);
     uint32_t p = o->head[l];
-    if (c->demote) {
-        kvp_pcache_victim_t v = {.key = c->key[p],
-                                 .scope = c->scope[p],
-                                 .page = p,
-                                 .priority = c->prio[p],
-                                 .pressure = pressure != 0};
-        kvp_loc_t to = kvp_loc_none();
-        if (c->demote(c->demote_arg, &v, &to)) {
-            uint32_t s = kvp__pc_slot(c, to);
-            if (s != NIL && s >= c->np && c->flags[s] == 0) {
-                move_out(c, p, s);
-                return p;
-            }
-        }
-        if (!pressure)
-            return NIL;
-    }
     drop_cached(c, p, KVP_EVICT_PRESSURE);
     return p;
 }
 
 uint32_t kvp__pcache_evict(kvp_pcache_t *c)
 {
-    return take_victim(c, 1);
+    return take_victim(c);
 }
 
 uint32_t kvp__pcache_num_cached(const kvp_pcache_t *c)
@@ -253,35 +204,14 @@ int kvp__pcache_is_cached(const kvp_pcache_t *c, uint32_t p)
     return (c->flags[p] & KVP_PAGE_CACHED) != 0;
 }
 
-/* ---- demotion ----------------------------------------------------------------------------- */
-
-int kvp_pcache_set_demoter(kvp_pcache_t *c, kvp_pcache_demote_fn demote,
-                           kvp_pcache_forget_fn forget, void *arg)
+uint32_t kvp__pcache_num_demoting(const kvp_pcache_t *c)
 {
-    if (!c || !demote != !forget || (demote && c->nhost == 0))
-        return KVP_EINVAL;
-    if (c->st.host_pages)
-        return KVP_EBUSY;
-    c->demote = demote;
-    c->forget = forget;
-    c->demote_arg = demote ? arg : NULL;
-    return 0;
+    return c->st.demoting;
 }
 
-uint32_t kvp_pcache_demote_some(kvp_pcache_t *c, uint64_t now_ms, uint32_t want_free_pages,
-                                uint32_t max_pages)
+int kvp__pcache_is_demoting(const kvp_pcache_t *c, uint32_t p)
 {
-    kvp_pcache_set_now(c, now_ms);
-    uint32_t n = 0;
-    while (c->demote && n < max_pages && c->st.cached_pages &&
-           kvp_alloc_num_free(c->a) < want_free_pages) {
-        uint32_t p = take_victim(c, 0);
-        if (p == NIL)
-            break; /* declined: the owner has no room now */
-        kvp__alloc_push_free(c->a, p);
-        n++;
-    }
-    return n;
+    return (c->flags[p] & KVP_PAGE_DEMOTING) != 0;
 }
 
 /* ---- retention ---------------------------------------------------------------------------- */
@@ -295,7 +225,7 @@ static inline int stronger(uint32_t pa, uint32_t ra, uint32_t pb, uint32_t rb)
     return ra != rb && (ra == 0 || (rb != 0 && ra > rb));
 }
 
-static void raise_retention(kvp_pcache_t *c, uint32_t p, uint32_t prio, uint32_t ret)
+void kvp__pcache_raise_retention(kvp_pcache_t *c, uint32_t p, uint32_t prio, uint32_t ret)
 {
     if (stronger(prio, ret, c->prio[p], c->ret[p])) {
         c->prio[p] = (uint8_t)prio;
@@ -306,8 +236,16 @@ static void raise_retention(kvp_pcache_t *c, uint32_t p, uint32_t prio, uint32_t
 void kvp__pcache_take_ref(kvp_pcache_t *c, uint32_t p)
 {
     if (c->flags[p] & KVP_PAGE_CACHED) {
-        uncache(c, p);
+        kvp__pcache_uncache(c, p);
         kvp__alloc_revive(c->a, p);
+    } else if (c->flags[p] & KVP_PAGE_DEMOTING) {
+        /* cancelled: the page is held again; its slot stays busy until the demotion's end,
+         * which finds the page no longer demoting into it */
+        c->flags[p] &= (uint8_t)~KVP_PAGE_DEMOTING;
+        c->st.demoting--;
+        kvp__alloc_revive(c->a, p);
+    } else if (kvp_alloc_refcount(c->a, p) == 0) {
+        kvp__alloc_revive(c->a, p); /* released while a copy pins it (a restore, a job) */
     } else {
         kvp_alloc_ref(c->a, p);
     }
@@ -316,7 +254,7 @@ void kvp__pcache_take_ref(kvp_pcache_t *c, uint32_t p)
 void kvp__pcache_link(kvp_pcache_t *c, uint32_t p, uint32_t priority, uint32_t retention_ms)
 {
     kvp__pcache_take_ref(c, p);
-    raise_retention(c, p, priority, retention_ms);
+    kvp__pcache_raise_retention(c, p, priority, retention_ms);
 }
 
 int kvp_pcache_set_retention(kvp_pcache_t *c, kvp_seq_t *s, uint32_t priority,
@@ -327,7 +265,7 @@ int kvp_pcache_set_retention(kvp_pcache_t *c, kvp_seq_t *s, uint32_t priority,
     s->chain->priority = (uint8_t)priority;
     s->chain->retention_ms = retention_ms;
     for (uint32_t k = 0; k < s->chain->num_keyed; k++)
-        raise_retention(c, s->pages[k], priority, retention_ms);
+        kvp__pcache_raise_retention(c, s->pages[k], priority, retention_ms);
     return 0;
 }
 
@@ -335,7 +273,7 @@ int kvp_pcache_set_retention(kvp_pcache_t *c, kvp_seq_t *s, uint32_t priority,
 
 uint32_t kvp_pcache_flush(kvp_pcache_t *c, uint32_t scope)
 {
-    uint32_t n = 0;
+    uint32_t n = kvp__pcache_flush_demoting(c, scope);
     for (uint32_t m = 0; m < KVP_MEDIUMS; m++) {
         for (uint32_t l = 0; l < NPRIO; l++) {
             for (uint32_t p = c->ord[m].head[l], nx; p != NIL; p = nx) {
@@ -346,7 +284,8 @@ uint32_t kvp_pcache_flush(kvp_pcache_t *c, uint32_t scope)
                     drop_cached(c, p, KVP_EVICT_FLUSH);
                     kvp__alloc_push_free(c->a, p);
                 } else {
-                    kvp__pcache_drop_other(c, p);
+                    kvp__pcache_drop_host(c, p);
+                    kvp__pcache_host_release(c, p - c->np);
                     c->st.evictions[KVP_EVICT_FLUSH]++;
                 }
                 n++;

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_pcache_index.c - the prefix cache's key table: finding entries (find, locate, Lookup's
- * walk), publishing pages into the table, and the per-location state queries (kvp_pcache.h).
- * The table is a chained hash over entry slots (kvp_pcache_internal.h): bucket heads and one
- * next link per slot, so an entry is found the same way whatever its medium. It does not decide
- * what stays cached or goes (kvp_pcache_evict.c) nor hold references (pins, the planner).
+ * walk over the GPU tier or both), publishing pages into the table, and the per-location state
+ * queries (kvp_pcache.h). The table is a chained hash over entry slots (kvp_pcache_internal.h):
+ * bucket heads and one next link per slot, so an entry is found the same way whatever its medium.
+ * It does not decide what stays cached or goes (kvp_pcache_evict.c) nor hold references (pins, the
+ * planner).
  */
 #include <assert.h>
 
@@ -95,7 +96,34 @@ uint32_t kvp_pcache_lookup(kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t root,
         return 0;
     uint32_t k = kvp__pcache_walk(c, scope, root, tokens, num_tokens, NULL);
     if (count_stats)
-        kvp__pcache_count_query(c, scope, num_tokens, (uint64_t)k * c->ps);
+        kvp__pcache_count_query(c, scope, num_tokens, (uint64_t)k * c->ps, 0);
+    return k;
+}
+
+uint32_t kvp_pcache_lookup_tiers(kvp_pcache_t *c, uint32_t scope, kvp_pagekey_t root,
+                                 const int32_t *tokens, uint64_t num_tokens, int count_stats,
+                                 uint32_t *gpu_pages)
+{
+    if (gpu_pages)
+        *gpu_pages = 0;
+    if (scope >= c->max_scopes || (num_tokens && !tokens))
+        return 0;
+    const uint64_t full = num_tokens / c->ps;
+    kvp_pagekey_t key = root;
+    uint32_t k = 0, gpu = 0;
+    for (; k < full; k++) {
+        key = kvp_pagekey_next(key, tokens + (uint64_t)k * c->ps, c->ps);
+        const uint32_t s = kvp__pcache_find_slot(c, scope, key);
+        if (s == NIL)
+            break;
+        if (s < c->np && gpu == k)
+            gpu++; /* still the leading GPU part */
+    }
+    if (count_stats)
+        kvp__pcache_count_query(c, scope, num_tokens, (uint64_t)gpu * c->ps,
+                                (uint64_t)(k - gpu) * c->ps);
+    if (gpu_pages)
+        *gpu_pages = gpu;
     return k;
 }
 
@@ -147,9 +175,11 @@ uint32_t kvp_pcache_publish(kvp_pcache_t *c, const kvp_pcache_ref_t *refs, uint3
             continue;
         uint32_t twin = kvp__pcache_find_slot(c, c->scope[p], c->key[p]);
         if (twin < c->np)
-            continue; /* the same content is findable already: this copy stays private */
-        if (twin != NIL)
-            kvp__pcache_drop_other(c, twin); /* a GPU copy beats one that is not a page */
+            continue;      /* the same content is findable already: this copy stays private */
+        if (twin != NIL) { /* a GPU copy beats one that is not a page */
+            kvp__pcache_drop_host(c, twin);
+            kvp__pcache_host_release(c, twin - c->np);
+        }
         kvp__pcache_index_insert(c, p);
         done++;
     }
@@ -170,7 +200,7 @@ uint32_t kvp_pcache_publish_seq(kvp_pcache_t *c, kvp_seq_t *s)
 unsigned kvp_pcache_loc_state(const kvp_pcache_t *c, kvp_loc_t loc)
 {
     const uint32_t s = kvp__pc_slot(c, loc);
-    return s == NIL ? 0 : c->flags[s];
+    return s == NIL ? 0 : c->flags[s] & KVP__PC_PUBLIC_FLAGS;
 }
 
 unsigned kvp_pcache_page_state(const kvp_pcache_t *c, uint32_t page)

@@ -48,7 +48,9 @@ typedef struct kvp_chain {
 /* ---- allocator (kvp_alloc.c) ---- */
 void kvp__alloc_set_cache(kvp_alloc_t *a, struct kvp_pcache *pc);
 void kvp__alloc_push_free(kvp_alloc_t *a, uint32_t page); /* refcount 0, no pin, not cached */
-void kvp__alloc_revive(kvp_alloc_t *a, uint32_t page);    /* a cached page: refcount 0 -> 1 */
+/* A page at refcount 0 the cache hands to a holder (cached, demoting, or pinned by a copy in
+ * flight): refcount 0 -> 1. */
+void kvp__alloc_revive(kvp_alloc_t *a, uint32_t page);
 
 /* Refcount and pins of page reached 0: returns 1 when the cache keeps it (indexed: now
  * cached), 0 when it goes to the free stack (its key, if any, is dropped). */
@@ -58,6 +60,9 @@ int kvp__pcache_on_zero(struct kvp_pcache *pc, uint32_t page);
 uint32_t kvp__pcache_evict(struct kvp_pcache *pc);
 uint32_t kvp__pcache_num_cached(const struct kvp_pcache *pc);
 int kvp__pcache_is_cached(const struct kvp_pcache *pc, uint32_t page);
+/* Demoting pages: refcount 0, no pin, neither free nor cached (kvp_pcache.h, the host tier). */
+uint32_t kvp__pcache_num_demoting(const struct kvp_pcache *pc);
+int kvp__pcache_is_demoting(const struct kvp_pcache *pc, uint32_t page);
 
 /* ---- sequence table (kvp_seqtab.c) ---- */
 void kvp__seqtab_set_cache(struct kvp_seqtab *t, struct kvp_pcache *pc);
@@ -80,7 +85,7 @@ kvp_chain_t *kvp__pcache_chain_new(const struct kvp_pcache *pc);
 void kvp__pcache_chain_start(kvp_chain_t *c, uint32_t scope, kvp_pagekey_t root, uint32_t priority,
                              uint32_t retention_ms);
 /* Links an indexed page into a sequence whose chain has priority/retention: refcount + 1 (a
- * cached page leaves its eviction list). */
+ * cached page leaves its eviction list, a demoting one's demotion is cancelled). */
 void kvp__pcache_link(struct kvp_pcache *pc, uint32_t page, uint32_t priority,
                       uint32_t retention_ms);
 /* s appended tokens[0..n) (s->pages and s->num_tokens already updated): keys the pages they
@@ -88,28 +93,56 @@ void kvp__pcache_link(struct kvp_pcache *pc, uint32_t page, uint32_t priority,
  * pages already computed (phase 1 of a reuse); the rest is hashed here. */
 void kvp__pcache_chain_append(struct kvp_pcache *pc, kvp_seq_t *s, const int32_t *tokens,
                               uint32_t n, const kvp_pagekey_t *pre, uint32_t npre);
-/* Counts a query of q tokens that found h (reuse, lookups). */
-void kvp__pcache_count_query(struct kvp_pcache *pc, uint32_t scope, uint64_t q, uint64_t h);
+/* Counts a query of q tokens that found h_gpu tokens in the GPU tier's leading pages and
+ * h_host more (reuse, lookups). */
+void kvp__pcache_count_query(struct kvp_pcache *pc, uint32_t scope, uint64_t q, uint64_t h_gpu,
+                             uint64_t h_host);
 uint32_t kvp__pcache_max_scopes(const struct kvp_pcache *pc);
+uint32_t kvp__pcache_num_pages(const struct kvp_pcache *pc);
+/* The entry slot of (scope, key) in either tier, or KVP__PC_NIL: below
+ * kvp__pcache_num_pages a GPU page, above it a host entry's slot (promotion, issue #28). */
+uint32_t kvp__pcache_find_slot(const struct kvp_pcache *pc, uint32_t scope, kvp_pagekey_t key);
+/* Planner scratch on a host entry's slot: returns 1 when it was not marked yet (so a batch
+ * counts an entry it promotes once) and marks it; unmark clears it. The planner unmarks every
+ * slot it marked before returning. */
+int kvp__pcache_mark_host(struct kvp_pcache *pc, uint32_t slot);
+void kvp__pcache_unmark_host(struct kvp_pcache *pc, uint32_t slot);
+/* Promotes the host entry at slot to page (fresh from kvp_alloc_reserve: refcount 1, unkeyed):
+ * the page takes the entry's identity (indexed, RESTORING, its priority and retention raised
+ * to priority/retention_ms) and an allocator pin; the slot is busy (the restore's source).
+ * Writes the move to *out. */
+void kvp__pcache_promote(struct kvp_pcache *pc, uint32_t slot, uint32_t page, uint32_t priority,
+                         uint32_t retention_ms, kvp_pcache_move_t *out);
 
-/* ---- the cache's own files (kvp_pcache.c, _index.c, _evict.c, _pin.c, _audit.c) ----------- */
+/* ---- the cache's own files (kvp_pcache.c, _index.c, _evict.c, _tier.c, _pin.c, _audit.c) ---- */
 
 /*
  * Entry slots. Every field of a cache entry (key, scope, hash link, list links, priority,
- * retention, release stamp, flags) lives in arrays indexed by an entry slot: slot p < np is GPU
- * page p, slot np + j is host slot j (kvp_loc_t {KVP_MEDIUM_HOST, j}). Moving an entry between
- * media moves its fields from one slot to another; the hash chains, the lists and the audit
- * work on slots whatever the medium. Fields only a GPU page has (its generation, heap position,
- * pin references) stay indexed by page id.
+ * retention, release stamp, heap position, flags) lives in arrays indexed by an entry slot:
+ * slot p < np is GPU page p, slot np + j is host slot j (kvp_loc_t {KVP_MEDIUM_HOST, j}).
+ * Moving an entry between tiers (kvp_pcache_demote_end, promotion) moves its fields from one
+ * slot to another; the hash chains, the eviction lists, the retention heap and the audit work
+ * on slots whatever the medium. Fields only a GPU page has (its generation, pin references)
+ * stay indexed by page id; fields only a host slot has (the page of its move, whether it is
+ * free) by host slot.
+ *
+ * A host slot is in exactly one state: free (its bit in hfree set; only below the limit),
+ * an entry (flags KEYED | INDEXED; only below the limit), busy (flags KVP_SLOT_BUSY, plus
+ * KVP__PC_RESTORE_SRC for a restore's source; hpage[j] is the page of the move), or unused
+ * (flags 0, bit clear: at or above the limit). A move pairs a slot with a GPU page both ways:
+ * the slot's hpage names the page, and the page, while DEMOTING or RESTORING (when it is in no
+ * eviction list), names the slot in its prev link (kvp__pc_move_slot). A demotion cancelled by
+ * a link leaves the slot busy and naming the page, while the page no longer names it: the end
+ * call tells the two apart by that, and by the generation.
  *
  * Why no entry table of its own (entry ids, a location per entry, a page -> entry map): an
- * entry lives in exactly one place at a time, so its location already names it uniquely and
- * the slot is the entry. A separate table would add an indirection to every find (the reuse
- * path's budget is a few ns a token) and at least 8 bytes a page to a cache that must stay
- * under 64 (it is at 60), and with host_slots 0 it would still cost that. It becomes needed
- * when one key must have two places at once (an inclusive host copy kept after promotion, a
- * copy in flight readable from both ends): issue #28 can add it behind kvp_loc_t then, since
- * no caller sees slots. kvp__pc_slot / kvp__pc_loc are the one indirection point.
+ * entry lives in exactly one place at a time (in flight it is still its GPU page's), so its
+ * location already names it uniquely and the slot is the entry. A separate table would add an
+ * indirection to every find (the reuse path's budget is a few ns a token) and at least 8 bytes
+ * a page to a cache that must stay under 64 (it is at 60). It becomes needed when one key must
+ * have two places at once (an inclusive host copy kept after promotion): it can be added
+ * behind kvp_loc_t then, since no caller sees slots. kvp__pc_slot / kvp__pc_loc are the one
+ * indirection point.
  */
 #define KVP__PC_NIL      UINT32_MAX
 #define KVP__PC_NPRIO    (KVP_PCACHE_MAX_PRIORITY + 1)
@@ -118,6 +151,14 @@ uint32_t kvp__pcache_max_scopes(const struct kvp_pcache *pc);
  * of releases: ordering by stamp is ordering by release, even within one ms (where a
  * sequence's pages are released deepest first), with no more memory per page. */
 #define KVP__PC_STAMP_BITS 20u
+/* Internal flag bits beside the public KVP_PAGE_* / KVP_SLOT_BUSY (kvp_pcache_loc_state masks
+ * them out): a busy host slot that a restore reads (without it, a demotion writes it), and the
+ * planner's scratch mark on a host entry. */
+#define KVP__PC_RESTORE_SRC 64u
+#define KVP__PC_MARK        128u
+#define KVP__PC_PUBLIC_FLAGS                                                                       \
+    (KVP_PAGE_KEYED | KVP_PAGE_INDEXED | KVP_PAGE_CACHED | KVP_PAGE_DEMOTING |                     \
+     KVP_PAGE_RESTORING | KVP_SLOT_BUSY)
 
 typedef struct {
     uint64_t id; /* 0: a free record */
@@ -136,21 +177,26 @@ struct kvp_pcache {
     kvp_seqtab_t *t;
     kvp_alloc_t *a;
     uint32_t np, ps, max_scopes, max_pins, max_ns;
-    uint32_t nhost; /* host slots: entry slots np..np+nhost-1 */
+    uint32_t nhost;  /* host slots: entry slots np..np+nhost-1 */
+    uint32_t hlimit; /* host slots [0, hlimit) are usable (kvp_pcache_set_host_limit) */
     uint64_t now;
     /* per entry slot [np + nhost] */
     kvp_pagekey_t *key;
-    uint32_t *scope, *hnext, *prev, *next, *ret;
+    uint32_t *scope, *hnext, *prev, *next, *ret, *hpos;
     uint64_t *rel; /* when it was cached: ms << STAMP_BITS | a release counter (release order) */
     uint8_t *flags, *prio;
     /* per GPU page [np] */
-    uint32_t *gen, *hpos;
+    uint32_t *gen;
     uint16_t *pinrefs;
+    /* per host slot [nhost]: the page of a busy slot's move; the free set, one bit a slot */
+    uint32_t *hpage;
+    uint64_t *hfree;
+    uint32_t hfree_lo; /* no free bit in the words below it */
     /* index */
     uint32_t *bucket, bmask;
     /* eviction order of each medium */
     kvp__pc_order_t ord[KVP_MEDIUMS];
-    /* cached GPU pages with a retention duration */
+    /* cached GPU pages and host entries with a retention duration */
     uint32_t *heap, heap_n;
     uint64_t release_seq;
     /* pins */
@@ -161,10 +207,6 @@ struct kvp_pcache {
     uint32_t *ns_pins;
     kvp_pcache_scope_stats_t *sc;
     kvp_pcache_stats_t st;
-    /* the demoter (kvp_pcache_set_demoter), or NULL */
-    kvp_pcache_demote_fn demote;
-    kvp_pcache_forget_fn forget;
-    void *demote_arg;
 };
 
 /* The entry slot of a location, or KVP__PC_NIL when the cache has no such slot. */
@@ -193,6 +235,13 @@ static inline uint32_t kvp__pc_bucket(const struct kvp_pcache *c, uint32_t scope
     return (uint32_t)(k.lo ^ ((uint64_t)scope * 0x9e3779b97f4a7c15ull)) & c->bmask;
 }
 
+/* The host slot a DEMOTING or RESTORING page's move uses (such a page is in no eviction list,
+ * so its prev link holds it). */
+static inline uint32_t kvp__pc_move_slot(const struct kvp_pcache *c, uint32_t page)
+{
+    return c->prev[page];
+}
+
 static inline uint64_t kvp__pc_released_ms(const struct kvp_pcache *c, uint32_t p)
 {
     return c->rel[p] >> KVP__PC_STAMP_BITS;
@@ -212,9 +261,7 @@ static inline int kvp__pc_heap_less(const struct kvp_pcache *c, uint32_t a, uint
     return ea < eb || (ea == eb && c->rel[a] < c->rel[b]);
 }
 
-/* key table (kvp_pcache_index.c) */
-/* The slot of the entry (scope, key), any medium, or KVP__PC_NIL. */
-uint32_t kvp__pcache_find_slot(const struct kvp_pcache *c, uint32_t scope, kvp_pagekey_t key);
+/* key table (kvp_pcache_index.c; kvp__pcache_find_slot above) */
 /* Slot s (keyed) enters / leaves the table; counted in its medium's stats. */
 void kvp__pcache_index_insert(struct kvp_pcache *c, uint32_t s);
 void kvp__pcache_index_remove(struct kvp_pcache *c, uint32_t s);
@@ -223,13 +270,33 @@ void kvp__pcache_index_remove(struct kvp_pcache *c, uint32_t s);
 uint32_t kvp__pcache_walk(const struct kvp_pcache *c, uint32_t scope, kvp_pagekey_t key,
                           const int32_t *tokens, uint64_t num_tokens, uint32_t *pages);
 
-/* eviction order and demotion (kvp_pcache_evict.c) */
-/* Cached GPU pages whose retention ended count as the default priority from now on. */
+/* eviction order (kvp_pcache_evict.c) */
+/* Slot s enters its medium's list of its priority at the tail / leaves it. */
+void kvp__pcache_list_push(struct kvp_pcache *c, uint32_t s);
+void kvp__pcache_list_remove(struct kvp_pcache *c, uint32_t s);
+/* Slot s enters / leaves the retention heap. */
+void kvp__pcache_heap_push(struct kvp_pcache *c, uint32_t s);
+void kvp__pcache_heap_remove(struct kvp_pcache *c, uint32_t s);
+/* Cached GPU pages and host entries whose retention ended count as the default priority from
+ * now on. */
 void kvp__pcache_expire_retention(struct kvp_pcache *c);
-/* A reference on an indexed GPU page; a cached one comes back out of its list. */
+/* A cached page leaves its list (linked, pinned, demoted or dropped). */
+void kvp__pcache_uncache(struct kvp_pcache *c, uint32_t page);
+/* A reference on an indexed GPU page; a cached one comes back out of its list, a demoting one's
+ * demotion is cancelled. */
 void kvp__pcache_take_ref(struct kvp_pcache *c, uint32_t page);
-/* The entry kept at slot s of another medium leaves the cache; the demoter's forget is told. */
-void kvp__pcache_drop_other(struct kvp_pcache *c, uint32_t s);
+/* (priority, retention) of slot s rises to (prio, ret) when those are stronger. */
+void kvp__pcache_raise_retention(struct kvp_pcache *c, uint32_t s, uint32_t prio, uint32_t ret);
+
+/* the host tier (kvp_pcache_tier.c) */
+/* The host entry at slot s leaves the cache (out of its list, the heap and the table); its
+ * slot is left with flags 0 for the caller to free, reuse or retire. */
+void kvp__pcache_drop_host(struct kvp_pcache *c, uint32_t s);
+/* Host slot j (flags 0) becomes free when below the limit, else stays unused. */
+void kvp__pcache_host_release(struct kvp_pcache *c, uint32_t j);
+/* Flush's part: drops the demoting pages of scope (KVP_PCACHE_NO_SCOPE: all) to the free
+ * stack. Returns how many. */
+uint32_t kvp__pcache_flush_demoting(struct kvp_pcache *c, uint32_t scope);
 
 /* pins (kvp_pcache_pin.c) */
 /* Drops pin record idx: its references go, its namespace's counts shrink. */

@@ -30,6 +30,7 @@
 #include "kvp_geom.h"
 #include "kvp_pcache.h"
 #include "kvp_pcache_internal.h"
+#include "kvp_plan_internal.h"
 #include "kvp_seqtab_internal.h"
 
 void kvp_plan_init(kvp_plan_t *p)
@@ -56,11 +57,12 @@ void kvp_plan_free(kvp_plan_t *p)
     free(p->link_pages);
     free(p->chains);
     free(p->publish_from);
+    free(p->restored_tokens);
+    free(p->restores);
     kvp_plan_init(p);
 }
 
-/* Grows *buf to hold `need` elements of `size` bytes; *cap tracks capacity. */
-static int grow(void **buf, uint32_t *cap, uint32_t need, size_t size)
+int kvp__plan_grow(void **buf, uint32_t *cap, uint32_t need, size_t size)
 {
     if (need <= *cap && *buf)
         return 0;
@@ -86,11 +88,12 @@ static int grow_batch(kvp_plan_t *p, uint32_t n)
                      (void **)&p->seqs,          (void **)&p->tail_page,
                      (void **)&p->cached_tokens, (void **)&p->key_off,
                      (void **)&p->linked,        (void **)&p->chains,
-                     (void **)&p->publish_from,  (void **)&p->created};
-    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 4, 4, 4, 4, sizeof(void *), 4, 1};
+                     (void **)&p->publish_from,  (void **)&p->restored_tokens,
+                     (void **)&p->created};
+    size_t sizes[] = {4, 4, 4, 4, sizeof(kvp_seq_t *), 4, 4, 4, 4, sizeof(void *), 4, 4, 1};
     for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint32_t cc = c;
-        if (grow(bufs[i], &cc, n + 1, sizes[i]))
+        if (kvp__plan_grow(bufs[i], &cc, n + 1, sizes[i]))
             return KVP_ENOMEM;
         if (i == sizeof(sizes) / sizeof(sizes[0]) - 1)
             p->cap_batch = cc;
@@ -221,48 +224,6 @@ static void rollback_created(kvp_seqtab_t *t, kvp_plan_t *p, uint32_t upto)
             kvp__seqtab_remove_empty(t, p->seqs[i]);
 }
 
-/* What phase 1 learned about an item's chain: none, continuing one, or starting one. */
-enum { CH_NONE = 0, CH_CONT = 1, CH_START = 2 };
-
-/* Phase 1 of an item that starts a chain with reuse: its keys into p->keys from *nkeys, its
- * findable prefix into p->link_pages from *nlinks; counts the cached pages it links (once per
- * batch: marks in dec[], which only tail pages use otherwise, and a cached page is never
- * one). Returns 0 or KVP_ENOMEM. */
-static int find_prefix(kvp_pcache_t *pc, kvp_plan_t *p, uint32_t i, const kvp_plan_item_t *it,
-                       const kvp_plan_content_t *ct, const kvp_plan_cache_t *cache, uint32_t ps,
-                       const uint32_t *refcount, uint32_t *dec, uint32_t *nkeys, uint32_t *nlinks,
-                       uint64_t *linked_cached)
-{
-    const uint32_t nfull = it->num_tokens / ps;
-    p->key_off[i] = *nkeys;
-    p->linked[i] = 0;
-    if (nfull == 0)
-        return 0;
-    if (grow((void **)&p->keys, &p->cap_keys, *nkeys + nfull, sizeof(kvp_pagekey_t)) ||
-        grow((void **)&p->link_pages, &p->cap_links, *nlinks + nfull, 4))
-        return KVP_ENOMEM;
-    kvp_pagekey_t root;
-    kvp_pagekey_root(ct->salt, ct->salt_len, &root);
-    kvp_pagekey_t *keys = p->keys + *nkeys;
-    kvp_pagekey_chain(root, ct->token_ids, it->num_tokens, ps, keys, nfull);
-    *nkeys += nfull;
-    const uint32_t max_f = cache->leave_last ? (it->num_tokens - 1) / ps : nfull;
-    uint32_t f = 0;
-    for (; f < max_f; f++) {
-        uint32_t pg = kvp_pcache_find(pc, cache->scope, keys[f]);
-        if (pg == UINT32_MAX)
-            break;
-        p->link_pages[*nlinks + f] = pg;
-        if (refcount[pg] == 0 && !dec[pg]) {
-            dec[pg] = 1;
-            (*linked_cached)++;
-        }
-    }
-    p->linked[i] = f;
-    *nlinks += f;
-    return 0;
-}
-
 /* with_content is a constant at each call: kvp_plan_append's copy (a decode step: no token
  * ids) keeps none of the content branches. */
 static inline __attribute__((always_inline)) int
@@ -275,6 +236,8 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
     p->fail_index = n;
     if (!t || !p || (n && !items) || n == 0)
         return KVP_EINVAL;
+    p->num_restores = 0;
+    p->num_restored_tokens = 0;
     uint64_t nnz;
     int rc = check_limits(limits, items, n, &p->fail_index, &nnz);
     if (rc)
@@ -300,7 +263,7 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
     uint32_t *dec = kvp__seqtab_page_scratch(t);
     uint64_t *ns_refs = kvp__seqtab_ns_scratch(t);
     const uint64_t epoch = kvp__seqtab_epoch(t);
-    uint64_t need = 0, copies = 0, total_pages = 0, linked_cached = 0;
+    uint64_t need = 0, copies = 0, total_pages = 0, linked_cached = 0, promotions = 0;
     uint32_t nkeys = 0, nlinks = 0;
     uint32_t seen = 0;    /* items whose p->seqs[] entry is valid (for cleanup) */
     uint32_t fail_at = n; /* the offending item, n for the batch as a whole */
@@ -349,17 +312,18 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
                     rc = KVP_EINVAL;
                     break;
                 }
-                chk[i] |= CH_START << 1;
+                chk[i] |= KVP__CH_START << 1;
                 if (!s->chain && !(p->chains[i] = kvp__pcache_chain_new(pc))) {
                     rc = KVP_ENOMEM;
                     break;
                 }
-                if (cache->reuse && (rc = find_prefix(pc, p, i, it, ct, cache, ps, refcount, dec,
-                                                      &nkeys, &nlinks, &linked_cached)))
+                if (cache->reuse &&
+                    (rc = kvp__plan_find_prefix(pc, p, i, it, ct, cache, ps, dec, &nkeys, &nlinks,
+                                                &linked_cached, &promotions)))
                     break;
                 linked = p->linked[i];
             } else if (ct->token_ids && s->chain && s->chain->tracked) {
-                chk[i] |= CH_CONT << 1;
+                chk[i] |= KVP__CH_CONT << 1;
             }
         }
         uint32_t pages_after = pages_for(&pm, len);
@@ -391,18 +355,21 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
         if (p->tail_page[j] != NO_PAGE)
             dec[p->tail_page[j]] = 0;
     }
-    for (uint32_t k = 0; k < nlinks; k++)
-        dec[p->link_pages[k]] = 0;
+    if (nlinks)
+        kvp__plan_clean_links(pc, p, nlinks, dec);
     if (!rc) {
         fail_at = n;
-        if (need + linked_cached > kvp_alloc_num_available(a))
+        if (need + linked_cached + promotions > kvp_alloc_num_available(a))
             rc = KVP_ENOSPC;
         else if (total_pages > 0x7fffffffull)
             rc = KVP_ELIMIT;
-        else if (grow((void **)&p->kv_indices, &p->cap_indices, (uint32_t)total_pages + 1, 4) ||
-                 grow((void **)&p->copies, &p->cap_copies, (uint32_t)copies + 1,
-                      sizeof(kvp_plan_copy_t)) ||
-                 grow((void **)&p->new_pages, &p->cap_new, (uint32_t)need + 1, 4))
+        else if (kvp__plan_grow((void **)&p->kv_indices, &p->cap_indices, (uint32_t)total_pages + 1,
+                                4) ||
+                 kvp__plan_grow((void **)&p->copies, &p->cap_copies, (uint32_t)copies + 1,
+                                sizeof(kvp_plan_copy_t)) ||
+                 kvp__plan_grow((void **)&p->new_pages, &p->cap_new, (uint32_t)need + 1, 4) ||
+                 (promotions && kvp__plan_grow((void **)&p->restores, &p->cap_restores,
+                                               (uint32_t)promotions, sizeof(kvp_pcache_move_t))))
             rc = KVP_ENOMEM;
     }
     if (rc) {
@@ -415,46 +382,17 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
     }
 
     /* ---- phase 2: commit; cannot fail ---- */
-    if (content) {
-        /* chains start and found pages are linked before allocation may evict */
-        kvp_pcache_set_now(pc, now_ms);
-        uint32_t lo = 0;
-        for (i = 0; i < n; i++) {
-            if (!((p->created[i] >> 1) & CH_START))
-                continue;
-            kvp_seq_t *s = p->seqs[i];
-            if (p->chains[i])
-                s->chain = p->chains[i];
-            kvp_pagekey_t root;
-            kvp_pagekey_root(content[i].salt, content[i].salt_len, &root);
-            kvp__pcache_chain_start(s->chain, cache->scope, root, cache->priority,
-                                    cache->retention_ms);
-            const uint32_t f = cache->reuse ? p->linked[i] : 0;
-            for (uint32_t k = 0; k < f; k++) {
-                uint32_t pg = p->link_pages[lo + k];
-                s->pages[k] = pg;
-                kvp__pcache_link(pc, pg, cache->priority, cache->retention_ms);
-            }
-            lo += f;
-            if (cache->reuse)
-                kvp__pcache_count_query(pc, cache->scope, items[i].num_tokens, (uint64_t)f * ps);
-            if (f) {
-                s->num_pages = f;
-                s->num_tokens = f * ps;
-                s->chain->num_keyed = s->chain->num_handed = f;
-                s->chain->last = p->keys[p->key_off[i] + f - 1];
-                /* the last linked page's tokens, for a truncate back into it */
-                memcpy(s->chain->tok + ps, content[i].token_ids + (size_t)(f - 1) * ps,
-                       (size_t)ps * sizeof(int32_t));
-                s->chain->prev_full = 1;
-                kvp__seqtab_account(t, s->ns, (int64_t)f * ps, f);
-            }
-        }
-    }
     const uint32_t free_before = kvp_alloc_num_free(a);
+    if (content) {
+        /* chains start, found pages are linked before allocation may evict, host entries are
+         * promoted (their pages taken before the batch's own) */
+        kvp_pcache_set_now(pc, now_ms);
+        kvp__plan_link_found(t, pc, p, items, content, n, cache, ps);
+    }
     int r2 = kvp_alloc_reserve(a, (uint32_t)need, p->new_pages);
     (void)r2; /* checked above: need <= free + cached (less what the links took) */
-    p->num_evicted = need > free_before ? (uint32_t)need - free_before : 0;
+    p->num_evicted =
+        need + promotions > free_before ? (uint32_t)(need + promotions) - free_before : 0;
     uint32_t taken = 0, off = 0;
     p->kv_indptr[0] = 0;
     p->append_indptr[0] = 0;
@@ -471,7 +409,7 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
         uint32_t f = 0, ch = 0;
         if (content) {
             ch = (p->created[i] >> 1) & 3u;
-            f = ch == CH_START && cache->reuse ? p->linked[i] : 0;
+            f = ch == KVP__CH_START && cache->reuse ? p->linked[i] : 0;
             add -= f * ps;
             p->cached_tokens[i] = f * ps;
             p->num_cached_tokens += (uint64_t)f * ps;
@@ -510,7 +448,7 @@ plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, const kvp_plan_conten
             else if (add && (old_tail == 0 || old_tail + add >= ps))
                 s->chain->tail_foreign = 0; /* the partial page left is this copy's alone */
             const uint32_t nfull = items[i].num_tokens / ps;
-            const int have_pre = ch == CH_START && cache->reuse;
+            const int have_pre = ch == KVP__CH_START && cache->reuse;
             kvp__pcache_chain_append(pc, s, content[i].token_ids + (size_t)f * ps, add,
                                      have_pre ? p->keys + p->key_off[i] + f : NULL,
                                      have_pre ? nfull - f : 0);
@@ -581,7 +519,7 @@ int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uin
     }
     if (total > 0x7fffffffull)
         return KVP_ELIMIT;
-    if (grow((void **)&p->kv_indices, &p->cap_indices, (uint32_t)total + 1, 4))
+    if (kvp__plan_grow((void **)&p->kv_indices, &p->cap_indices, (uint32_t)total + 1, 4))
         return KVP_ENOMEM;
     uint32_t off = 0;
     p->kv_indptr[0] = 0;
@@ -594,6 +532,8 @@ int kvp_plan_page_table(const kvp_seqtab_t *t, const kvp_plan_item_t *items, uin
     p->nnz = 0;
     p->num_copies = 0;
     p->num_new_pages = 0;
+    p->num_restores = 0;
+    p->num_restored_tokens = 0;
     return 0;
 }
 

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "kvp_pagekey.h"
+#include "kvp_pcache.h"
 #include "kvp_seqtab.h"
 
 #ifdef __cplusplus
@@ -53,6 +54,8 @@ typedef struct {
     uint8_t priority;      /* retention priority of the new chains (kvp_pcache_set_retention) */
     uint8_t daemon_writes; /* the daemon's own copy writes the rows (Append), not a worker */
     uint32_t retention_ms; /* and its duration (0: no end) */
+    uint8_t promote;       /* with reuse: continue the found prefix into the host tier, each
+                              host entry restored into a fresh page (kvp_plan_t.restores) */
 } kvp_plan_cache_t;
 
 /* Same layout as kernels' kvp_page_copy_t: K and V of page src go to page dst in every layer. */
@@ -63,22 +66,28 @@ typedef struct {
 
 typedef struct {
     uint32_t batch_size;
-    uint32_t nnz;               /* append_indptr[batch_size] */
-    uint32_t num_copies;        /* copy-on-write copies to run before the append */
-    uint32_t num_new_pages;     /* pages this plan took from the free stack */
-    int32_t *kv_indptr;         /* [batch_size + 1] */
-    int32_t *kv_indices;        /* [kv_indptr[batch_size]] */
-    int32_t *kv_last_page_len;  /* [batch_size]; 0 for an empty sequence */
-    int32_t *append_indptr;     /* [batch_size + 1] */
-    int32_t *seq_lens;          /* [batch_size], lengths after the append */
-    kvp_plan_copy_t *copies;    /* [num_copies] */
-    uint32_t *cached_tokens;    /* [batch_size]: tokens linked from the cache (reuse only) */
-    uint64_t num_cached_tokens; /* their sum */
-    uint32_t num_evicted;       /* cached pages this plan evicted to get its pages */
-    uint32_t *publish_from;     /* [batch_size], with content: the first page index of each item
-                                   whose every row this plan's writer wrote or a daemon-run
-                                   Append did (kvp_pcache_take_written); UINT32_MAX: none */
-    uint32_t fail_index;        /* on error: the batch item that caused it (or batch_size) */
+    uint32_t nnz;                 /* append_indptr[batch_size] */
+    uint32_t num_copies;          /* copy-on-write copies to run before the append */
+    uint32_t num_new_pages;       /* pages this plan took from the free stack */
+    int32_t *kv_indptr;           /* [batch_size + 1] */
+    int32_t *kv_indices;          /* [kv_indptr[batch_size]] */
+    int32_t *kv_last_page_len;    /* [batch_size]; 0 for an empty sequence */
+    int32_t *append_indptr;       /* [batch_size + 1] */
+    int32_t *seq_lens;            /* [batch_size], lengths after the append */
+    kvp_plan_copy_t *copies;      /* [num_copies] */
+    uint32_t *cached_tokens;      /* [batch_size]: tokens linked from the cache (reuse only) */
+    uint64_t num_cached_tokens;   /* their sum */
+    uint32_t *restored_tokens;    /* [batch_size], with content: of cached_tokens, those of pages
+                                     found in the host tier (promote), restored by this plan */
+    uint64_t num_restored_tokens; /* their sum */
+    uint32_t num_restores;        /* restores this plan started (promote) */
+    kvp_pcache_move_t *restores;  /* [num_restores]: {page, gen, host slot}: the caller copies
+                                     each slot into its page, then kvp_pcache_restore_end */
+    uint32_t num_evicted;         /* cached pages this plan evicted to get its pages */
+    uint32_t *publish_from;       /* [batch_size], with content: the first page index of each item
+                                     whose every row this plan's writer wrote or a daemon-run
+                                     Append did (kvp_pcache_take_written); UINT32_MAX: none */
+    uint32_t fail_index;          /* on error: the batch item that caused it (or batch_size) */
     /* private: capacities and scratch */
     uint32_t cap_batch, cap_indices, cap_copies, cap_new;
     uint32_t *new_pages;
@@ -89,8 +98,9 @@ typedef struct {
     kvp_pagekey_t *keys; /* scratch: keys of the pages a batch fills or links */
     uint32_t *key_off;   /* [batch]: each item's first entry in keys */
     uint32_t *linked;    /* [batch]: pages each item links from the cache */
-    uint32_t cap_links;
-    uint32_t *link_pages; /* scratch: the pages linked, item after item */
+    uint32_t cap_links, cap_restores;
+    uint32_t *link_pages; /* scratch: the entry slots found (page, or a host entry's slot
+                             numbered after the pages), item after item */
     void **chains;        /* [batch]: chain records made for items that start one */
 } kvp_plan_t;
 
@@ -126,9 +136,14 @@ int kvp_plan_append(kvp_seqtab_t *t, const kvp_plan_item_t *items, uint32_t n,
  * key the pages they fill (findable only once published); an item that starts a chain takes
  * its salt, the scope, and with reuse first links the longest findable prefix of its tokens
  * (p->cached_tokens[i], a multiple of the page size; the item appends only the rest, and
- * append_indptr and nnz count only those). Allocation takes free pages first, then evicts
- * cached ones (never one this batch links). Further errors: KVP_EINVAL for a salt above
- * KVP_PAGEKEY_MAX_SALT or a bad scope. All-or-nothing as kvp_plan_append.
+ * append_indptr and nnz count only those). With promote too, that prefix continues through
+ * pages found in the host tier: each such entry takes a fresh page (counted in what the batch
+ * needs), indexed there at once as RESTORING and pinned until kvp_pcache_restore_end; its
+ * {page, gen, slot} is in p->restores, and the page sits in the sequence like a linked one
+ * (p->restored_tokens[i] counts it). An entry an earlier item of the batch promoted is linked.
+ * Allocation takes free pages first, then evicts cached ones (never one this batch links).
+ * Further errors: KVP_EINVAL for a salt above KVP_PAGEKEY_MAX_SALT or a bad scope.
+ * All-or-nothing as kvp_plan_append (a failed plan starts no restore).
  */
 int kvp_plan_append_cached(kvp_seqtab_t *t, const kvp_plan_item_t *items,
                            const kvp_plan_content_t *content, uint32_t n,

@@ -302,7 +302,8 @@ void kvp_seqtab_stats(const kvp_seqtab_t *t, kvp_stats_t *out)
     out->num_pages = kvp_alloc_num_pages(t->alloc);
     out->free_pages = kvp_alloc_num_free(t->alloc);
     out->cached_pages = kvp_alloc_num_cached(t->alloc);
-    out->used_pages = out->num_pages - out->free_pages - out->cached_pages;
+    out->demoting = kvp_alloc_num_demoting(t->alloc);
+    out->used_pages = out->num_pages - out->free_pages - out->cached_pages - out->demoting;
     out->shared_pages = kvp_alloc_num_shared(t->alloc);
     out->num_seqs = t->num_seqs;
     out->num_tokens = t->num_tokens;

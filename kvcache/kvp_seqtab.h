@@ -51,8 +51,9 @@ typedef struct {
 typedef struct {
     uint32_t num_pages;    /* pool capacity */
     uint32_t free_pages;   /* refcount 0, on the free stack */
-    uint32_t used_pages;   /* neither free nor cached */
+    uint32_t used_pages;   /* neither free nor cached nor demoting */
     uint32_t cached_pages; /* refcount 0, kept by the prefix cache (kvp_pcache.h) */
+    uint32_t demoting;     /* refcount 0, their copy to the host tier in flight (kvp_pcache.h) */
     uint32_t shared_pages; /* refcount >= 2 */
     uint32_t num_seqs;
     uint64_t num_tokens; /* sum of sequence lengths */
