@@ -62,6 +62,9 @@ typedef struct {
     void *priv;            /* backend state */
     uint32_t device_index; /* index in the pool's device group of the device that reads it
                               (set by import_buffer; host backend: 0) */
+    bool writable;         /* the daemon may write it (ops->gather, a Load's destination): host
+                              backend, a memfd opened read-write without a write seal (mapped
+                              PROT_WRITE); cuda, device memory (a memfd there is not) */
 } kvp_buffer_t;
 
 /* One append to run: where each token goes (the planner's destination, passed through to the
@@ -113,6 +116,32 @@ typedef struct {
     void *stream; /* cuda, optional: queue the move on this stream and return (buf DEVICE,
                      pages_dev set; the caller waits); NULL: done when move returns */
 } kvp_move_t;
+
+/* A batch of whole pages between the pool and slots of the host tier (ops->move_slots, issue
+ * #28). A slot holds one page's packed form (the form of kvp_move_t) for every device of the
+ * group, device g's heads at g * kvp_backend_move_bytes(b, page_size): kvp_backend_slot_bytes. */
+typedef struct {
+    int dir;               /* KVP_MOVE_OUT: pages -> slots (offload); KVP_MOVE_IN: slots ->
+                              pages (restore) */
+    const uint32_t *pages; /* n page ids (checked < num_pages) */
+    void *const *slots;    /* n host addresses, kvp_backend_slot_bytes each: memory of a
+                              kvp_tier_mem_t made for this backend (cuda: pinned) */
+    uint32_t n;
+} kvp_slot_move_t;
+
+/* A Load's copy (ops->gather, issue #28): the mirror of run()'s append, rows of the pool to a
+ * registered buffer. Token i of the Load is pool slot slots[i] (page * page_size + offset) and
+ * goes where an Append with the same layout would read token i: K of layer l (counted from
+ * layer_begin), head h at k_offset + l * layer_stride + i * k_stride_n + h * k_stride_h, V
+ * likewise (heads of dst's device: a tensor-parallel pool's device dst->device_index). The
+ * caller checked the layout against dst's size like an Append's. */
+typedef struct {
+    const int32_t *slots; /* nnz slots, host memory (checked < num_pages * page_size) */
+    uint32_t nnz;
+    const kvp_buffer_t *dst; /* writable */
+    KVP_SRC_LAYOUT_MEMBER;   /* where the rows go in dst (common/kvp_layout.h) */
+    uint32_t layer_begin, layer_end;
+} kvp_gather_t;
 
 /* Bytes of a cudaIpcMemHandle_t / cudaIpcEventHandle_t (the proto's bound too). */
 #define KVP_BACKEND_IPC_HANDLE_BYTES 64
@@ -167,6 +196,14 @@ typedef struct {
      * medium or argument), KVP_ERANGE (a page id), or another code (the copy failed). Any
      * thread (a worker's, for long moves); moves into the same pages must not overlap. */
     int (*move)(kvp_backend_t *b, const kvp_move_t *m);
+    /* The host tier's mover: runs m (kvp_slot_move_t), done (bytes in place) when it returns.
+     * Any thread; calls from different threads run concurrently, none queues behind another
+     * (cuda: a stream per calling thread). Returns 0, KVP_EINVAL (bad argument), KVP_ERANGE
+     * (a page id) or another code (the copy failed: the backend is unhealthy). */
+    int (*move_slots)(kvp_backend_t *b, const kvp_slot_move_t *m);
+    /* A Load's copy: runs g (kvp_gather_t), done when it returns. Worker thread. Returns 0,
+     * KVP_EINVAL (dst not writable, bad layer range), KVP_ERANGE (a slot) or another code. */
+    int (*gather)(kvp_backend_t *b, const kvp_gather_t *g);
     /* A health probe: 0 when the backend can serve (cuda: the context is not poisoned). */
     int (*health)(kvp_backend_t *b);
     void (*destroy)(kvp_backend_t *b);
@@ -204,6 +241,10 @@ void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uin
 /* Bytes of the packed form of num_tokens tokens of one device's heads (ops->move's whole
  * range): num_layers * kvp_kv_packed_layer_bytes. */
 uint64_t kvp_backend_move_bytes(const kvp_backend_t *b, uint32_t num_tokens);
+
+/* Bytes of one host-tier slot (kvp_slot_move_t): one page's packed form for every device of
+ * the group, num_devices * kvp_backend_move_bytes(b, page_size). */
+uint64_t kvp_backend_slot_bytes(const kvp_backend_t *b);
 
 /* Checks m against b (direction, device, range, buffer, every page id < num_pages), the part
  * of ops->move every backend shares. Returns 0, KVP_EINVAL or KVP_ERANGE. */

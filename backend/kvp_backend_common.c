@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_backend_common.c - what every backend shares: the pool as workers are told of it, the
- * kernels' views of the pool and of an append's source, and the page-mover's checks and its
- * split of a packed range into per-layer pieces. No backend state of its own; a backend's file
+ * kernels' views of the pool and of an append's source, the page-mover's checks and its
+ * split of a packed range into per-layer pieces, the host tier's slot size and the slot
+ * mover's checks. No backend state of its own; a backend's file
  * holds only what differs (where the pool lives, which kernels run).
  */
 #include <string.h>
@@ -79,6 +80,26 @@ static uint64_t layer_bytes(const kvp_backend_t *b, uint32_t num_tokens)
 uint64_t kvp_backend_move_bytes(const kvp_backend_t *b, uint32_t num_tokens)
 {
     return (uint64_t)b->geom.num_layers * layer_bytes(b, num_tokens);
+}
+
+uint64_t kvp_backend_slot_bytes(const kvp_backend_t *b)
+{
+    const uint32_t devices = b->geom.num_devices ? b->geom.num_devices : 1;
+    return devices * kvp_backend_move_bytes(b, b->geom.page_size);
+}
+
+int kvp__backend_slot_move_check(const kvp_backend_t *b, const kvp_slot_move_t *m)
+{
+    if (!b || !m || (m->dir != KVP_MOVE_OUT && m->dir != KVP_MOVE_IN) || !m->n || !m->pages ||
+        !m->slots)
+        return KVP_EINVAL;
+    for (uint32_t i = 0; i < m->n; i++)
+        if (!m->slots[i])
+            return KVP_EINVAL;
+    for (uint32_t i = 0; i < m->n; i++)
+        if (m->pages[i] >= b->geom.num_pages)
+            return KVP_ERANGE;
+    return 0;
 }
 
 int kvp_backend_move_check(const kvp_backend_t *b, const kvp_move_t *m)

@@ -249,6 +249,9 @@ static int cuda_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
     out->size_bytes = size_bytes;
     out->host_ptr = NULL;
     out->priv = buf;
+    /* device memory is written by a Load (ops->gather); a host memfd is mapped read-only where
+     * the device can register it so (and its registration then forbids the GPU's writes) */
+    out->writable = kind != KVP_BUFFER_MEMFD;
     return 0;
 fail:
     /* a worker's bad handle is a refused request, not a broken backend */
@@ -318,6 +321,7 @@ static void cuda_destroy(kvp_backend_t *b)
     cuda_backend_t *cb = (cuda_backend_t *)b;
     if (!cb)
         return;
+    kvp__backend_cuda_slots_free(cb);
     for (uint32_t i = cb->num_devices; i-- > 0;)
         dev_destroy(&cb->dev[i]);
     free(cb->dev);
@@ -373,6 +377,8 @@ static const kvp_backend_ops_t cuda_ops = {
     .release_buffer = cuda_release,
     .run = kvp__backend_cuda_run,
     .move = kvp__backend_cuda_move,
+    .move_slots = kvp__backend_cuda_move_slots,
+    .gather = kvp__backend_cuda_gather,
     .health = cuda_health,
     .destroy = cuda_destroy,
 };

@@ -53,6 +53,9 @@ typedef struct {
     int plan_upload; /* tuning.plan_upload: every Append uploads its plan and runs the
                         page-table kernels (the path of batches over KVP_APPEND_SLOTS_MAX or with
                         copies), to compare the two in one build */
+    /* the host tier's slot mover's streams and staging (kvp_backend_cuda_slots.c), made on its
+     * first use; freed by kvp__backend_cuda_slots_free */
+    _Atomic(struct kvp__cuda_slots *) slots;
 } cuda_backend_t;
 
 /* A worker buffer as the daemon holds it (kvp_buffer_t.priv). */
@@ -74,6 +77,9 @@ void kvp__backend_cuda_poison(cuda_backend_t *cb, const char *why);
 /* Makes dv's device copy of the plan hold at least bytes, in stream order (no
  * synchronisation). 0 or the failing call's code. The caller holds dv->lock or owns dv. */
 int kvp__backend_cuda_dev_reserve(cuda_dev_t *dv, size_t bytes);
+
+/* Frees the slot mover's streams and staging (no move_slots may be running). Loop thread. */
+void kvp__backend_cuda_slots_free(cuda_backend_t *cb);
 
 /* ops->run of the cuda backend (kvp_backend.h). Copy worker thread. */
 int kvp__backend_cuda_run(kvp_backend_t *b, const kvp_exec_t *e);

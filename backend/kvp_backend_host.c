@@ -2,8 +2,9 @@
 /*
  * kvp_backend_host.c - the host backend: the pool lives in one memfd, mapped shared by the
  * daemon and by every worker that received the fd over SCM_RIGHTS; worker staging buffers are
- * memfds too. run() executes a plan with the CPU kernels on a copy worker thread. Used where
- * there is no GPU (CI, CPU inference) and as the reference the cuda backend is checked against.
+ * memfds too. run() executes a plan, and gather() a Load's copy out to a buffer, with the CPU
+ * kernels on a copy worker thread. Used where there is no GPU (CI, CPU inference) and as the
+ * reference the cuda backend is checked against.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +18,10 @@
 #include "kvp_backend_internal.h"
 #include "kvp_error.h"
 #include "kvp_log.h"
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1; older libc headers lack the name */
+#endif
 
 typedef struct {
     kvp_backend_t base;
@@ -33,7 +38,10 @@ static int host_export(kvp_backend_t *b, int *fds, int max)
     return 1;
 }
 
-/* Host memory only: a CUDA kind is refused, and events are ignored (no done event). Every
+/* Host memory only: a CUDA kind is refused, and events are ignored (no done event). A buffer
+ * the daemon may write (a Load's destination) is mapped PROT_READ | PROT_WRITE and marked
+ * writable: one opened read-write whose memfd is sealed against neither writes nor future
+ * writes; any other is mapped PROT_READ as an Append source needs, and is not. Every
  * refusal that is the client's descriptor's fault is a KVP_* code or -EACCES (not open for
  * reading), never an mmap errno the rpc layer would have to guess at: the rpc side
  * (kvp_rpc_buf.c) answers each with INVALID_ARGUMENT and says what is wrong. Only a failure
@@ -49,8 +57,8 @@ static int host_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
         *done_event_len = 0;
     if (kind != KVP_BUFFER_MEMFD || fd < 0 || size_bytes == 0)
         return KVP_EINVAL;
-    /* The daemon maps the buffer PROT_READ: a descriptor opened write-only (a memfd reopened
-     * through /proc/self/fd with O_WRONLY) or O_PATH cannot be mapped (mmap: EACCES). */
+    /* The daemon maps the buffer at least PROT_READ: a descriptor opened write-only (a memfd
+     * reopened through /proc/self/fd with O_WRONLY) or O_PATH cannot be mapped (mmap: EACCES). */
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || (fl & O_ACCMODE) == O_WRONLY || (fl & O_PATH))
         return -EACCES;
@@ -63,7 +71,14 @@ static int host_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
     int seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0 || !(seals & F_SEAL_SHRINK))
         return KVP_EPERM;
-    void *p = mmap(NULL, (size_t)size_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    bool writable = (fl & O_ACCMODE) == O_RDWR && !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE));
+    void *p = mmap(NULL, (size_t)size_bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                   MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED && writable && (errno == EACCES || errno == EPERM)) {
+        /* a file that refuses a shared writable mapping for another reason: a source still */
+        writable = false;
+        p = mmap(NULL, (size_t)size_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    }
     if (p == MAP_FAILED) {
         int err = errno;
         kvp_log(KVP_LOG_INFO, "buffer mmap failed size_bytes=%llu err=%s",
@@ -80,6 +95,7 @@ static int host_import(kvp_backend_t *b, const kvp_import_req_t *req, kvp_buffer
     out->host_ptr = p;
     out->priv = NULL;
     out->device_index = 0;
+    out->writable = writable;
     return 0;
 }
 
@@ -117,6 +133,36 @@ static int host_run(kvp_backend_t *b, const kvp_exec_t *e)
     return rc;
 }
 
+/* A Load's copy with the CPU kernel: every slot is checked before any layer is written, so a
+ * refused gather leaves dst as it was. */
+static int host_gather(kvp_backend_t *b, const kvp_gather_t *g)
+{
+    host_backend_t *h = (host_backend_t *)b;
+    if (!g || !g->dst || !g->dst->host_ptr || !g->dst->writable || (g->nnz && !g->slots) ||
+        g->layer_begin > g->layer_end || g->layer_end > b->geom.num_layers)
+        return KVP_EINVAL;
+    const int64_t cap = (int64_t)b->geom.num_pages * b->geom.page_size;
+    for (uint32_t i = 0; i < g->nnz; i++)
+        if (g->slots[i] >= cap)
+            return KVP_ERANGE;
+    const uint64_t elem = b->derived.elem_bytes;
+    int rc = 0;
+    for (uint32_t l = g->layer_begin; l < g->layer_end && g->nnz && !rc; l++) {
+        kvp_paged_kv_t kv;
+        kvp_backend_layer_view(b, h->pool, l, &kv);
+        uint8_t *base =
+            (uint8_t *)g->dst->host_ptr + (uint64_t)(l - g->layer_begin) * g->layer_stride;
+        const kvp_gather_dst_t dst = {.key = base + g->k_offset,
+                                      .value = base + g->v_offset,
+                                      .k_stride_n = (int64_t)(g->k_stride_n / elem),
+                                      .k_stride_h = (int64_t)(g->k_stride_h / elem),
+                                      .v_stride_n = (int64_t)(g->v_stride_n / elem),
+                                      .v_stride_h = (int64_t)(g->v_stride_h / elem)};
+        rc = kvp_gather_cpu(&kv, g->slots, g->nnz, &dst);
+    }
+    return rc;
+}
+
 typedef struct {
     host_backend_t *h;
     const kvp_move_t *m;
@@ -146,6 +192,28 @@ static int host_move(kvp_backend_t *b, const kvp_move_t *m)
     return kvp__backend_move_pieces(b, m, host_move_piece, &hm);
 }
 
+/* The host tier's mover on the CPU: each page's packed form (every layer, K then V) to or from
+ * its slot, one page-mover call per page. The pool is one device: a slot holds its heads at 0. */
+static int host_move_slots(kvp_backend_t *b, const kvp_slot_move_t *sm)
+{
+    int rc = kvp__backend_slot_move_check(b, sm);
+    if (rc)
+        return rc;
+    const uint32_t ps = b->geom.page_size;
+    for (uint32_t i = 0; i < sm->n && !rc; i++) {
+        const int32_t page = (int32_t)sm->pages[i]; /* < num_pages <= INT32_MAX: checked */
+        const kvp_move_t m = {.dir = sm->dir,
+                              .pages = &page,
+                              .num_tokens = ps,
+                              .begin = 0,
+                              .end = kvp_backend_move_bytes(b, ps),
+                              .buf = sm->slots[i],
+                              .buf_medium = KVP_MEDIUM_HOST};
+        rc = host_move(b, &m);
+    }
+    return rc;
+}
+
 static int host_health(kvp_backend_t *b)
 {
     (void)b;
@@ -171,6 +239,8 @@ static const kvp_backend_ops_t host_ops = {
     .release_buffer = host_release,
     .run = host_run,
     .move = host_move,
+    .move_slots = host_move_slots,
+    .gather = host_gather,
     .health = host_health,
     .destroy = host_destroy,
 };

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_append_cpu.c - the CPU form of every operation in kvp_kernels.h: FlashInfer's
- * append_paged_kv_cache (with any kvp_append_dest_t), get_seq_lens and get_batch_indices_positions,
- * and whole-page copies. Each entry point validates all of its arguments first and only then
- * writes, so a rejected call leaves the cache and the outputs exactly as they were. It is a plain
- * copy on host memory that runs on the calling thread (tokens are independent, so a caller may
- * split a batch across threads); it is not the geometry: it never derives a stride, pointers and
- * strides come from the caller.
+ * append_paged_kv_cache (with any kvp_append_dest_t), its inverse the gather (pool slots out to
+ * rows, a Load's copy: it shares the append's checks of the pool and of the rows' tensor),
+ * get_seq_lens and get_batch_indices_positions, and whole-page copies. Each entry point validates
+ * all of its arguments first and only then writes, so a rejected call leaves the cache and the
+ * outputs exactly as they were. It is a plain copy on host memory that runs on the calling thread
+ * (tokens are independent, so a caller may split a batch across threads); it is not the geometry:
+ * it never derives a stride, pointers and strides come from the caller.
  */
 #include "kvp_kernels.h"
 
@@ -224,6 +225,55 @@ int kvp_append_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                   row_bytes);
         copy_rows(v_pool + dst, head_step, v_src + (int64_t)i * v_tok_step, v_head_step, num_heads,
                   row_bytes);
+    }
+    return 0;
+}
+
+/* Contract in kvp_kernels.h. The checks are the append's: the pool's shape as its slots form
+ * checks it, dst as it checks a source; the copy is the slots form's with the two sides
+ * swapped. */
+int kvp_gather_cpu(const kvp_paged_kv_t *kv, const int32_t *slots, uint32_t nnz,
+                   const kvp_gather_dst_t *dst)
+{
+    if (nnz == 0)
+        return 0;
+    if (!kv || !slots || !dst)
+        return KVP_EINVAL;
+    int rc = check_pool_shape(kv);
+    if (rc)
+        return rc;
+    int64_t k_extent, v_extent;
+    if (!dst->key || !dst->value ||
+        !extent_ok(nnz, dst->k_stride_n, kv->num_heads, dst->k_stride_h, kv->head_dim,
+                   kv->elem_bytes, &k_extent) ||
+        !extent_ok(nnz, dst->v_stride_n, kv->num_heads, dst->v_stride_h, kv->head_dim,
+                   kv->elem_bytes, &v_extent) ||
+        !span_ok(dst->key, k_extent) || !span_ok(dst->value, v_extent))
+        return KVP_EINVAL;
+    const int64_t cap = (int64_t)kv->num_pages * kv->page_size;
+    for (uint32_t i = 0; i < nnz; i++)
+        if (slots[i] >= cap)
+            return KVP_ERANGE;
+
+    /* Everything is valid; from here on nothing fails. */
+    const int64_t eb = kv->elem_bytes;
+    const size_t row_bytes = (size_t)kv->head_dim * (size_t)eb;
+    const int64_t page_step = kv->stride_page * eb, slot_step = kv->stride_n * eb;
+    const int64_t head_step = kv->stride_h * eb;
+    const int64_t k_tok_step = dst->k_stride_n * eb, k_head_step = dst->k_stride_h * eb;
+    const int64_t v_tok_step = dst->v_stride_n * eb, v_head_step = dst->v_stride_h * eb;
+    const unsigned char *k_pool = kv->k_data, *v_pool = kv->v_data;
+    unsigned char *k_dst = dst->key, *v_dst = dst->value;
+    for (uint32_t i = 0; i < nnz; i++) {
+        const int32_t slot = slots[i];
+        if (slot < 0)
+            continue; /* padding */
+        const uint32_t page = (uint32_t)slot / kv->page_size, pos = (uint32_t)slot % kv->page_size;
+        const int64_t from = (int64_t)page * page_step + (int64_t)pos * slot_step;
+        copy_rows(k_dst + (int64_t)i * k_tok_step, k_head_step, k_pool + from, head_step,
+                  kv->num_heads, row_bytes);
+        copy_rows(v_dst + (int64_t)i * v_tok_step, v_head_step, v_pool + from, head_step,
+                  kv->num_heads, row_bytes);
     }
     return 0;
 }

@@ -251,8 +251,10 @@ fail:
 __attribute__((used)) static const void *const kvp_compat_anchor =
     reinterpret_cast<const void *>(&kvp_append_paged_kv_cache_cuda);
 
-extern "C" int kvp__cuda_pack_preload(void);  /* kvp_pack_cuda.cu */
-extern "C" int kvp__cuda_table_preload(void); /* kvp_table_cuda.cu */
+extern "C" int kvp__cuda_pack_preload(void);   /* kvp_pack_cuda.cu */
+extern "C" int kvp__cuda_table_preload(void);  /* kvp_table_cuda.cu */
+extern "C" int kvp__cuda_gather_preload(void); /* kvp_gather_cuda.cu */
+extern "C" int kvp__cuda_slots_preload(void);  /* kvp_slots_cuda.cu */
 
 extern "C" int kvp_cuda_available(void)
 {
@@ -272,7 +274,8 @@ extern "C" int kvp_cuda_kernels_preload(void)
     int rc = 0;
     for (const void *f : fns)
         KVP_CUDA_TRY(cudaFuncGetAttributes(&a, f), rc, fail);
-    if ((rc = kvp__cuda_table_preload()))
+    if ((rc = kvp__cuda_table_preload()) || (rc = kvp__cuda_gather_preload()) ||
+        (rc = kvp__cuda_slots_preload()))
         return rc;
     return kvp__cuda_pack_preload();
 fail:

@@ -61,6 +61,33 @@ int kvp_page_copy_cuda(const kvp_paged_kv_t *kv, const kvp_page_copy_t *copies, 
     return KVP_EUNAVAIL;
 }
 
+int kvp_gather_cuda(const kvp_paged_kv_t *kv, const int32_t *slots_dev, uint32_t nnz,
+                    const kvp_gather_dst_t *dst, void *stream)
+{
+    (void)kv, (void)slots_dev, (void)nnz, (void)dst, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_kv_pack_pages_cuda(const kvp_paged_kv_t *kv, uint32_t num_layers,
+                           uint64_t layer_stride_bytes, const uint32_t *pages, uint32_t n,
+                           void *buf_dev, uint64_t buf_stride_bytes,
+                           const kvp_pack_cuda_opts_t *opts, void *stream)
+{
+    (void)kv, (void)num_layers, (void)layer_stride_bytes, (void)pages, (void)n, (void)buf_dev;
+    (void)buf_stride_bytes, (void)opts, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
+int kvp_kv_unpack_pages_cuda(const kvp_paged_kv_t *kv, uint32_t num_layers,
+                             uint64_t layer_stride_bytes, const uint32_t *pages, uint32_t n,
+                             const void *buf_dev, uint64_t buf_stride_bytes,
+                             const kvp_pack_cuda_opts_t *opts, void *stream)
+{
+    (void)kv, (void)num_layers, (void)layer_stride_bytes, (void)pages, (void)n, (void)buf_dev;
+    (void)buf_stride_bytes, (void)opts, (void)stream;
+    return KVP_EUNAVAIL;
+}
+
 int kvp_kv_pack_cuda(const kvp_paged_kv_t *kv, const int32_t *pages_dev, uint32_t num_tokens,
                      void *out_dev, void *stream)
 {

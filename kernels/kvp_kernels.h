@@ -131,6 +131,32 @@ int kvp_append_paged_kv_cache_cpu(const kvp_paged_kv_t *kv, const kvp_append_src
 int kvp_append_cpu(const kvp_paged_kv_t *kv, const kvp_append_src_t *src,
                    const kvp_append_dest_t *dest);
 
+/* Where a gather (kvp_gather_cpu, kvp_gather_cuda) writes: [nnz, num_heads, head_dim] with
+ * any row and head stride (elements), the last dimension contiguous. The mirror of
+ * kvp_append_src_t, writable. Borrowed. */
+typedef struct {
+    void *key;
+    void *value;
+    int64_t k_stride_n, k_stride_h;
+    int64_t v_stride_n, v_stride_h;
+} kvp_gather_dst_t;
+
+/*
+ * The inverse of the append's slots form (kvp_append_cpu with KVP_APPEND_DEST_SLOTS): for each
+ * i < nnz, the K and V rows of every head of pool slot slots[i] (page slots[i] / page_size,
+ * position slots[i] % page_size) of the layer kv describes are copied to row i of dst. A slot
+ * < 0 is padding: its rows of dst are left as they were. So after an append of src to slots
+ * (distinct slots) and a gather of the same slots into a dst laid out like src, dst holds src's
+ * rows byte for byte. Validates everything first, then copies: kv's pool shape (its page table
+ * is not used and may be NULL), dst as the append's source (non-NULL pointers, strides >= 0,
+ * byte steps and extent that fit in ptrdiff_t and do not wrap), slots not NULL (KVP_EINVAL),
+ * every slot < num_pages * page_size (KVP_ERANGE); a rejected call writes nothing. nnz 0
+ * returns 0 without reading anything. dst must not overlap the pool. Reads the pool only; any
+ * thread.
+ */
+int kvp_gather_cpu(const kvp_paged_kv_t *kv, const int32_t *slots, uint32_t nnz,
+                   const kvp_gather_dst_t *dst);
+
 /*
  * seq_lens[b] = (kv_indptr[b+1] - kv_indptr[b] - 1) * page_size + kv_last_page_len[b], or 0
  * for a request with no pages (FlashInfer's get_seq_lens). Returns 0 or KVP_EINVAL (NULL

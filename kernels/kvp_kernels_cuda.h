@@ -245,6 +245,53 @@ int kvp_kv_unpack_range_cuda_ex(const kvp_paged_kv_t *kv, const int32_t *pages_d
                                 uint32_t num_tokens, uint64_t begin, uint64_t end,
                                 const void *in_dev, const kvp_pack_cuda_opts_t *opts, void *stream);
 
+/* ---- whole pages, every layer, page after page (kvp_slots_cuda.cu) ----------------------- */
+
+/* Most pages of one kvp_kv_pack_pages_cuda call (their ids travel inside the launch). */
+#define KVP_PACK_PAGES_MAX 256u
+
+/*
+ * The packed form of n whole pages, every layer in one launch: page pages[i]'s packed form
+ * (kvp_kv_pack_cpu of that one page, page_size tokens: layers [0, num_layers), each K then V
+ * [token][head][D]) at buf_dev + i * buf_stride_bytes, the host tier's slot order. kv describes
+ * layer 0 of the pool (device pointers; page-table fields unused); layer l's K and V tensors are
+ * l * layer_stride_bytes further. pages is a HOST array of n <= KVP_PACK_PAGES_MAX ids, checked
+ * (< num_pages, else KVP_ERANGE) and carried inside the launch, so nothing is uploaded first.
+ * buf_dev 16-byte aligned, buf_stride_bytes and layer_stride_bytes multiples of 16, pages not
+ * overlapping in buf (a stride of at least one page's packed form), rows multiples of 16 bytes.
+ * The grid: a block per (page, layer, K|V), capped at opts->max_blocks (NULL or 0: two per SM);
+ * a cap keeps the pack to a few SMs while the copy engines, not the SMs, bound the tier.
+ * Unpack is the inverse (buf -> pool). Returns 0 (n 0: nothing queued), KVP_EINVAL (host-side
+ * checks, before anything is queued), KVP_ERANGE, or a launch failure's code (recorded).
+ */
+int kvp_kv_pack_pages_cuda(const kvp_paged_kv_t *kv, uint32_t num_layers,
+                           uint64_t layer_stride_bytes, const uint32_t *pages, uint32_t n,
+                           void *buf_dev, uint64_t buf_stride_bytes,
+                           const kvp_pack_cuda_opts_t *opts, void *stream);
+int kvp_kv_unpack_pages_cuda(const kvp_paged_kv_t *kv, uint32_t num_layers,
+                             uint64_t layer_stride_bytes, const uint32_t *pages, uint32_t n,
+                             const void *buf_dev, uint64_t buf_stride_bytes,
+                             const kvp_pack_cuda_opts_t *opts, void *stream);
+
+/* ---- the gather (kvp_gather_cuda.cu) ------------------------------------------------------ */
+
+/*
+ * kvp_gather_cpu on the device: rows of nnz pool slots of one layer (slots_dev, a device array
+ * of int32 page id * page_size + position; < 0: padding, its rows of dst left as they were)
+ * copied to rows 0..nnz-1 of dst (device pointers, or host memory mapped for the device). One
+ * launch, a thread per vector over K|V x tokens x heads x the row's vectors; the vector is 16
+ * bytes when the row, every byte stride and the four base addresses allow it (every cuda pool
+ * with a 16-byte-aligned destination), else the widest of 8, 4, 2, 1 bytes that does, so any
+ * element-aligned destination works. A slot >= num_pages * page_size is skipped on the device
+ * (never read out of bounds) and reported nowhere: the caller checks its slots on the host
+ * first (the cuda backend's ops->gather does). Returns 0; KVP_EINVAL for host-side refusals
+ * (NULL kv, dst or slots_dev with nnz > 0, NULL data pointers, an element size not 1, 2 or 4, a
+ * zero size, a negative stride or one whose byte step does not fit in int64), nothing queued;
+ * nnz 0 returns 0 once kv and dst are checked; or a launch failure's code (recorded).
+ */
+int kvp_gather_cuda(const kvp_paged_kv_t *kv, const int32_t *slots_dev, uint32_t nnz,
+                    const kvp_gather_dst_t *dst, void *stream);
+
 /* ---- libkvpool's exported append entry points (kvp_append_cuda_compat.c) ------------------
  * libkvpool.so exports these (kvp_append_paged_kv_cache_*, client/CMakeLists.txt) and the
  * Python package calls two of them through ctypes, so their names and signatures stay as they

@@ -7,7 +7,9 @@
  * puts every token (checked against a reference written here from the tensor shapes, for each
  * layout, storage and element size, over the WHOLE pool, so nothing else is written), the
  * layer range, copy-on-write copies in every layer before the append, and plans it refuses
- * with the pool unchanged; the page-mover (move), out to host memory and back, byte-exact.
+ * with the pool unchanged; the page-mover (move), out to host memory and back, byte-exact;
+ * the gather (a Load's copy) into a writable memfd, byte-exact, and its refusals (a read-only
+ * buffer, a slot past the pool) with the buffer unchanged.
  *
  * Not here: the check of an Append's source offsets and strides against the buffer's size.
  * The backend's contract is that the dispatch validated them before run() (kvp_backend.h,
@@ -16,6 +18,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -721,6 +724,224 @@ START_TEST(a_move_it_refuses_changes_nothing)
 }
 END_TEST
 
+/* ---- the gather (ops->gather, a Load's copy, issue #28) --------------------------------- */
+
+/* The Load of the gather tests: slots of pages 5, 2, 7 and 0 out of order, one slot twice
+ * (a Load may read a slot twice), the last slot of the pool, and a padding entry (-1). */
+static void load_slots(const kvp_geom_t *g, int32_t *slots)
+{
+    const int32_t ps = (int32_t)g->page_size, last = (int32_t)(g->num_pages * g->page_size) - 1;
+    const int32_t s[NNZ] = {5 * ps + 1, 2 * ps + 3, 7 * ps, -1, 1, 2 * ps + 3, last, 5 * ps, 2};
+    memcpy(slots, s, sizeof(s));
+}
+
+static kvp_gather_t load_of(const kvp_buffer_t *dst, const src_layout_t *s, const int32_t *slots,
+                            uint32_t lb, uint32_t le)
+{
+    return (kvp_gather_t){.slots = slots,
+                          .nnz = NNZ,
+                          .dst = dst,
+                          .k_offset = s->k_offset,
+                          .v_offset = s->v_offset,
+                          .k_stride_n = s->k_stride_n,
+                          .k_stride_h = s->k_stride_h,
+                          .v_stride_n = s->v_stride_n,
+                          .v_stride_h = s->v_stride_h,
+                          .layer_stride = s->layer_stride,
+                          .layer_begin = lb,
+                          .layer_end = le};
+}
+
+/* What the Load writes into expect (the buffer's bytes): each non-padding token's rows of
+ * layers [lb, le) of pool, where an Append with the same layout would read them. */
+static void expect_load(const kvp_geom_t *g, uint8_t *expect, const uint8_t *pool,
+                        const src_layout_t *s, const int32_t *slots, uint32_t lb, uint32_t le)
+{
+    const uint64_t row = g->head_dim * elem_of(g);
+    for (uint32_t l = lb; l < le; l++)
+        for (uint32_t i = 0; i < NNZ; i++)
+            for (uint32_t h = 0; h < g->num_kv_heads && slots[i] >= 0; h++)
+                for (int kv = 0; kv < 2; kv++) {
+                    const uint32_t page = (uint32_t)slots[i] / g->page_size,
+                                   slot = (uint32_t)slots[i] % g->page_size;
+                    memcpy(expect + (l - lb) * s->layer_stride +
+                               (kv ? s->v_offset + i * s->v_stride_n + h * s->v_stride_h
+                                   : s->k_offset + i * s->k_stride_n + h * s->k_stride_h),
+                           pool + ref_offset(g, l, page, kv, slot, h), row);
+                }
+}
+
+static void fill_canary(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(0x5c ^ (i * 13));
+}
+
+START_TEST(a_gather_writes_pool_rows_into_a_writable_memfd)
+{
+    const kvp_geom_t *g = &GEOMS[_i];
+    fixture_t f;
+    open_fixture(&f, g);
+    uint8_t *pool = randomize_pool(&f, 500 + (uint64_t)_i);
+    src_layout_t s = src_layout(g);
+    size_t bytes = g->num_layers * s.layer_stride;
+    uint8_t *stage;
+    int fd = make_staging(bytes, 1, &stage); /* read-write, sealed against resizing only */
+    fill_canary(stage, bytes);
+    kvp_buffer_t buf;
+    ck_assert_int_eq(import_memfd(f.b, fd, bytes, &buf), 0);
+    ck_assert(buf.writable);
+    uint8_t *expect = malloc(bytes);
+    ck_assert_ptr_nonnull(expect);
+    int32_t slots[NNZ];
+    load_slots(g, slots);
+
+    /* every layer: the worker sees the rows in its own mapping, the rest is the canary */
+    kvp_gather_t ld = load_of(&buf, &s, slots, 0, g->num_layers);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), 0);
+    fill_canary(expect, bytes);
+    expect_load(g, expect, pool, &s, slots, 0, g->num_layers);
+    ck_assert_mem_eq(stage, expect, bytes);
+    ck_assert_mem_eq(f.pool, pool, f.bytes); /* a Load only reads the pool */
+    /* one cell by hand, so the reference itself is pinned down: token 2 is slot 0 of page 7,
+     * its V of head 1 in layer 0 */
+    {
+        const uint64_t el = elem_of(g), row = g->head_dim * el, S = g->page_size,
+                       H = g->num_kv_heads, D = g->head_dim;
+        const uint64_t in_page = g->layout == KVP_LAYOUT_NHD ? 1 * D : 1 * S * D;
+        const uint64_t off =
+            g->storage == KVP_STORAGE_COMBINED
+                ? ((7 * 2 + 1) * S * H * D + in_page) * el
+                : ((uint64_t)g->num_pages * S * H * D + 7 * S * H * D + in_page) * el;
+        ck_assert_int_eq(
+            memcmp(stage + s.v_offset + 2 * s.v_stride_n + 1 * s.v_stride_h, pool + off, row), 0);
+    }
+
+    /* layers [1, 2) land in the buffer's first layer block; nothing else changes */
+    fill_canary(stage, bytes);
+    ld = load_of(&buf, &s, slots, 1, 2);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), 0);
+    fill_canary(expect, bytes);
+    expect_load(g, expect, pool, &s, slots, 1, 2);
+    ck_assert_mem_eq(stage, expect, bytes);
+
+    /* nnz 0, or an empty layer range: nothing is written */
+    fill_canary(stage, bytes);
+    fill_canary(expect, bytes);
+    ld = load_of(&buf, &s, slots, 0, g->num_layers);
+    ld.nnz = 0;
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), 0);
+    ld = load_of(&buf, &s, slots, 1, 1);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), 0);
+    ck_assert_mem_eq(stage, expect, bytes);
+
+    f.b->ops->release_buffer(f.b, &buf);
+    free(expect);
+    free(pool);
+    munmap(stage, bytes);
+    close_fixture(&f);
+}
+END_TEST
+
+/* A sealed memfd of bytes holding a pattern, with extra seals, and no writable mapping (a
+ * write seal needs none to exist); *map is a read-only view of it. */
+static int make_sealed(size_t bytes, int extra_seals, uint8_t **map)
+{
+    int fd = memfd_create("test-load", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, (off_t)bytes), 0);
+    uint8_t *tmp = malloc(bytes);
+    ck_assert_ptr_nonnull(tmp);
+    fill_canary(tmp, bytes);
+    ck_assert_int_eq(pwrite(fd, tmp, bytes, 0), (ssize_t)bytes);
+    free(tmp);
+    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | extra_seals), 0);
+    *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    ck_assert_ptr_ne(*map, MAP_FAILED);
+    return fd;
+}
+
+START_TEST(a_gather_it_refuses_writes_nothing)
+{
+    const kvp_geom_t *g = &GEOMS[0];
+    fixture_t f;
+    open_fixture(&f, g);
+    uint8_t *pool = randomize_pool(&f, 600);
+    src_layout_t s = src_layout(g);
+    size_t bytes = g->num_layers * s.layer_stride;
+    uint8_t *clean = malloc(bytes);
+    ck_assert_ptr_nonnull(clean);
+    fill_canary(clean, bytes);
+    int32_t slots[NNZ];
+    load_slots(g, slots);
+    kvp_gather_t ld;
+
+    /* read-only buffers are Append sources still, never a Load's destination: a memfd sealed
+     * against writes, and a sealed memfd reopened read-only */
+    uint8_t *ro_map;
+    int fd = make_sealed(bytes, F_SEAL_WRITE, &ro_map);
+    kvp_buffer_t ro;
+    ck_assert_int_eq(import_memfd(f.b, fd, bytes, &ro), 0);
+    ck_assert(!ro.writable);
+    ld = load_of(&ro, &s, slots, 0, g->num_layers);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_EINVAL);
+    ck_assert_mem_eq(ro_map, clean, bytes);
+    f.b->ops->release_buffer(f.b, &ro);
+    munmap(ro_map, bytes);
+
+    fd = make_sealed(bytes, 0, &ro_map);
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    int rd = open(path, O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge(rd, 0);
+    close(fd);
+    ck_assert_int_eq(import_memfd(f.b, rd, bytes, &ro), 0);
+    ck_assert(!ro.writable);
+    ld = load_of(&ro, &s, slots, 0, g->num_layers);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_EINVAL);
+    ck_assert_mem_eq(ro_map, clean, bytes);
+    f.b->ops->release_buffer(f.b, &ro);
+    munmap(ro_map, bytes);
+
+    /* a writable one, and Loads the backend refuses before writing a byte */
+    uint8_t *stage;
+    fd = make_staging(bytes, 1, &stage);
+    fill_canary(stage, bytes);
+    kvp_buffer_t buf;
+    ck_assert_int_eq(import_memfd(f.b, fd, bytes, &buf), 0);
+    ck_assert(buf.writable);
+    slots[6] = (int32_t)(g->num_pages * g->page_size); /* the first slot past the pool */
+    ld = load_of(&buf, &s, slots, 0, g->num_layers);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_ERANGE);
+    ck_assert_mem_eq(stage, clean, bytes);
+    slots[6] = INT32_MAX;
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_ERANGE);
+    ck_assert_mem_eq(stage, clean, bytes);
+    load_slots(g, slots);
+    ld = load_of(&buf, &s, slots, 0, g->num_layers + 1); /* past the last layer */
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_EINVAL);
+    ld = load_of(&buf, &s, slots, 2, 1);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_EINVAL);
+    ld = load_of(&buf, &s, NULL, 0, g->num_layers);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_EINVAL);
+    ld = load_of(NULL, &s, slots, 0, g->num_layers);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), KVP_EINVAL);
+    ck_assert_mem_eq(stage, clean, bytes);
+    ck_assert_mem_eq(f.pool, pool, f.bytes);
+    ck_assert_int_eq(f.b->ops->health(f.b), 0); /* refusals leave it healthy */
+    /* and the same Load with good slots does write */
+    ld = load_of(&buf, &s, slots, 0, g->num_layers);
+    ck_assert_int_eq(f.b->ops->gather(f.b, &ld), 0);
+    ck_assert_int_ne(memcmp(stage, clean, bytes), 0);
+
+    f.b->ops->release_buffer(f.b, &buf);
+    munmap(stage, bytes);
+    free(clean);
+    free(pool);
+    close_fixture(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("backend_host");
@@ -734,6 +955,8 @@ int main(void)
     tcase_add_test(tc, plans_it_refuses_leave_the_pool_unchanged);
     tcase_add_loop_test(tc, pages_move_out_and_back_through_the_page_mover, 0, (int)NUM_GEOMS);
     tcase_add_test(tc, a_move_it_refuses_changes_nothing);
+    tcase_add_loop_test(tc, a_gather_writes_pool_rows_into_a_writable_memfd, 0, (int)NUM_GEOMS);
+    tcase_add_test(tc, a_gather_it_refuses_writes_nothing);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
