@@ -286,14 +286,23 @@ size_t kvp_client_sizeof(const char *type_name)
     static const struct {
         const char *name;
         size_t size;
-    } types[] = {T(kvp_client_opts_t),     T(kvp_pool_info_t),
-                 T(kvp_page_table_t),      T(kvp_source_t),
-                 T(kvp_rank_source_t),     T(kvp_stats_summary_t),
-                 T(kvp_transfer_ticket_t), T(kvp_transfer_info_t),
-                 T(kvp_cache_opts_t),      T(kvp_pin_t),
-                 T(kvp_cache_stats_t),     T(kvp_namespace_stats_t),
-                 T(kvp_scope_stats_t),     T(kvp_daemon_stats_t),
-                 T(kvp_seq_info_t),        T(kvp_session_info_t)};
+    } types[] = {T(kvp_client_opts_t),
+                 T(kvp_pool_info_t),
+                 T(kvp_page_table_t),
+                 T(kvp_source_t),
+                 T(kvp_rank_source_t),
+                 T(kvp_stats_summary_t),
+                 T(kvp_transfer_ticket_t),
+                 T(kvp_transfer_info_t),
+                 T(kvp_cache_opts_t),
+                 T(kvp_pin_t),
+                 T(kvp_cache_stats_t),
+                 T(kvp_namespace_stats_t),
+                 T(kvp_scope_stats_t),
+                 T(kvp_daemon_stats_t),
+                 T(kvp_seq_info_t),
+                 T(kvp_session_info_t),
+                 T(kvp_load_t)};
 #undef T
     for (size_t i = 0; type_name && i < sizeof(types) / sizeof(types[0]); i++)
         if (strcmp(types[i].name, type_name) == 0)

@@ -92,6 +92,21 @@ static void cache_get(kvp_cache_stats_t *out, const kvpool_CacheStats *s)
     out->evictions_flush_total = s->evictions_flush_total;
     out->evictions_rewrite_total = s->evictions_rewrite_total;
     out->bytes = s->bytes;
+    out->host_pages = s->host_pages;
+    out->host_slots = s->host_slots;
+    out->host_bytes_total = s->host_bytes_total;
+    out->host_bytes_ready = s->host_bytes_ready;
+    out->host_hit_tokens_total = s->host_hit_tokens_total;
+    out->demotions_total = s->demotions_total;
+    out->promotions_total = s->promotions_total;
+    out->host_evictions_total = s->host_evictions_total;
+    out->offload_bytes_total = s->offload_bytes_total;
+    out->restore_bytes_total = s->restore_bytes_total;
+    out->offload_us_total = s->offload_us_total;
+    out->restore_us_total = s->restore_us_total;
+    out->demoting = s->demoting;
+    out->restoring = s->restoring;
+    out->host_slot_bytes = s->host_slot_bytes;
 }
 
 int kvp_client_cache_stats(kvp_client_t *c, kvp_cache_stats_t *out)
@@ -172,6 +187,8 @@ int kvp_client_daemon_stats(kvp_client_t *c, kvp_daemon_stats_t *out)
         o->indexed_pages = w->indexed_pages;
         o->query_tokens = w->query_tokens;
         o->hit_tokens = w->hit_tokens;
+        o->host_pages = w->host_pages;
+        o->host_hit_tokens = w->host_hit_tokens;
     }
     return 0;
 }

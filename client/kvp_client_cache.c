@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_client_cache.c - libkvpool's prefix-cache calls that are not a sequence call (kvpool.h,
- * "the prefix cache"): Lookup, Pin, Unpin and CacheFlush. Reserve and Append with the cache are
- * kvp_client_seq.c's, the cache's counters (a part of Stats) kvp_client_admin.c's. Like the
- * other call files it builds the request in the handle's scratch and keeps no state.
+ * "the prefix cache"): Lookup (with the host tier's answer), Load, Pin, Unpin and CacheFlush.
+ * Reserve and Append with the cache are kvp_client_seq.c's, the cache's counters (a part of
+ * Stats) kvp_client_admin.c's. Like the other call files it builds the request in the handle's
+ * scratch and keeps no state.
  */
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +16,13 @@
 int kvp_client_lookup(kvp_client_t *c, const int32_t *token_ids, const uint32_t *lengths,
                       uint32_t n, const uint8_t *salts, const uint32_t *salt_lens,
                       uint32_t *cached_tokens)
+{
+    return kvp_client_lookup_tiers(c, token_ids, lengths, n, salts, salt_lens, cached_tokens, NULL);
+}
+
+int kvp_client_lookup_tiers(kvp_client_t *c, const int32_t *token_ids, const uint32_t *lengths,
+                            uint32_t n, const uint8_t *salts, const uint32_t *salt_lens,
+                            uint32_t *cached_tokens, uint32_t *host_tokens)
 {
     if (!c)
         return KVP_EINVAL;
@@ -38,12 +46,65 @@ int kvp_client_lookup(kvp_client_t *c, const int32_t *token_ids, const uint32_t 
     kvp_reply_arrays_t r;
     kvp__client_table_arrays(&r, NULL);
     r.cached_tokens = kvp_array(cached_tokens, sizeof(uint32_t), 0, n);
+    /* host_tokens NULL: a sink that counts (kvp_client_wire.c), so its count is checked too */
+    r.host_tokens = kvp_array(host_tokens, sizeof(uint32_t), 0, n);
     int rc = kvp__client_call(c, kvpool_Response_lookup_tag, &r, NULL, 0);
     if (rc)
         return rc;
     if (r.cached_tokens.count != n)
         return kvp__client_fail(c, KVP_EPROTO, "lookup: %u answers for %u prompts",
                                 r.cached_tokens.count, n);
+    if (r.host_tokens.count != 0 && r.host_tokens.count != n)
+        return kvp__client_fail(c, KVP_EPROTO, "lookup: %u host tier answers for %u prompts",
+                                r.host_tokens.count, n);
+    if (host_tokens && r.host_tokens.count == 0 && n) /* no host tier: nothing there */
+        memset(host_tokens, 0, (size_t)n * sizeof(uint32_t));
+    return 0;
+}
+
+int kvp_client_load(kvp_client_t *c, const int32_t *token_ids, uint32_t num_tokens,
+                    const void *salt, uint32_t salt_len, const kvp_source_t *dest,
+                    uint32_t max_tokens, kvp_load_t *out)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (num_tokens && !token_ids)
+        return kvp__client_fail(c, KVP_EINVAL, "load: NULL token_ids for %u tokens", num_tokens);
+    if (salt_len && !salt)
+        return kvp__client_fail(c, KVP_EINVAL, "load: NULL salt of %u bytes", salt_len);
+    if (!dest)
+        return kvp__client_fail(c, KVP_EINVAL, "load: NULL destination");
+    kvpool_Request *req = kvp__client_request(c, kvpool_Request_load_tag);
+    kvpool_LoadRequest *q = &req->body.load;
+    if (salt_len > sizeof(q->salt.bytes))
+        return kvp__client_fail(c, KVP_EINVAL, "load: a salt of %u bytes, at most %zu", salt_len,
+                                sizeof(q->salt.bytes));
+    /* encoding only reads through data; borrowed until the request is sent below */
+    kvp_array_t ids = kvp_array((void *)token_ids, sizeof(int32_t), num_tokens, num_tokens);
+    kvp_array_bind_encode(&q->token_ids, &ids);
+    if (salt_len)
+        memcpy(q->salt.bytes, salt, salt_len);
+    q->salt.size = (pb_size_t)salt_len;
+    q->has_dest = true;
+    kvp_wire_source_put(&q->dest, dest->buffer_id, &dest->layout, dest->layer_begin,
+                        dest->layer_end);
+    q->max_tokens = max_tokens;
+    int rc = kvp__client_call(c, kvpool_Response_load_tag, NULL, NULL, 0);
+    if (rc)
+        return rc;
+    const kvpool_LoadResponse *l = &kvp__client_response(c)->body.load;
+    if (max_tokens && l->loaded_tokens > max_tokens)
+        return kvp__client_fail(c, KVP_EPROTO, "load: %u tokens loaded, at most %u asked for",
+                                l->loaded_tokens, max_tokens);
+    if (l->loaded_tokens > num_tokens || l->host_tokens > l->loaded_tokens)
+        return kvp__client_fail(c, KVP_EPROTO,
+                                "load: %u tokens loaded (%u from host memory) of a %u-token prompt",
+                                l->loaded_tokens, l->host_tokens, num_tokens);
+    if (out) {
+        out->loaded_tokens = l->loaded_tokens;
+        out->host_tokens = l->host_tokens;
+        out->completed = l->completed;
+    }
     return 0;
 }
 

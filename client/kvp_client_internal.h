@@ -49,8 +49,8 @@ int kvp__client_salt_arrays(kvp_batch_arrays_t *b, const uint8_t *salts, const u
                             uint32_t n, const char **why);
 
 /* Points r at the arrays of t with their capacities (t may be NULL), cached_tokens with cap
- * cap_batch. An array whose pointer is NULL is a sink: its bytes are skipped and counted.
- * copies are counted in (src, dst) pairs. */
+ * cap_batch; host_tokens (a Lookup's, set by the caller) is left a sink. An array whose pointer
+ * is NULL is a sink: its bytes are skipped and counted. copies are counted in (src, dst) pairs. */
 void kvp__client_table_arrays(kvp_reply_arrays_t *r, const kvp_page_table_t *t);
 
 /* Decodes one response payload into resp, the bulk arrays into r (NULL-data arrays skipped).

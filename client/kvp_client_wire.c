@@ -75,6 +75,7 @@ static bool bind_body(pb_istream_t *stream, const pb_field_t *field, void **arg)
     case kvpool_Response_lookup_tag:
         sink_if_unwanted(&((kvpool_LookupResponse *)field->pData)->cached_tokens,
                          &r->cached_tokens);
+        sink_if_unwanted(&((kvpool_LookupResponse *)field->pData)->host_tokens, &r->host_tokens);
         break;
     case kvpool_Response_metrics_tag:
         if (!r->text.s)
@@ -220,6 +221,7 @@ void kvp__client_table_arrays(kvp_reply_arrays_t *r, const kvp_page_table_t *t)
         r->append_indptr = r->seq_lens = kvp_array(NULL, 4, 0, 0);
         r->copies = kvp_array(NULL, 8, 0, 0);
         r->cached_tokens = kvp_array(NULL, 4, 0, 0);
+        r->host_tokens = kvp_array(NULL, 4, 0, 0);
         return;
     }
     r->kv_indptr = kvp_array(t->kv_indptr, sizeof(int32_t), 0, t->cap_batch);
@@ -243,7 +245,8 @@ static const char *bad_array(const kvp_reply_arrays_t *r, int *code)
                {&r->append_indptr, "append_indptr"},
                {&r->seq_lens, "seq_lens"},
                {&r->copies, "copies"},
-               {&r->cached_tokens, "cached_tokens"}};
+               {&r->cached_tokens, "cached_tokens"},
+               {&r->host_tokens, "host_tokens"}};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
         if (all[i].a->bad) {
             *code = all[i].a->bad;

@@ -144,20 +144,36 @@ typedef struct {
     uint64_t expires_in_ms;
 } kvp_pin_t;
 
-/* The prefix cache's counters (kvpool.proto CacheStats, the daemon-wide part). */
+/* The prefix cache's counters (kvpool.proto CacheStats, the daemon-wide part). The host tier's
+ * (issue #28) come last, appended so the earlier members keep their offsets; all 0 from a
+ * daemon without a host tier (cache.host_bytes 0). hit_tokens_total counts tokens found on the
+ * GPU, host_hit_tokens_total those found in host memory. */
 typedef struct {
     uint32_t cached_pages, pinned_pages, indexed_pages, pins;
     uint64_t query_tokens_total, hit_tokens_total, evictions_pressure_total, evictions_flush_total,
         evictions_rewrite_total, bytes;
+    /* the host tier */
+    uint32_t host_pages;            /* entries kept in host memory */
+    uint32_t host_slots;            /* slots usable now (pinned so far, within host_bytes) */
+    uint64_t host_bytes_total;      /* cache.host_bytes as running */
+    uint64_t host_bytes_ready;      /* of it allocated and pinned so far */
+    uint64_t host_hit_tokens_total; /* tokens of Lookups and reuse found in host memory */
+    uint64_t demotions_total;       /* pages moved GPU -> host */
+    uint64_t promotions_total;      /* pages restored host -> GPU */
+    uint64_t host_evictions_total;  /* dropped from the host tier (final) */
+    uint64_t offload_bytes_total, restore_bytes_total;
+    uint64_t offload_us_total, restore_us_total; /* the copies' time (worker threads, summed) */
+    uint32_t demoting, restoring;                /* pages being copied out / restored now */
+    uint32_t host_slot_bytes;                    /* one host slot: a page, every layer, K and V */
 } kvp_cache_stats_t;
 
 /* sizeof the public struct called type_name (each struct typedef of this header:
  * "kvp_client_opts_t", "kvp_pool_info_t", "kvp_page_table_t", "kvp_source_t",
  * "kvp_rank_source_t", "kvp_stats_summary_t", "kvp_transfer_ticket_t", "kvp_transfer_info_t",
  * "kvp_cache_opts_t", "kvp_pin_t", "kvp_cache_stats_t", "kvp_namespace_stats_t",
- * "kvp_scope_stats_t", "kvp_daemon_stats_t", "kvp_seq_info_t", "kvp_session_info_t"), 0 for any
- * other name: bindings that mirror the structs (the Python package's ctypes) check their copies
- * against it. */
+ * "kvp_scope_stats_t", "kvp_daemon_stats_t", "kvp_seq_info_t", "kvp_session_info_t",
+ * "kvp_load_t"), 0 for any other name: bindings that mirror the structs (the Python package's
+ * ctypes) check their copies against it. */
 size_t kvp_client_sizeof(const char *type_name);
 
 /* The version of the libkvpool that is running: KVP_VERSION_STRING of the library's own build
@@ -166,7 +182,7 @@ size_t kvp_client_sizeof(const char *type_name);
 const char *kvp_client_version(void);
 
 /* The running library's ABI number, KVP_ABI_VERSION of its build (its SONAME major:
- * libkvpool.so.0 answers 0). A binding that mirrors the structs (ctypes) refuses a library whose
+ * libkvpool.so.1 answers 1). A binding that mirrors the structs (ctypes) refuses a library whose
  * number differs from the one it was written for, then checks kvp_client_sizeof. Any thread. */
 unsigned kvp_client_abi_version(void);
 
@@ -286,6 +302,42 @@ int kvp_client_commit(kvp_client_t *c, const uint64_t *seq_ids, uint32_t n,
 int kvp_client_lookup(kvp_client_t *c, const int32_t *token_ids, const uint32_t *lengths,
                       uint32_t n, const uint8_t *salts, const uint32_t *salt_lens,
                       uint32_t *cached_tokens);
+
+/* kvp_client_lookup that also reads the host tier (issue #28): host_tokens[n] (may be NULL: not
+ * wanted) receives LookupResponse.host_tokens, the tokens after cached_tokens[i] found in host
+ * memory (whole pages; a Reserve or Append with reuse, or a Load, restores them to the GPU
+ * first). All 0 when the daemon has no host tier (the answer carries no host_tokens). Errors as
+ * kvp_client_lookup; KVP_EPROTO when the answer's host_tokens are not one per prompt. Neither
+ * array is written by a call that fails before the answer arrives. */
+int kvp_client_lookup_tiers(kvp_client_t *c, const int32_t *token_ids, const uint32_t *lengths,
+                            uint32_t n, const uint8_t *salts, const uint32_t *salt_lens,
+                            uint32_t *cached_tokens, uint32_t *host_tokens);
+
+/* What a Load answered (kvpool.proto LoadResponse). */
+typedef struct {
+    uint32_t loaded_tokens; /* tokens copied into the buffer: a multiple of the page size */
+    uint32_t host_tokens;   /* of them, restored from the host tier first */
+    int completed;          /* the bytes are in the buffer (always 1 from current daemons) */
+} kvp_load_t;
+
+/* Load (issue #28): copies the cached full pages of the prompt token_ids[num_tokens]'s prefix
+ * (salt[salt_len], at most 256 bytes; salt may be NULL when salt_len is 0), from the GPU or the
+ * host tier, into buffer dest->buffer_id, which this handle registered and the daemon can write
+ * (a host buffer of kvp_client_alloc_host_buffer; device memory on the cuda backend), laid out
+ * where an Append with dest as its source would read them: token t of layer l, head h at
+ * k_offset + (l - layer_begin) * layer_stride + t * k_stride_n + h * k_stride_h (K; V alike).
+ * max_tokens > 0 caps the tokens copied (whole pages; 0: every cached one). Returns once the
+ * bytes are in the buffer; *out (may be NULL) receives the answer. KVP_ENOENT: no page of the
+ * prefix is cached (or no buffer dest->buffer_id on this connection, as for an Append);
+ * KVP_EINVAL: a bad layout (checked as an Append's source is: the wire has no OUT_OF_RANGE, a
+ * range error arrives as INVALID_ARGUMENT); KVP_EPRECOND: a buffer the daemon cannot write;
+ * KVP_ENOSPC: over the namespace's page quota while the copy holds the pages. KVP_EINVAL before
+ * anything is sent: NULL token_ids with num_tokens, NULL dest, a salt over 256 bytes or NULL
+ * with salt_len. On any failure nothing is written to the buffer and *out is left as it was;
+ * the message is in kvp_client_last_error(). */
+int kvp_client_load(kvp_client_t *c, const int32_t *token_ids, uint32_t num_tokens,
+                    const void *salt, uint32_t salt_len, const kvp_source_t *dest,
+                    uint32_t max_tokens, kvp_load_t *out);
 
 /* Pin: keeps the cached prefix of the prompt token_ids[num_tokens] (with salt[salt_len], at
  * most 256 bytes; salt may be NULL when salt_len is 0) resident for ttl_ms (0: the daemon's
@@ -408,7 +460,10 @@ typedef struct {
     uint32_t namespaces;                    /* attached */
     uint32_t cached_pages;                  /* findable, held by nobody */
     uint32_t indexed_pages;                 /* findable, held or not */
-    uint64_t query_tokens, hit_tokens;      /* tokens asked for (Lookup, reuse); of them found */
+    uint64_t query_tokens, hit_tokens;      /* tokens asked for (Lookup, reuse); of them found
+                                               on the GPU */
+    uint32_t host_pages;                    /* entries kept in the host tier (issue #28) */
+    uint64_t host_hit_tokens;               /* of the tokens asked for, found in the host tier */
 } kvp_scope_stats_t;
 
 /* The whole Stats answer. Zero the struct, then set the arrays and their caps (entries); the

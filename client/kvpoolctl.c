@@ -68,8 +68,9 @@ static const struct {
     const char *doc; /* its lines of the command list */
 } cmd_doc[NUM_CMDS] = {
     [C_STATUS] = {"status",
-                  "  status                 daemon, backend, geometry, usage and round-trip time\n"
-                  "                         (wide: every device, also the only one)\n"},
+                  "  status                 daemon, backend, geometry, usage, the cache's host\n"
+                  "                         tier (when it has one) and round-trip time (wide:\n"
+                  "                         every device, also the only one)\n"},
     [C_STATS] = {"stats",
                  "  stats [-n NS]          pool and per-namespace statistics (-n: namespace NS\n"
                  "                         only; wide: dedup columns, the cache's scopes)\n"},
@@ -101,9 +102,11 @@ static const struct {
          "  cache [--interval SEC | -w, --watch SEC]\n"
          "                         prefix cache: cached, pinned and indexed pages, pins,\n"
          "                         hit rate (over SEC seconds between two reads; without\n"
-         "                         it since start), evictions by reason, one row per scope\n"
-         "                         (-n: the row of NS's private scope ns:NS, or of the\n"
-         "                         --cache-scope named; wide: the scopes' lifetime totals)\n"
+         "                         it since start), evictions by reason, the host tier\n"
+         "                         (pages, slots, bytes ready, hits, moves, GB/s), one row\n"
+         "                         per scope (-n: the row of NS's private scope ns:NS, or\n"
+         "                         of the --cache-scope named; wide: the scopes' lifetime\n"
+         "                         totals)\n"
          "  cache flush [--scope S | --all]\n"
          "                         drop every cached page nobody holds (pinned and held\n"
          "                         pages stay) in scope S, in every scope (--all), or, with\n"

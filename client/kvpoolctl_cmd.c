@@ -182,6 +182,14 @@ int kvp_ctl_cmd_status(ctl_t *x)
             kvp_ctl_json_close(&j, '}');
         }
         kvp_ctl_json_close(&j, ']');
+        /* the prefix cache's host tier (issue #28): zeros and enabled false without one */
+        kvp_ctl_json_open(&j, "host_tier", '{');
+        kvp_ctl_json_bool(&j, "enabled", d->cache.host_bytes_total > 0);
+        kvp_ctl_json_u64(&j, "bytes_total", d->cache.host_bytes_total);
+        kvp_ctl_json_u64(&j, "bytes_ready", d->cache.host_bytes_ready);
+        kvp_ctl_json_u64(&j, "pages", d->cache.host_pages);
+        kvp_ctl_json_u64(&j, "slots", d->cache.host_slots);
+        kvp_ctl_json_close(&j, '}');
         kvp_ctl_json_u64(&j, "uptime_ms", s->uptime_ms);
         kvp_ctl_json_bool(&j, "pool_shared_across_uids", d->pool_shared_across_uids);
         kvp_ctl_json_double(&j, "rtt_us", (double)rtt_ns / 1000.0);
@@ -212,6 +220,11 @@ int kvp_ctl_cmd_status(ctl_t *x)
                    kvp_ctl_fmt_bytes((uint64_t)s->used_pages * s->page_bytes, b1, 64),
                    kvp_ctl_fmt_bytes((uint64_t)s->num_pages * s->page_bytes, b2, 64));
         }
+        if (d->cache.host_bytes_total > 0) /* issue #28: allocated and pinned in the background */
+            printf("host tier    %s of %s pinned, %u page%s\n",
+                   kvp_ctl_fmt_bytes(d->cache.host_bytes_ready, b1, 64),
+                   kvp_ctl_fmt_bytes(d->cache.host_bytes_total, b2, 64), d->cache.host_pages,
+                   d->cache.host_pages == 1 ? "" : "s");
         printf("sequences    %u (%llu tokens) in %u namespace%s\n", s->num_seqs,
                (unsigned long long)s->num_tokens, (unsigned)kvp_ctl_ns_total(d),
                kvp_ctl_ns_total(d) == 1 ? "" : "s");

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoolctl_stats.c - kvpoolctl's commands over the Stats answer: stats (the pool, the
- * namespaces, the cache's scopes with -o wide) and cache (the prefix cache's figures, a hit
- * rate over a window between two reads, one row per scope), and the one mutating command,
- * cache flush. They read through libkvpool's kvp_client_daemon_stats and kvp_client_cache_flush
- * and print through kvpoolctl_out.c; the connection is kvpoolctl_cmd.c's.
+ * namespaces, the cache's scopes with -o wide) and cache (the prefix cache's figures, GPU and
+ * host tier, a hit rate over a window between two reads, one row per scope), and the one
+ * mutating command, cache flush. They read through libkvpool's kvp_client_daemon_stats and
+ * kvp_client_cache_flush and print through kvpoolctl_out.c; the connection is
+ * kvpoolctl_cmd.c's.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,7 @@
 typedef struct {
     kvp_scope_stats_t s;
     uint64_t query, hit; /* over the window */
+    uint64_t host_hit;   /* over the window: found in the host tier */
 } scope_row_t;
 
 static void scope_hit_rate(const void *rec, const void *ctx, kvp_ctl_col_val_t *v)
@@ -45,6 +48,10 @@ static const kvp_ctl_col_t scope_cols[] = {
     {"QUERY", "query_tokens", 'r', SHOW_PLAIN, FIELD(scope_row_t, query)},
     {"HIT", "hit_tokens", 'r', SHOW_PLAIN, FIELD(scope_row_t, hit)},
     {"HIT%", "hit_rate", 'r', SHOW_PERCENT, .type = COL_F64, .get = scope_hit_rate},
+    /* the host tier (issue #28): JSON only, so the table reads as before */
+    {NULL, "host_pages", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.host_pages)},
+    {NULL, "host_hit_tokens_total", 'r', SHOW_PLAIN, FIELD(scope_row_t, s.host_hit_tokens)},
+    {NULL, "host_hit_tokens", 'r', SHOW_PLAIN, FIELD(scope_row_t, host_hit)},
     {"QUERY_TOTAL", NULL, 'r', SHOW_PLAIN, FIELD(scope_row_t, s.query_tokens), .wide = 1},
     {"HIT_TOTAL", NULL, 'r', SHOW_PLAIN, FIELD(scope_row_t, s.hit_tokens), .wide = 1},
 };
@@ -69,7 +76,80 @@ static void scope_rows(const kvp_daemon_stats_t *cur, const kvp_daemon_stats_t *
         rows[i].s = *c;
         rows[i].query = p ? delta(c->query_tokens, p->query_tokens) : c->query_tokens;
         rows[i].hit = p ? delta(c->hit_tokens, p->hit_tokens) : c->hit_tokens;
+        rows[i].host_hit = p ? delta(c->host_hit_tokens, p->host_hit_tokens) : c->host_hit_tokens;
     }
+}
+
+/* ---- the host tier (issue #28): kvp_cache_stats_t's host_* figures ----------------------- */
+
+/* A copy's rate over the window in GB/s (10^9 bytes a second): bytes per microsecond of the
+ * copies' summed time / 1000; NaN when they took no time (nothing moved). */
+static double gb_per_s(uint64_t bytes, uint64_t us)
+{
+    return us ? (double)bytes / (double)us / 1000.0 : NAN;
+}
+
+/* A number, or null for NaN (JSON has no NaN). */
+static void json_number(kvp_ctl_json_t *j, const char *key, double v)
+{
+    if (isnan(v))
+        kvp_ctl_json_ratio(j, key, v); /* writes null */
+    else
+        kvp_ctl_json_double(j, key, v);
+}
+
+/* The host tier as JSON object "host": cur's figures and the window's (prev NULL: since
+ * start): hit tokens and their share of the tokens asked for, the copies' GB/s. */
+static void json_host(kvp_ctl_json_t *j, const kvp_cache_stats_t *cur,
+                      const kvp_cache_stats_t *prev)
+{
+    const uint64_t q = delta(cur->query_tokens_total, prev ? prev->query_tokens_total : 0);
+    const uint64_t h = delta(cur->host_hit_tokens_total, prev ? prev->host_hit_tokens_total : 0);
+    kvp_ctl_json_open(j, "host", '{');
+    kvp_ctl_json_bool(j, "enabled", cur->host_bytes_total > 0);
+    kvp_ctl_json_u64(j, "pages", cur->host_pages);
+    kvp_ctl_json_u64(j, "slots", cur->host_slots);
+    kvp_ctl_json_u64(j, "slot_bytes", cur->host_slot_bytes);
+    kvp_ctl_json_u64(j, "bytes_total", cur->host_bytes_total);
+    kvp_ctl_json_u64(j, "bytes_ready", cur->host_bytes_ready);
+    kvp_ctl_json_u64(j, "hit_tokens_total", cur->host_hit_tokens_total);
+    kvp_ctl_json_u64(j, "hit_tokens", h);
+    kvp_ctl_json_ratio(j, "hit_rate", kvp_ctl_ratio(h, q));
+    kvp_ctl_json_u64(j, "demotions_total", cur->demotions_total);
+    kvp_ctl_json_u64(j, "promotions_total", cur->promotions_total);
+    kvp_ctl_json_u64(j, "evictions_total", cur->host_evictions_total);
+    kvp_ctl_json_u64(j, "demoting", cur->demoting);
+    kvp_ctl_json_u64(j, "restoring", cur->restoring);
+    const struct {
+        const char *name;
+        uint64_t bytes, us, prev_bytes, prev_us;
+    } dirs[] = {{"offload", cur->offload_bytes_total, cur->offload_us_total,
+                 prev ? prev->offload_bytes_total : 0, prev ? prev->offload_us_total : 0},
+                {"restore", cur->restore_bytes_total, cur->restore_us_total,
+                 prev ? prev->restore_bytes_total : 0, prev ? prev->restore_us_total : 0}};
+    for (size_t i = 0; i < 2; i++) {
+        kvp_ctl_json_open(j, dirs[i].name, '{');
+        kvp_ctl_json_u64(j, "bytes_total", dirs[i].bytes);
+        kvp_ctl_json_u64(j, "us_total", dirs[i].us);
+        kvp_ctl_json_double(j, "gb_total", (double)dirs[i].bytes / 1e9);
+        json_number(
+            j, "gb_per_s",
+            gb_per_s(delta(dirs[i].bytes, dirs[i].prev_bytes), delta(dirs[i].us, dirs[i].prev_us)));
+        kvp_ctl_json_close(j, '}');
+    }
+    kvp_ctl_json_close(j, '}');
+}
+
+/* "1.234 GB at 5.67 GB/s", the rate over the window; "- GB/s" when nothing moved in it */
+static const char *fmt_moved(uint64_t bytes, uint64_t window_bytes, uint64_t window_us, char *buf,
+                             size_t len)
+{
+    const double r = gb_per_s(window_bytes, window_us);
+    if (isnan(r))
+        snprintf(buf, len, "%.3f GB at - GB/s", (double)bytes / 1e9);
+    else
+        snprintf(buf, len, "%.3f GB at %.2f GB/s", (double)bytes / 1e9, r);
+    return buf;
 }
 
 /* The cache as one JSON object `key`: cur's figures, the window's tokens and hit rate (prev
@@ -99,6 +179,7 @@ static void json_cache(kvp_ctl_json_t *j, const char *key, const kvp_daemon_stat
     kvp_ctl_json_u64(j, "flush", cur->evictions_flush_total);
     kvp_ctl_json_u64(j, "rewrite", cur->evictions_rewrite_total);
     kvp_ctl_json_close(j, '}');
+    json_host(j, cur, prev);
     scope_rows(cur_stats, prev_stats, rows);
     kvp_ctl_json_records(j, "scopes", &scope_record, rows, cur_stats->num_scopes, NULL);
     kvp_ctl_json_close(j, '}');
@@ -115,6 +196,37 @@ static const char *fmt_hit_rate(uint64_t hit, uint64_t query, char *buf, size_t 
                  kvp_ctl_fmt_percent(kvp_ctl_ratio(hit, query), pct, sizeof(pct)),
                  (unsigned long long)hit, (unsigned long long)query);
     return buf;
+}
+
+/* The host tier's lines of `cache` (after the GPU's): one line when there is none. */
+static void print_host(const kvp_cache_stats_t *c, const kvp_cache_stats_t *p, uint32_t interval_ms)
+{
+    char b1[64], b2[64], b3[64], b4[160];
+    if (c->host_bytes_total == 0) {
+        printf("host tier    none (cache.host_bytes is 0)\n");
+        return;
+    }
+    printf("host tier    %u pages in %u usable slots of %s; %s of %s ready\n", c->host_pages,
+           c->host_slots, kvp_ctl_fmt_bytes(c->host_slot_bytes, b1, sizeof(b1)),
+           kvp_ctl_fmt_bytes(c->host_bytes_ready, b2, sizeof(b2)),
+           kvp_ctl_fmt_bytes(c->host_bytes_total, b3, sizeof(b3)));
+    fmt_hit_rate(delta(c->host_hit_tokens_total, p ? p->host_hit_tokens_total : 0),
+                 delta(c->query_tokens_total, p ? p->query_tokens_total : 0), b4, sizeof(b4));
+    if (p)
+        printf("host hits    %s over %s\n", b4, kvp_ctl_fmt_duration(interval_ms, b1, sizeof(b1)));
+    else
+        printf("host hits    %s since start\n", b4);
+    printf("host moves   %llu demoted, %llu promoted, %llu evicted; %u demoting, %u restoring\n",
+           (unsigned long long)c->demotions_total, (unsigned long long)c->promotions_total,
+           (unsigned long long)c->host_evictions_total, c->demoting, c->restoring);
+    printf("offload      %s\n",
+           fmt_moved(c->offload_bytes_total,
+                     delta(c->offload_bytes_total, p ? p->offload_bytes_total : 0),
+                     delta(c->offload_us_total, p ? p->offload_us_total : 0), b4, sizeof(b4)));
+    printf("restore      %s\n",
+           fmt_moved(c->restore_bytes_total,
+                     delta(c->restore_bytes_total, p ? p->restore_bytes_total : 0),
+                     delta(c->restore_us_total, p ? p->restore_us_total : 0), b4, sizeof(b4)));
 }
 
 static void sleep_ms(uint32_t ms)
@@ -227,6 +339,8 @@ int kvp_ctl_cmd_cache(ctl_t *x)
            (unsigned long long)c->evictions_flush_total,
            (unsigned long long)c->evictions_rewrite_total);
     printf("memory       %s (the cache's tables)\n", kvp_ctl_fmt_bytes(c->bytes, b1, sizeof(b1)));
+    if (cur->has_cache)
+        print_host(c, p, x->o->interval_ms);
     if (cur->num_scopes) {
         static scope_row_t rows[KVP_CLIENT_MAX_SCOPES];
         scope_rows(cur, prev, rows);

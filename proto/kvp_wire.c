@@ -147,6 +147,9 @@ static bool request_body_cb(pb_istream_t *stream, const pb_field_t *field, void 
     case kvpool_Request_pin_tag:
         kvp_array_bind_decode(&((kvpool_PinRequest *)field->pData)->token_ids, &b->token_ids);
         break;
+    case kvpool_Request_load_tag:
+        kvp_array_bind_decode(&((kvpool_LoadRequest *)field->pData)->token_ids, &b->token_ids);
+        break;
     default:
         break;
     }
@@ -190,6 +193,8 @@ static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void
     case kvpool_Response_lookup_tag:
         kvp_array_bind_decode(&((kvpool_LookupResponse *)field->pData)->cached_tokens,
                               &r->cached_tokens);
+        kvp_array_bind_decode(&((kvpool_LookupResponse *)field->pData)->host_tokens,
+                              &r->host_tokens);
         break;
     case kvpool_Response_metrics_tag:
         kvp_text_bind_decode(&((kvpool_MetricsResponse *)field->pData)->text, &r->text);
@@ -203,7 +208,7 @@ static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void
 void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r)
 {
     kvp_array_t *all[] = {&r->kv_indptr, &r->kv_indices, &r->kv_last_page_len, &r->append_indptr,
-                          &r->seq_lens,  &r->copies,     &r->cached_tokens};
+                          &r->seq_lens,  &r->copies,     &r->cached_tokens,    &r->host_tokens};
     for (unsigned i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         all[i]->count = 0, all[i]->bad = 0;
     r->text.len = 0;
@@ -246,6 +251,7 @@ void kvp_wire_pin_request_bind_encode(kvpool_PinRequest *q, kvp_batch_arrays_t *
 void kvp_wire_lookup_bind_encode(kvpool_LookupResponse *l, kvp_reply_arrays_t *r)
 {
     kvp_array_bind_encode(&l->cached_tokens, &r->cached_tokens);
+    bind_encode_nonempty(&l->host_tokens, &r->host_tokens);
 }
 
 void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r)

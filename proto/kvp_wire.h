@@ -90,6 +90,7 @@ typedef struct {
 typedef struct {
     kvp_array_t kv_indptr, kv_indices, kv_last_page_len, append_indptr, seq_lens, copies;
     kvp_array_t cached_tokens; /* uint32: PageTable.cached_tokens, LookupResponse.cached_tokens */
+    kvp_array_t host_tokens;   /* uint32: LookupResponse.host_tokens (issue #28) */
     kvp_text_t text;
 } kvp_reply_arrays_t;
 
@@ -99,14 +100,14 @@ typedef struct {
  *     salts, salt_lens -> the arrays of the same names;
  *   LookupRequest: token_ids -> token_ids, lengths -> num_tokens, salts -> salts,
  *     salt_lens -> salt_lens;
- *   PinRequest.token_ids -> token_ids.
+ *   PinRequest.token_ids, LoadRequest.token_ids -> token_ids.
  * A field longer than its array's cap fails the decode with that array's bad = KVP_ELIMIT (a
  * length that is not a multiple of the element: KVP_EINVAL). b is borrowed until the decode
  * returns. */
 void kvp_wire_request_bind_decode(kvpool_Request *req, kvp_batch_arrays_t *b);
 
 /* Prepares resp for pb_decode: a page table (cached_tokens included), a Lookup answer's
- * cached_tokens, or metrics text lands in r. */
+ * cached_tokens and host_tokens, or metrics text lands in r. */
 void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r);
 
 /* Binds a Batch for encoding (client side): seq_ids and num_tokens always, token_ids, salts
@@ -124,7 +125,8 @@ void kvp_wire_pin_request_bind_encode(kvpool_PinRequest *q, kvp_batch_arrays_t *
  * cached_tokens only when its count is > 0 (absent otherwise). */
 void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r);
 
-/* Binds a LookupResponse for encoding (server side): r->cached_tokens, one uint32 per prompt. */
+/* Binds a LookupResponse for encoding (server side): r->cached_tokens, one uint32 per prompt,
+ * and r->host_tokens when its count is > 0 (absent otherwise: no host tier). */
 void kvp_wire_lookup_bind_encode(kvpool_LookupResponse *l, kvp_reply_arrays_t *r);
 
 /* Encodes msg into buf[KVP_FRAME_HDR_BYTES ..] and writes the frame header in front.

@@ -145,25 +145,72 @@ static void put_histogram(sbuf_t *b, const char *name, const char *label, const 
     }
 }
 
+/* The host tier's families (issue #28): what moved each way, the time the copies took, the
+ * host memory, and what left the host tier for good. */
+static void put_tier(sbuf_t *b, const kvp_metrics_t *m)
+{
+    static const char *const dir[2] = {"offload", "restore"};
+    put_header(b, "kvpool_tier_bytes_total", "counter",
+               "Bytes copied between the GPU pool and the host tier (offload: demotions, "
+               "restore: promotions on a hit).");
+    for (unsigned i = 0; i < 2; i++)
+        put(b, "kvpool_tier_bytes_total{direction=\"%s\"} %llu\n", dir[i],
+            (unsigned long long)m->tier_bytes[i]);
+    put_header(b, "kvpool_tier_seconds_total", "counter",
+               "Time the tier's copies took on the worker threads, summed (bytes / seconds is "
+               "the rate each direction ran at).");
+    for (unsigned i = 0; i < 2; i++)
+        put(b, "kvpool_tier_seconds_total{direction=\"%s\"} %.6f\n", dir[i],
+            (double)m->tier_ns[i] / 1e9);
+    put_header(b, "kvpool_tier_pages_total", "counter",
+               "Pages moved: demoted to host memory, restored from it.");
+    put(b, "kvpool_tier_pages_total{direction=\"offload\"} %llu\n",
+        (unsigned long long)m->cache.demotions);
+    put(b, "kvpool_tier_pages_total{direction=\"restore\"} %llu\n",
+        (unsigned long long)m->cache.promotions);
+    put_header(b, "kvpool_tier_host_evictions_total", "counter",
+               "Pages dropped from the host tier for good (to make room, or a lowered "
+               "cache.host_bytes).");
+    put(b, "kvpool_tier_host_evictions_total %llu\n", (unsigned long long)m->cache.host_evictions);
+    put_header(b, "kvpool_tier_host_bytes", "gauge",
+               "Host memory of the tier: total (cache.host_bytes in whole slots), ready (allocated "
+               "and pinned so far), used (slots holding a page).");
+    put(b, "kvpool_tier_host_bytes{state=\"total\"} %llu\n",
+        (unsigned long long)m->host_bytes_total);
+    put(b, "kvpool_tier_host_bytes{state=\"ready\"} %llu\n",
+        (unsigned long long)m->host_bytes_ready);
+    put(b, "kvpool_tier_host_bytes{state=\"used\"} %llu\n",
+        (unsigned long long)((uint64_t)m->cache.host_pages * m->host_slot_bytes));
+}
+
 /* The prefix cache's families (kvp_pcache.h): tokens asked for and found, pages by state,
  * evictions by reason (kvp_evict_reason_t order) and how long a cached page stayed in the
  * eviction order before memory pressure took it (kvp_pcache_stats_t.residence; the bounds
  * kvp_pcache_residence_le_ms are milliseconds, seconds here). */
-static void put_cache(sbuf_t *b, const kvp_pcache_stats_t *c)
+static void put_cache(sbuf_t *b, const kvp_metrics_t *m)
 {
+    const kvp_pcache_stats_t *c = &m->cache;
     put_header(b, "kvpool_prefix_cache_query_tokens_total", "counter",
                "Prompt tokens looked up in the prefix cache (Lookup, and Reserve or Append with "
                "reuse).");
     put(b, "kvpool_prefix_cache_query_tokens_total %llu\n", (unsigned long long)c->query_tokens);
     put_header(b, "kvpool_prefix_cache_hit_tokens_total", "counter",
-               "Of those tokens, the ones found cached (whole pages).");
-    put(b, "kvpool_prefix_cache_hit_tokens_total %llu\n", (unsigned long long)c->hit_tokens);
+               "Of those tokens, the ones found cached (whole pages), by the tier they were "
+               "found in (host: restored from host memory).");
+    put(b, "kvpool_prefix_cache_hit_tokens_total{tier=\"gpu\"} %llu\n",
+        (unsigned long long)c->hit_tokens);
+    if (m->has_tier)
+        put(b, "kvpool_prefix_cache_hit_tokens_total{tier=\"host\"} %llu\n",
+            (unsigned long long)c->host_hit_tokens);
     put_header(b, "kvpool_prefix_cache_pages", "gauge",
-               "Pages of the prefix cache by state (indexed: findable, held or not; cached: "
-               "findable and held by nobody, evictable; pinned: held by at least one pin).");
-    put(b, "kvpool_prefix_cache_pages{state=\"cached\"} %u\n", c->cached_pages);
-    put(b, "kvpool_prefix_cache_pages{state=\"pinned\"} %u\n", c->pinned_pages);
-    put(b, "kvpool_prefix_cache_pages{state=\"indexed\"} %u\n", c->indexed_pages);
+               "Pages of the prefix cache by tier and state (indexed: findable, held or not; "
+               "cached: findable and held by nobody, evictable; pinned: held by at least one pin; "
+               "the host tier's pages are all indexed and cached).");
+    put(b, "kvpool_prefix_cache_pages{tier=\"gpu\",state=\"cached\"} %u\n", c->cached_pages);
+    put(b, "kvpool_prefix_cache_pages{tier=\"gpu\",state=\"pinned\"} %u\n", c->pinned_pages);
+    put(b, "kvpool_prefix_cache_pages{tier=\"gpu\",state=\"indexed\"} %u\n", c->indexed_pages);
+    if (m->has_tier)
+        put(b, "kvpool_prefix_cache_pages{tier=\"host\",state=\"indexed\"} %u\n", c->host_pages);
     put_header(b, "kvpool_prefix_cache_pins", "gauge",
                "Pins alive (neither unpinned nor expired).");
     put(b, "kvpool_prefix_cache_pins %u\n", c->pins);
@@ -192,6 +239,8 @@ static void put_cache(sbuf_t *b, const kvp_pcache_stats_t *c)
     put_header(b, "kvpool_prefix_cache_bytes", "gauge",
                "Daemon memory of the prefix cache's own tables (fixed at start).");
     put(b, "kvpool_prefix_cache_bytes %llu\n", (unsigned long long)c->bytes);
+    if (m->has_tier)
+        put_tier(b, m);
 }
 
 size_t kvp_metrics_text(const kvp_metrics_t *m, char *buf, size_t cap)
@@ -324,7 +373,7 @@ size_t kvp_metrics_text(const kvp_metrics_t *m, char *buf, size_t cap)
                "Retries answered with the first answer of their request id.");
     put(&b, "kvpool_dedup_replays_total %llu\n", (unsigned long long)r->dedup_replays_total);
     if (m->has_cache)
-        put_cache(&b, &m->cache);
+        put_cache(&b, m);
     put_header(&b, "kvpool_rpc_requests_total", "counter",
                "Requests answered, by call and status code (call=\"invalid\": a frame that did "
                "not decode or named no call).");

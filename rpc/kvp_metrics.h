@@ -75,6 +75,12 @@ typedef struct {
      * are written only when has_cache (a daemon without a cache writes none of them). */
     kvp_pcache_stats_t cache;
     int has_cache;
+    /* The host tier (issue #28): kvpool_tier_* families and the host series of the cache's,
+     * only when has_tier. */
+    int has_tier;
+    uint64_t tier_bytes[2]; /* [offload|restore] copied */
+    uint64_t tier_ns[2];    /* [offload|restore] time the copies took */
+    uint64_t host_bytes_total, host_bytes_ready, host_slot_bytes;
     const kvp_counters_t *counters;
     const char *const *call_names; /* [num_calls], index 0 "invalid" */
     unsigned num_calls;

@@ -31,6 +31,7 @@ static void fill_defaults(kvp_rpc_limits_t *lim)
 {
     KVP_RPC_LIMITS_KEYS(FILL_DEFAULT)
     KVP_RPC_TRANSFER_KEYS(FILL_DEFAULT)
+    KVP_RPC_CACHE_KEYS(FILL_DEFAULT)
 }
 #undef FILL_DEFAULT
 
@@ -48,6 +49,7 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
     lim = &r->lim;
     r->start_ms = now_ms;
     r->next_session_id = 1;
+    r->backend = backend; /* read while creating (the host tier); the caller's on failure */
     kvp_plan_init(&r->plan);
     r->plan_limits.max_batch = lim->max_batch;
     r->plan_limits.max_tokens = lim->max_batch_tokens;
@@ -84,10 +86,11 @@ int kvp_rpc_create(kvp_backend_t *backend, const kvp_rpc_limits_t *lim, uint64_t
                             .chunk_bytes = lim->transfer_chunk_bytes};
     if ((rc = kvp_xfer_create(backend, &xc, &r->xfer)))
         goto fail;
-    r->backend = backend;
     *out = r;
     return 0;
 fail:
+    kvp__rpc_cache_destroy(r); /* the host tier's memory before the backend it was made for */
+    r->backend = NULL;
     kvp_rpc_destroy(r);
     return rc;
 }
@@ -160,6 +163,7 @@ void kvp_rpc_set_limits(kvp_rpc_t *r, const kvp_rpc_limits_t *lim)
 {
     KVP_RPC_LIMITS_KEYS(COPY_RELOADABLE)
     KVP_RPC_TRANSFER_KEYS(COPY_RELOADABLE)
+    KVP_RPC_CACHE_KEYS(COPY_RELOADABLE)
     r->lim.pool_access = lim->pool_access;
     fill_defaults(&r->lim);
     lim = &r->lim;

@@ -42,6 +42,7 @@ typedef struct kvp_rpc_call kvp_rpc_call_t; /* a row of the call table */
 typedef struct {
     KVP_RPC_LIMITS_KEYS(KVP_RPC_LIMIT_FIELD)
     KVP_RPC_TRANSFER_KEYS(KVP_RPC_LIMIT_FIELD)
+    KVP_RPC_CACHE_KEYS(KVP_RPC_LIMIT_FIELD)
     /* the daemon's own uid (kvpoold: geteuid()): with root, an operator, who may attach to
      * the reserved namespaces and sees every tenant's metadata (kvpool.proto, Names). Not
      * changed by kvp_rpc_set_limits. */

@@ -38,14 +38,19 @@ static uint32_t max_scopes(const kvp_rpc_t *r)
 
 int kvp__rpc_cache_create(kvp_rpc_t *r)
 {
-    kvp_pcache_config_t cfg = {.max_scopes = max_scopes(r), .max_pins = r->lim.max_pins};
+    kvp_pcache_config_t cfg = {.max_scopes = max_scopes(r),
+                               .max_pins = r->lim.max_pins,
+                               .host_slots = kvp__rpc_tier_slots(r, r->lim.cache_host_bytes)};
     int rc = kvp_pcache_create(r->seqs, &cfg, &r->pc);
     if (rc)
         return rc;
     r->scopes = calloc(cfg.max_scopes, sizeof(*r->scopes));
     r->content = calloc(r->lim.max_batch, sizeof(*r->content));
     r->cache_out = calloc(r->lim.max_batch, sizeof(*r->cache_out));
-    return r->scopes && r->content && r->cache_out ? 0 : KVP_ENOMEM;
+    r->cache_host_out = calloc(r->lim.max_batch, sizeof(*r->cache_host_out));
+    if (!r->scopes || !r->content || !r->cache_out || !r->cache_host_out)
+        return KVP_ENOMEM;
+    return kvp__rpc_tier_create(r);
 }
 
 void kvp__rpc_cache_destroy(kvp_rpc_t *r)
@@ -57,9 +62,14 @@ void kvp__rpc_cache_destroy(kvp_rpc_t *r)
     }
     kvp_pcache_destroy(r->pc);
     r->pc = NULL;
+    kvp__rpc_tier_destroy(r);
+    free(r->cache_host_out);
     free(r->cache_out);
     free(r->content);
     free(r->scopes);
+    r->cache_host_out = r->cache_out = NULL; /* a second call (a failed create) is a no-op */
+    r->content = NULL;
+    r->scopes = NULL;
 }
 
 /* ---- scopes ------------------------------------------------------------------------------- */
@@ -278,6 +288,7 @@ int kvp__rpc_take_content(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io
     }
     cache->scope = kvp__rpc_ns_scope(r, s->ns);
     cache->reuse = has_opts && opts->reuse;
+    cache->promote = cache->reuse && r->tier.mem != NULL; /* host hits restored (issue #28) */
     cache->leave_last = has_opts && opts->leave_last;
     cache->priority = (uint8_t)prio;
     cache->daemon_writes = 0; /* Append sets it */
@@ -454,7 +465,7 @@ int kvp__rpc_commit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
  * about the same whatever its size (a hash of its ids and a probe), so the work of one call on
  * the loop is bounded in pages: one client's Lookups must not stall everyone else's calls
  * (issue #26, "no fairness on the loop"). */
-static uint32_t max_lookup(const kvp_rpc_t *r)
+uint32_t kvp__rpc_max_lookup_tokens(const kvp_rpc_t *r)
 {
     if (r->lim.max_lookup_tokens)
         return r->lim.max_lookup_tokens;
@@ -480,11 +491,11 @@ int kvp__rpc_lookup(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
     uint64_t sum = 0;
     for (uint32_t i = 0; i < n; i++)
         sum += lens[i];
-    if (sum > max_lookup(r)) {
+    if (sum > kvp__rpc_max_lookup_tokens(r)) {
         kvp_rpc_error(resp, id, KVP_ELIMIT,
                       "a Lookup of %llu tokens is above %u (limits."
                       "max_lookup_tokens)",
-                      (unsigned long long)sum, max_lookup(r));
+                      (unsigned long long)sum, kvp__rpc_max_lookup_tokens(r));
         return 0;
     }
     if (sum != b->token_ids.count) {
@@ -501,13 +512,17 @@ int kvp__rpc_lookup(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
         uint32_t sl = b->salt_lens.count ? ((const uint32_t *)b->salt_lens.data)[i] : 0;
         kvp_pagekey_t root;
         kvp_pagekey_root(salt, sl, &root);
-        r->cache_out[i] = kvp_pcache_lookup(r->pc, scope, root, tok, lens[i], 1) * ps;
+        uint32_t gpu, all = kvp_pcache_lookup_tiers(r->pc, scope, root, tok, lens[i], 1, &gpu);
+        r->cache_out[i] = gpu * ps;
+        r->cache_host_out[i] = (all - gpu) * ps;
         tok += lens[i];
         salt += sl;
     }
     kvp__rpc_ok(io, id);
     io->out.cached_tokens = kvp_array(r->cache_out, 4, n, 0);
-    kvp_array_bind_encode(&resp->body.lookup.cached_tokens, &io->out.cached_tokens);
+    /* host_tokens only with a host tier (absent: none, as before issue #28) */
+    io->out.host_tokens = kvp_array(r->cache_host_out, 4, r->tier.mem ? n : 0, 0);
+    kvp_wire_lookup_bind_encode(&resp->body.lookup, &io->out);
     return 0;
 }
 
@@ -572,11 +587,11 @@ int kvp__rpc_pin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_
     kvpool_Response *resp = &io->resp;
     const kvp_batch_arrays_t *b = io->batch;
     const uint32_t ntok = b->token_ids.count;
-    if (ntok > max_lookup(r)) {
+    if (ntok > kvp__rpc_max_lookup_tokens(r)) {
         kvp_rpc_error(resp, id, KVP_ELIMIT,
                       "a Pin of %u tokens is above %u (limits."
                       "max_lookup_tokens)",
-                      ntok, max_lookup(r));
+                      ntok, kvp__rpc_max_lookup_tokens(r));
         return 0;
     }
     const uint32_t max_ttl = r->lim.pin_max_ttl_ms;
@@ -680,6 +695,7 @@ int kvp__rpc_cache_flush(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *r
 
 void kvp__rpc_cache_tick(kvp_rpc_t *r, uint64_t now_ms)
 {
+    kvp__rpc_tier_kick(r, now_ms); /* the host tier's readiness and the watermark */
     if (kvp_pcache_expire(r->pc, now_ms) == 0)
         return;
     for (uint32_t i = 0; i < r->ns.max; i++) {
@@ -706,6 +722,7 @@ void kvp__rpc_cache_stats(kvp_rpc_t *r, const kvp_session_t *s, kvpool_CacheStat
     out->evictions_flush_total = st.evictions[KVP_EVICT_FLUSH];
     out->evictions_rewrite_total = st.evictions[KVP_EVICT_REWRITE];
     out->bytes = st.bytes;
+    kvp__rpc_tier_stats(r, out);
     const int op = kvp__rpc_is_operator(r, s->uid);
     const pb_size_t cap = sizeof(out->scopes) / sizeof(out->scopes[0]);
     for (uint32_t i = 0; i < max_scopes(r) && out->scopes_count < cap; i++) {
@@ -725,5 +742,7 @@ void kvp__rpc_cache_stats(kvp_rpc_t *r, const kvp_session_t *s, kvpool_CacheStat
         o->indexed_pages = ss.indexed_pages;
         o->query_tokens = ss.query_tokens;
         o->hit_tokens = ss.hit_tokens;
+        o->host_pages = ss.host_pages;
+        o->host_hit_tokens = ss.host_hit_tokens;
     }
 }

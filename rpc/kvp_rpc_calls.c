@@ -26,7 +26,7 @@ const kvp_rpc_call_t kvp__rpc_calls[] = {
         KVP_CALL_MUTATING | KVP_CALL_PER_CONN | KVP_CALL_TAKES_FDS),
     ROW(unregister_buffer, kvp__rpc_unregister_buffer, KVP_CALL_MUTATING | KVP_CALL_PER_CONN),
     ROW(append, kvp__rpc_append, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
-    ROW(reserve, kvp__rpc_reserve, KVP_CALL_MUTATING),
+    ROW(reserve, kvp__rpc_reserve, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
     ROW(fork, kvp__rpc_fork, KVP_CALL_MUTATING),
     ROW(truncate, kvp__rpc_truncate, KVP_CALL_MUTATING),
     ROW(release, kvp__rpc_release, KVP_CALL_MUTATING),
@@ -44,6 +44,7 @@ const kvp_rpc_call_t kvp__rpc_calls[] = {
     ROW(pin, kvp__rpc_pin, KVP_CALL_MUTATING),
     ROW(unpin, kvp__rpc_unpin, KVP_CALL_MUTATING),
     ROW(cache_flush, kvp__rpc_cache_flush, KVP_CALL_MUTATING),
+    ROW(load, kvp__rpc_load, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
 };
 #define NUM_CALLS (sizeof(kvp__rpc_calls) / sizeof(kvp__rpc_calls[0]))
 _Static_assert(NUM_CALLS <= KVP_METRICS_MAX_CALLS, "raise KVP_METRICS_MAX_CALLS");

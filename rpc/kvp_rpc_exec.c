@@ -111,8 +111,27 @@ int kvp__rpc_submit_call(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io)
     kvp_rpc_job_t *j = io->job;
     io->job = NULL;
     j->sess = s;
+    if (j->waits) { /* restores of pages it links are in flight: submitted when they end */
+        j->parked = 1;
+        return 1;
+    }
     submit(r, j);
     return 1;
+}
+
+void kvp__rpc_submit_parked(kvp_rpc_t *r, kvp_rpc_job_t *j)
+{
+    j->parked = 0;
+    if (r->jobs) {
+        submit(r, j);
+        return;
+    }
+    /* the worker threads are closing (the daemon stops) while the restore it waited for ended:
+     * run and answer it here, as item_done would */
+    j->ops->run(j);
+    j->item.data = j;
+    j->item.begin_ns = j->item.end_ns = j->item.queued_ns = uv_hrtime();
+    item_done(&j->item);
 }
 
 void kvp__rpc_submit_bg(kvp_rpc_t *r, kvp_rpc_job_t *j, uint64_t now_ms)

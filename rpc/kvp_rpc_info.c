@@ -186,6 +186,8 @@ int kvp__rpc_audit(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kv
     kvp__rpc_ok(io, id);
     kvpool_AuditResponse *ar = &io->resp.body.audit;
     int rc = kvp_pcache_audit(r->pc, ar->message, sizeof(ar->message)); /* the table's too */
+    if (rc == 0) /* the host tier's restores in flight agree with the cache */
+        rc = kvp__rpc_tier_audit(r, ar->message, sizeof(ar->message));
     ar->ok = rc == 0;
     if (rc == 0)
         snprintf(ar->message, sizeof(ar->message), "ok");
@@ -289,6 +291,18 @@ static size_t metrics_text(kvp_rpc_t *r, const kvp_session_t *viewer, char *buf,
     kvp_seqtab_stats(r->seqs, &m.pool);
     kvp_pcache_stats(r->pc, &m.cache);
     m.has_cache = 1;
+    if (r->tier.mem) {
+        kvpool_CacheStats cs = kvpool_CacheStats_init_zero;
+        kvp__rpc_tier_stats(r, &cs);
+        m.has_tier = 1;
+        m.tier_bytes[0] = cs.offload_bytes_total;
+        m.tier_bytes[1] = cs.restore_bytes_total;
+        m.tier_ns[0] = r->tier.offload_ns;
+        m.tier_ns[1] = r->tier.restore_ns;
+        m.host_bytes_total = cs.host_bytes_total;
+        m.host_bytes_ready = cs.host_bytes_ready;
+        m.host_slot_bytes = cs.host_slot_bytes;
+    }
     for (uint32_t i = 0; i < r->ns.max && m.num_ns < n; i++) {
         if (!r->ns.ns[i].in_use || (viewer && !kvp__rpc_may_see_ns(r, viewer, i)))
             continue;

@@ -12,6 +12,8 @@
  *   kvp_rpc_buf.c   RegisterBuffer, UnregisterBuffer, buffers held by jobs in flight
  *   kvp_rpc_xfer.c  ExportBegin, Import, ListTransfers (and their jobs)
  *   kvp_rpc_cache.c Commit, Lookup, Pin, Unpin, CacheFlush, the scopes
+ *   kvp_rpc_tier.c  the host tier: its memory, the demoter, restores and the calls waiting
+ *   kvp_rpc_load.c  Load (and its job)
  *   kvp_rpc_exec.c  the worker threads: a job submitted, run, finished and its call resumed
  *   kvp_rpc_info.c  Ping, PoolInfo, Stats, ListSequences, ListClients, Audit, Metrics, and the
  *                   metrics snapshot kvp_metrics.c writes as text
@@ -85,11 +87,19 @@ struct kvp_rpc_job {
     uint64_t req_id;
     int rc;              /* run's outcome */
     kvp_job_item_t item; /* kvp_rpc_exec.c: its place in the worker pool */
+    /* a call whose plan links pages being restored from the host tier (kvp_rpc_tier.c) waits
+     * for those restores before it runs: parked, not submitted, while waits > 0 */
+    uint32_t waits;
+    uint8_t parked;      /* kvp__rpc_submit_call parked it */
+    uint8_t wait_failed; /* a restore it waited for failed: its pages hold no content */
 };
 
 /* kvp_rpc_exec.c: hands j to the worker threads; when they are not started (unit tests,
  * fuzzers) a call's job goes back to the caller in io->job, background work runs inline. */
 void kvp__rpc_submit_bg(kvp_rpc_t *r, kvp_rpc_job_t *j, uint64_t now_ms);
+/* A parked call's job (waits reached 0): to the worker threads, or, when they are stopped,
+ * run and answered here. */
+void kvp__rpc_submit_parked(kvp_rpc_t *r, kvp_rpc_job_t *j);
 /* kvp_rpc_handle, after a handler returned KVP_RPC_ASYNC: 1 when io->job went to the worker
  * threads (the answer comes through resume), 0 when it stays in io->job (not started). */
 int kvp__rpc_submit_call(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io);
@@ -115,6 +125,24 @@ typedef struct {
     uint8_t shared, in_use;
     uint32_t namespaces;
 } kvp_scope_t;
+
+/* The host tier (kvp_rpc_tier.c; issue #28). mem NULL: none. */
+typedef struct kvp_tier_mem kvp_tier_mem_t;
+typedef struct {
+    kvp_tier_mem_t *mem;
+    uint64_t slot_bytes;
+    uint32_t nslots;            /* capacity: cache.host_bytes at the start / slot_bytes */
+    uint32_t limit;             /* slots the cache may use now (kvp_pcache_set_host_limit) */
+    uint64_t start_bytes;       /* cache.host_bytes at the start: a reload may not raise it */
+    uint32_t demotions;         /* demotion batches in flight */
+    uint32_t restores;          /* restore tasks in flight */
+    kvp_rpc_job_t **restore_of; /* [num_pages]: the restore task writing the page, or NULL */
+    kvp_pcache_move_t *scratch;
+    uint32_t cap_scratch;
+    uint64_t mark;
+    int ready_logged;
+    uint64_t offload_bytes, restore_bytes, offload_ns, restore_ns;
+} kvp_tier_t;
 
 struct kvp_rpc {
     kvp_backend_t *backend;
@@ -149,6 +177,8 @@ struct kvp_rpc {
     kvp_plan_content_t *content; /* [max_batch]: a batch's token ids and salts */
     int plan_reused;             /* the last plan linked from the cache (answers cached_tokens) */
     uint32_t *cache_out;         /* [max_batch]: a Lookup's answer */
+    uint32_t *cache_host_out;    /* [max_batch]: a Lookup's host_tokens */
+    kvp_tier_t tier;             /* the host tier (kvp_rpc_tier.c) */
     struct kvp_commit *commits;  /* waiting for their event, oldest first */
     uint32_t num_commits;
     void (*commit_wake)(void *arg);
@@ -221,8 +251,32 @@ int kvp__rpc_take_content(kvp_rpc_t *r, const kvp_session_t *s, const kvp_rpc_io
 void kvp__rpc_cache_session_close(kvp_rpc_t *r, kvp_session_t *s);
 /* Pins expire, namespaces kept only for their pins go (the tick). */
 void kvp__rpc_cache_tick(kvp_rpc_t *r, uint64_t now_ms);
+/* limits.max_lookup_tokens as it applies (0: 16384 pages' worth, at most 1 Mi tokens). */
+uint32_t kvp__rpc_max_lookup_tokens(const kvp_rpc_t *r);
 /* Stats' cache part for session s. */
 void kvp__rpc_cache_stats(kvp_rpc_t *r, const kvp_session_t *s, kvpool_CacheStats *out);
+
+/* kvp_rpc_tier.c: the host tier */
+/* Host slots host_bytes makes (0 without a tier: no bytes, or a backend without move_slots). */
+uint32_t kvp__rpc_tier_slots(const kvp_rpc_t *r, uint64_t host_bytes);
+int kvp__rpc_tier_create(kvp_rpc_t *r); /* after the cache: its memory, from r->lim */
+void kvp__rpc_tier_destroy(kvp_rpc_t *r);
+/* The demoter: keeps the watermark of free pages (after a plan, on the tick, after a batch). */
+void kvp__rpc_tier_kick(kvp_rpc_t *r, uint64_t now_ms);
+/* After a plan: starts the restore of what it promoted (r->plan.restores). 0 or KVP_ENOMEM
+ * (the promoted pages then lost their keys: fail the call). */
+int kvp__rpc_tier_restore(kvp_rpc_t *r, uint64_t now_ms);
+/* Makes call job w wait for every restore writing a page the plan linked (r->plan's leading
+ * cached_tokens of each row): w->waits counts them. 0 or KVP_ENOMEM. */
+int kvp__rpc_tier_wait_plan(kvp_rpc_t *r, kvp_rpc_job_t *w);
+void kvp__rpc_tier_stats(kvp_rpc_t *r, kvpool_CacheStats *out);
+/* Every page a restore task writes is restoring in the cache and the other way round, the
+ * tasks and batches in flight agree with the cache's counts: 0 or KVP_EAUDIT (msg says). */
+int kvp__rpc_tier_audit(const kvp_rpc_t *r, char *msg, size_t len);
+
+/* kvp_rpc_seq.c: checks an Append's source (or a Load's destination) layout against buf. */
+int kvp__rpc_check_layout(const kvp_rpc_t *r, const kvp_src_layout_t *src, const kvp_buffer_t *buf,
+                          uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len);
 
 /* The handlers, one per row of the table (kvp_rpc_calls.c: the row's type checks the signature). */
 int kvp__rpc_hello(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
@@ -273,5 +327,7 @@ int kvp__rpc_unpin(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kv
                    uint64_t now_ms);
 int kvp__rpc_cache_flush(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
                          kvp_rpc_io_t *io, uint64_t now_ms);
+int kvp__rpc_load(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                  uint64_t now_ms);
 
 #endif

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvp_rpc_limits.h - the rpc layer's limits as rows: the [limits] and [transfer] keys of
+ * kvp_rpc_limits.h - the rpc layer's limits as rows: the [limits], [transfer] and [cache] keys of
  * kvpoold.conf, each with its field, type, default, bounds, reload rule and documentation.
  * One list feeds the fields of kvp_rpc_limits_t (kvp_rpc.h) and of the daemon's configuration,
  * the settings table that parses and checks them (server/kvp_config.c includes this file),
@@ -118,6 +118,31 @@
       "H200: 0.51 of it with 16 MiB chunks, 0.68 with 256 MiB, one sequence at a time). 0: a " \
       "quarter of the stream, within 4..256 MiB.")
 
+/* [cache]: the prefix cache's host tier (issue #28); fields cache_<key>. */
+#define KVP_RPC_CACHE_KEYS(X) \
+    X(cache, host_bytes, cache_host_bytes, SIZE, 0, 0, 1ull << 50, RELOAD, \
+      "Bytes of host memory for the prefix cache's second tier (0: none). A cached page that " \
+      "would leave the GPU pool is copied there (every layer, K and V) by a background demoter " \
+      "and restored on a hit: a Lookup reports those tokens as host_tokens, and a Reserve, " \
+      "Append or Load with reuse restores them before it answers. The memory is allocated and " \
+      "pinned (cuda backend) in chunks of host_chunk_bytes by a thread of its own: the daemon " \
+      "serves before the whole tier is ready, and *kvpoolctl status* shows how much is. The host " \
+      "backend keeps it in a second memfd. A reload may lower it (the entries beyond go, " \
+      "for good) but not raise it above the value the daemon started with.") \
+    X(cache, host_chunk_bytes, cache_host_chunk_bytes, SIZE, 128ull << 20, 1 << 20, 1ull << 40, RESTART, \
+      "The host tier is allocated and pinned this much at a time (1 MiB..1 TiB). Each " \
+      "cudaHostRegister call holds up other threads' CUDA calls, a decode step's included, for " \
+      "about 28 us per MiB (measured on an H200 host): 128 MiB chunks cost a step at most about " \
+      "3 ms, once per chunk, where 1 GiB chunks cost 30 ms; smaller chunks also pinned faster " \
+      "there (7.4 GB/s at 128 MiB, 4.4 GB/s at 1 GiB).") \
+    X(cache, demote_free_pct, cache_demote_free_pct, U32, 5, 0, 50, RELOAD, \
+      "With a host tier, the demoter keeps this percentage of the pool's pages free by moving " \
+      "the least valuable cached pages to host memory ahead of need, so an allocation finds free " \
+      "pages and never waits for a copy (0..50). An allocation beyond what is free evicts cached " \
+      "pages without demoting them.") \
+    X(cache, demote_batch_pages, cache_demote_batch_pages, U32, 64, 1, 65536, RELOAD, \
+      "Pages one demotion copies at once (1..65536); several batches may be in flight.")
+
 /* clang-format on */
 
 /* The C type of a row's field. */
@@ -140,6 +165,7 @@
         __typeof__(src) src_ = (src);                                                              \
         KVP_RPC_LIMITS_KEYS(KVP__RPC_LIMIT_COPY)                                                   \
         KVP_RPC_TRANSFER_KEYS(KVP__RPC_LIMIT_COPY)                                                 \
+        KVP_RPC_CACHE_KEYS(KVP__RPC_LIMIT_COPY)                                                    \
     } while (0)
 
 #endif

@@ -24,6 +24,144 @@ static int plan(kvp_rpc_t *r, uint32_t n, int content, const kvp_plan_cache_t *c
                                   &r->plan);
 }
 
+/* ---- a Reserve that waits for restores (issue #28) ---------------------------------------- */
+
+/* The answer of a Reserve whose plan links pages restored from the host tier (or of an Append
+ * with reuse that found every token cached): a copy of the plan's table (the planner's arrays
+ * serve the next call), answered once the restores ended. Its run does nothing: it is parked
+ * until then (kvp_rpc_tier.c). */
+typedef struct {
+    kvp_rpc_job_t base;
+    uint32_t batch_size, nnz, num_indices, num_copies, ns;
+    int32_t *kv_indptr, *append_indptr, *kv_last_page_len, *seq_lens, *cached_tokens, *kv_indices;
+    int32_t *copies;
+    uint64_t *seq_ids;
+} reserve_job_t;
+
+static void reserve_run(kvp_rpc_job_t *base)
+{
+    base->rc = 0;
+}
+
+/* Gives back what a plan added to its sequences (tokens appended and linked): the call failed.
+ * seq_ids NULL: the batch still in r->items. */
+static void roll_back(kvp_rpc_t *r, uint32_t ns, const uint64_t *seq_ids, const int32_t *seq_lens,
+                      const int32_t *append_indptr, const int32_t *cached_tokens, uint32_t B,
+                      uint64_t now_ms)
+{
+    for (uint32_t b = 0; b < B; b++) {
+        uint32_t add = (uint32_t)(append_indptr[b + 1] - append_indptr[b]) +
+                       (cached_tokens ? (uint32_t)cached_tokens[b] : 0);
+        kvp_seqtab_truncate(r->seqs, ns, seq_ids ? seq_ids[b] : r->items[b].seq_id,
+                            (uint32_t)seq_lens[b] - add, now_ms);
+    }
+}
+
+static void reserve_finish(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms)
+{
+    reserve_job_t *j = (reserve_job_t *)base;
+    const uint32_t B = j->batch_size;
+    if (base->wait_failed) {
+        roll_back(r, j->ns, j->seq_ids, j->seq_lens, j->append_indptr, j->cached_tokens, B, now_ms);
+        kvp_rpc_error(&io->resp, base->req_id, r->unhealthy ? KVP_EINTERNAL : KVP_EUNAVAIL,
+                      "reserve not applied: restoring its cached prefix from host memory failed");
+        return;
+    }
+    kvp__rpc_ok(io, base->req_id);
+    kvpool_PageTable *t;
+    if (io->call->req_tag == kvpool_Request_append_tag) { /* everything was linked */
+        io->resp.body.append.completed = true;
+        io->resp.body.append.has_table = true;
+        t = &io->resp.body.append.table;
+    } else {
+        io->resp.body.reserve.has_table = true;
+        t = &io->resp.body.reserve.table;
+    }
+    t->batch_size = B;
+    t->nnz = j->nnz;
+    io->out.kv_indptr = kvp_array(j->kv_indptr, 4, B + 1, 0);
+    io->out.kv_indices = kvp_array(j->kv_indices, 4, j->num_indices, 0);
+    io->out.kv_last_page_len = kvp_array(j->kv_last_page_len, 4, B, 0);
+    io->out.append_indptr = kvp_array(j->append_indptr, 4, B + 1, 0);
+    io->out.seq_lens = kvp_array(j->seq_lens, 4, B, 0);
+    io->out.copies = kvp_array(j->copies, 4, 2 * j->num_copies, 0);
+    io->out.cached_tokens = kvp_array(j->cached_tokens, 4, B, 0);
+    kvp_wire_table_bind_encode(t, &io->out);
+}
+
+static void reserve_free(kvp_rpc_job_t *base)
+{
+    free(base);
+}
+
+static const kvp_rpc_job_ops_t reserve_ops = {
+    .name = "reserve", .run = reserve_run, .finish = reserve_finish, .free = reserve_free};
+
+/* The Reserve just planned (with reuse) waits for the restores of the pages it links: its
+ * answer is a parked job. Without any, it answers now. */
+static int table_wait(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io, uint64_t id, uint32_t n,
+                      uint64_t now_ms)
+{
+    const kvp_plan_t *p = &r->plan;
+    const uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies;
+    int rc = kvp__rpc_tier_restore(r, now_ms);
+    reserve_job_t *j = NULL;
+    if (!rc) {
+        size_t words = (size_t)(B + 1) * 2 + (size_t)B * 3 + I + (size_t)C * 2;
+        j = calloc(1, sizeof(*j) + words * 4 + (size_t)B * 8 + 8);
+        rc = j ? 0 : KVP_ENOMEM;
+    }
+    if (!rc) {
+        j->base.ops = &reserve_ops;
+        j->base.rpc = r;
+        j->base.call = io->call;
+        j->base.req_id = id;
+        j->seq_ids = (uint64_t *)(j + 1);
+        int32_t *w = (int32_t *)(j->seq_ids + B);
+        j->kv_indptr = w, w += B + 1;
+        j->append_indptr = w, w += B + 1;
+        j->kv_last_page_len = w, w += B;
+        j->seq_lens = w, w += B;
+        j->cached_tokens = w, w += B;
+        j->kv_indices = w, w += I;
+        j->copies = w;
+        memcpy(j->kv_indptr, p->kv_indptr, (B + 1) * 4);
+        memcpy(j->append_indptr, p->append_indptr, (B + 1) * 4);
+        memcpy(j->kv_last_page_len, p->kv_last_page_len, B * 4);
+        memcpy(j->seq_lens, p->seq_lens, B * 4);
+        memcpy(j->cached_tokens, p->cached_tokens, B * 4);
+        memcpy(j->kv_indices, p->kv_indices, (size_t)I * 4);
+        memcpy(j->copies, p->copies, (size_t)C * 8);
+        for (uint32_t b = 0; b < B; b++)
+            j->seq_ids[b] = r->items[b].seq_id;
+        j->ns = s->ns;
+        j->batch_size = B, j->nnz = p->nnz, j->num_indices = I, j->num_copies = C;
+        rc = kvp__rpc_tier_wait_plan(r, &j->base);
+        if (rc && j->base.waits) /* listed by some restores: answered (refused) when they end */
+            j->base.wait_failed = 1, rc = 0;
+    }
+    if (rc || !j->base.waits) {
+        if (rc) {
+            roll_back(r, s->ns, NULL, p->seq_lens, p->append_indptr,
+                      (const int32_t *)p->cached_tokens, n, now_ms);
+            kvp_rpc_error(&io->resp, id, rc, "out of memory for the reserve's restore");
+        } else if (io->call->req_tag == kvpool_Request_append_tag) { /* nothing to wait for */
+            kvp__rpc_ok(io, id);
+            io->resp.body.append.completed = true;
+            io->resp.body.append.has_table = true;
+            kvp__rpc_table_from_plan(r, &io->resp.body.append.table, &io->out);
+        } else {
+            kvp__rpc_ok(io, id);
+            io->resp.body.reserve.has_table = true;
+            kvp__rpc_table_from_plan(r, &io->resp.body.reserve.table, &io->out);
+        }
+        free(j);
+        return KVP_RPC_DONE;
+    }
+    io->job = &j->base;
+    return KVP_RPC_ASYNC;
+}
+
 /* ---- the calls -------------------------------------------------------------------------- */
 int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
                      uint64_t now_ms)
@@ -47,6 +185,9 @@ int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, 
     }
     r->counters.pages_allocated_total += r->plan.num_new_pages;
     r->counters.cow_copies_total += r->plan.num_copies;
+    kvp__rpc_tier_kick(r, now_ms);     /* the watermark, after what this plan took */
+    if (r->tier.mem && r->plan_reused) /* host pages it promoted, or pages others restore */
+        return table_wait(r, s, io, id, n, now_ms);
     kvp__rpc_ok(io, id);
     io->resp.body.reserve.has_table = true;
     kvp__rpc_table_from_plan(r, &io->resp.body.reserve.table, &io->out);
@@ -58,8 +199,8 @@ int kvp__rpc_reserve(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, 
  * unsigned 64-bit with overflow checks, before anything runs. A stride larger than the buffer
  * is refused whatever nnz, the layer range or the head count is: (nnz - 1) * stride is 0 for one
  * token, but the copy still turns every stride into a signed byte step (kvp_kernels.h). */
-static int check_source(const kvp_rpc_t *r, const kvp_src_layout_t *src, const kvp_buffer_t *buf,
-                        uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
+int kvp__rpc_check_layout(const kvp_rpc_t *r, const kvp_src_layout_t *src, const kvp_buffer_t *buf,
+                          uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len)
 {
     const kvp_geom_derived_t *d = &r->backend->derived;
     /* offsets and strides: whole elements, and what the backend's copy needs on top */
@@ -386,12 +527,16 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
         const kvp_seq_t *cur = kvp_seqtab_find(r->seqs, s->ns, r->items[0].seq_id);
         kvp_pagekey_t root;
         kvp_pagekey_root(r->content[0].salt, r->content[0].salt_len, &root);
+        uint32_t gpu_pages; /* with a host tier, what it holds is restored: found too */
         uint32_t found =
             cur && cur->num_tokens
                 ? 0
-                : kvp_pcache_lookup(r->pc, cache.scope, root, r->content[0].token_ids,
-                                    r->items[0].num_tokens - (cache.leave_last ? 1 : 0), 0) *
+                : kvp_pcache_lookup_tiers(r->pc, cache.scope, root, r->content[0].token_ids,
+                                          r->items[0].num_tokens - (cache.leave_last ? 1 : 0), 0,
+                                          &gpu_pages) *
                       ps;
+        if (!cache.promote)
+            found = gpu_pages * ps;
         if (q->skip_tokens % ps || q->skip_tokens > r->items[0].num_tokens) {
             kvp_rpc_error(resp, id, KVP_EINVAL,
                           "skip_tokens %u: a multiple of page_size %u, at most num_tokens",
@@ -415,9 +560,9 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
     if (!rc && q->rank_sources_count)
         rc = take_rank_sources(r, s, q, ranks, &num_ranks, why, sizeof(why));
     for (uint32_t g = 0; g < num_ranks && !rc; g++)
-        rc = check_source(r, &layout, ranks[g], (uint32_t)rows, lb, le, why, sizeof(why));
+        rc = kvp__rpc_check_layout(r, &layout, ranks[g], (uint32_t)rows, lb, le, why, sizeof(why));
     if (!rc && !num_ranks)
-        rc = check_source(r, &layout, &sb->buf, (uint32_t)rows, lb, le, why, sizeof(why));
+        rc = kvp__rpc_check_layout(r, &layout, &sb->buf, (uint32_t)rows, lb, le, why, sizeof(why));
     if (rc) {
         kvp_rpc_error(resp, id, rc, "%s", rc == KVP_ELIMIT ? "too many tokens" : why);
         return KVP_RPC_DONE;
@@ -430,6 +575,9 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
         return KVP_RPC_DONE;
     }
     r->counters.pages_allocated_total += r->plan.num_new_pages;
+    kvp__rpc_tier_kick(r, now_ms);
+    if (reuse && r->plan.nnz == 0 && r->tier.mem) /* all linked; some may still be restoring */
+        return table_wait(r, s, io, id, n, now_ms);
     /* all of it was cached and linked: nothing to copy or publish (linked pages are findable) */
     if (reuse && r->plan.nnz == 0) {
         kvp__rpc_ok(io, id);
@@ -457,6 +605,13 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
         kvp_rpc_error(resp, id, KVP_ENOMEM, "out of memory for the append job");
         return KVP_RPC_DONE;
     }
+    if (reuse && r->tier.mem) { /* the promoted prefix: restored before the answer */
+        rc = kvp__rpc_tier_restore(r, now_ms);
+        if (!rc)
+            rc = kvp__rpc_tier_wait_plan(r, &j->base);
+        if (rc) /* out of memory: refused once the restores it waits for (if any) end */
+            j->base.wait_failed = 1;
+    }
     io->job = &j->base;
     return KVP_RPC_ASYNC;
 }
@@ -478,21 +633,19 @@ static void append_finish(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, u
     for (uint32_t g = 0; g < j->num_ranks; g++)
         kvp__rpc_buf_unhold(r, &j->rank_buf[g]);
     j->num_ranks = 0;
-    if (base->rc == KVP_ETIMEDOUT || base->rc == KVP_EINVAL) {
+    if (base->wait_failed && !base->rc) /* its copy ran, the restore of its prefix did not */
+        base->rc = KVP_EUNAVAIL;
+    if (base->rc == KVP_ETIMEDOUT || base->rc == KVP_EINVAL || base->rc == KVP_EUNAVAIL) {
         /* the backend refused or could not wait for the source (a dead worker's event, an
          * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
-        for (uint32_t b = 0; b < j->batch_size; b++) {
-            /* the tokens appended and those linked from the cache */
-            uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]) +
-                           (uint32_t)j->cached_tokens[b];
-            kvp_seqtab_truncate(r->seqs, j->ns, j->seq_ids[b], (uint32_t)j->seq_lens[b] - add,
-                                now_ms);
-        }
-        kvp_rpc_error(&io->resp, base->req_id,
-                      base->rc == KVP_ETIMEDOUT ? KVP_EUNAVAIL : KVP_EINVAL,
+        roll_back(r, j->ns, j->seq_ids, j->seq_lens, j->append_indptr, j->cached_tokens,
+                  j->batch_size, now_ms);
+        kvp_rpc_error(&io->resp, base->req_id, base->rc == KVP_EINVAL ? KVP_EINVAL : KVP_EUNAVAIL,
                       "append not applied: %s",
-                      base->rc == KVP_ETIMEDOUT ? "the worker's ready event never completed"
-                                                : "the backend cannot read the source");
+                      base->rc == KVP_ETIMEDOUT  ? "the worker's ready event never completed"
+                      : base->rc == KVP_EUNAVAIL ? "restoring its cached prefix from host memory "
+                                                   "failed"
+                                                 : "the backend cannot read the source");
         return;
     }
     if (base->rc) {

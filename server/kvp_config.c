@@ -184,7 +184,7 @@ static const setting_t settings[] = {
         "listed (or is root or the daemon's), else gets PERMISSION_DENIED; any other scope name is "
         "private to the uid that gives it. A shared prefix cache is a timing side channel between "
         "its members: list only uids that trust each other. Default: nothing shared across uids."),
-    KVP_RPC_TRANSFER_KEYS(LIMIT) ROW(
+    KVP_RPC_TRANSFER_KEYS(LIMIT) KVP_RPC_CACHE_KEYS(LIMIT) ROW(
         tuning, cuda_ready_timeout_ms, T_U32, "30000", 1, 3600000, RESTART,
         "Longest wait for a worker's ready event before its Append is refused (ms, 1..3600000)."),
     ROW(tuning, cuda_plan_upload, T_BOOL, "false", 0, 0, RESTART,
@@ -248,6 +248,9 @@ static const struct {
     {"transfer",
      "KV transfers between daemons over NCCL (ExportBegin and Import; need the cuda backend and "
      "libnccl.so.2, or tuning.nccl_lib, at run time)."},
+    {"cache",
+     "The prefix cache's host memory tier (issue #28): where cached pages go when the GPU pool "
+     "needs their room, and come back from on a hit. Off unless host_bytes is set."},
     {"tuning",
      "How the cuda backend, its kernels and the transfers run: the knobs the benchmarks compare; "
      "the defaults are what they chose. Each key may also come from the environment as KVPOOL_ and "

@@ -113,6 +113,7 @@ typedef struct {
      * kvp_rpc_limits_t's (the [transfer] ones named transfer_<key>) */
     KVP_RPC_LIMITS_KEYS(KVP_RPC_LIMIT_FIELD)
     KVP_RPC_TRANSFER_KEYS(KVP_RPC_LIMIT_FIELD)
+    KVP_RPC_CACHE_KEYS(KVP_RPC_LIMIT_FIELD)
     /* [access] */
     kvp_config_idlist_t allowed_uids;
     kvp_config_idlist_t allowed_gids;

@@ -46,8 +46,8 @@ case $prefix in
 *) conf="$root$prefix/etc/kvpool/kvpoold.conf" ;;
 esac
 [ -f "$conf" ] || fail "not installed: ${conf#"$root"}"
-ls "$root$prefix"/lib/*/libkvpool.so.0 "$root$prefix"/lib/libkvpool.so.0 2>/dev/null | grep -q . ||
-    fail "libkvpool.so.0 not installed under $prefix/lib"
+ls "$root$prefix"/lib/*/libkvpool.so.1 "$root$prefix"/lib/libkvpool.so.1 2>/dev/null | grep -q . ||
+    fail "libkvpool.so.1 not installed under $prefix/lib"
 
 exec_start=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$unitdir/kvpoold.service")
 [ "$exec_start" = "$prefix/sbin/kvpoold" ] || fail "ExecStart=$exec_start, installed $prefix/sbin/kvpoold"

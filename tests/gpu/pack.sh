@@ -38,7 +38,8 @@ if [ $# -eq 0 ]; then
         tests/test_append_cuda tests/test_cuda_backend tests/test_hot_path tests/test_prefix_gpu \
         tests/test_cuda_err tests/test_client_cuda tests/test_daemon \
         tests/test_multigpu_tp tests/test_multigpu_xfer \
-        tests/bench/bench_append_cuda tests/bench/bench_cuda_e2e tests/bench/bench_transfer
+        tests/bench/bench_append_cuda tests/bench/bench_cuda_e2e tests/bench/bench_transfer \
+        tests/test_tier_cuda tests/test_tier_gpu tests/test_gather_cuda tests/bench/bench_tier
 fi
 
 # Expand each PATH inside B (globs included) into the list of files to pack.

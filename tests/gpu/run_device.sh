@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # run_device.sh - what one call on the GPU machine runs (build here with KVP_STATIC_DEPS=ON into
 # .devbuild/, carry it): the gpu-labelled tests and the CUDA benchmarks, logs under $OUT.
-#   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|python|torch|hf|hf-bench|all]
+#   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|tier|python|torch|hf|hf-bench|all]
+# tier (issue #28): the host tier's tests and benchmark (${TIER_BENCH_ARGS} adds bench_tier flags).
+# hf-bench also runs bench_multiturn.py (issue #28's host tier; ${MULTITURN_ARGS} adds flags).
 # hf / hf-bench (issue #17): FlashInfer from wheels carried along ($KVP_WHEELS: the slimmed
 # flashinfer-python wheel of tests/gpu/slim_flashinfer.py and apache-tvm-ffi's), installed into
 # .gpu/py on first use; its JIT cache in .gpu/fi-ws (kept while the machine stays warm).
@@ -41,6 +43,21 @@ if [ "$what" = prefix ]; then
     echo "== test_prefix_gpu"
     "$B/tests/test_prefix_gpu" > "$OUT/test_prefix_gpu.log" 2>&1; r=$?
     tail -8 "$OUT/test_prefix_gpu.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+fi
+if [ "$what" = tier ]; then
+    echo "== test_tier_cuda"
+    "$B/tests/test_tier_cuda" > "$OUT/test_tier_cuda.log" 2>&1; r=$?
+    tail -8 "$OUT/test_tier_cuda.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+    echo "== test_tier_gpu"
+    "$B/tests/test_tier_gpu" > "$OUT/test_tier_gpu.log" 2>&1; r=$?
+    tail -12 "$OUT/test_tier_gpu.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+    echo "== bench_tier"
+    # its exit status counts: 1 when a batch moved out and back differs; the daemon's log
+    # lines (stderr) stay in the file
+    # shellcheck disable=SC2086 # extra flags
+    "$B/tests/bench/bench_tier" ${TIER_BENCH_ARGS:-} > "$OUT/bench_tier.txt" 2>&1; r=$?
+    grep -v -E '^[0-9-]+T[0-9:.]+Z ' "$OUT/bench_tier.txt" | tail -80; echo "exit $r"
+    [ $r -eq 0 ] || rc=1
 fi
 if [ "$what" = backend ] || [ "$what" = all ]; then
     for t in "$B"/tests/test_cuda_backend "$B"/tests/test_hot_path "$B"/tests/test_daemon \
@@ -127,5 +144,14 @@ if [ "$what" = hf-bench ]; then
         --vocab 128256 ${HF_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_hf.txt"
     [ "$(tail -1 "$OUT/bench_hf.txt" | cut -c1-6)" = decode ] || rc=1
     kill "$dpid"; wait "$dpid"
+    # issue #28: conversations of ~4x the pool's KV revisited at random, three ways (a host
+    # tier, none, an unbounded pool), each against a kvpoold of its own ($KVPOOLD); < 3 min with
+    # the defaults; ${MULTITURN_ARGS} adds or overrides flags (sizes: --conversations, --turns...)
+    echo "== bench_multiturn.py (Llama-3.1-8B geometry)"
+    # shellcheck disable=SC2086 # extra flags
+    PYTHONPATH="$PYP" KVPOOL_LIB="$PWD/$B/client/libkvpool.so" PYTHONDONTWRITEBYTECODE=1 \
+        timeout "${MULTITURN_TIMEOUT:-420}" python3 tests/bench/bench_multiturn.py --device cuda \
+        --dtype bfloat16 --vocab 128256 ${MULTITURN_ARGS:-} 2>&1 | tee "$OUT/bench_multiturn.txt"
+    [ "$(tail -1 "$OUT/bench_multiturn.txt" | cut -c1-10)" = multiturn_ ] || rc=1
 fi
 exit $rc

@@ -295,6 +295,51 @@ def test_prefix_reuse_across_processes(start):
         c.audit()
 
 
+def test_prefix_restored_from_host_tier(start):
+    """Issue #28: A's prompt leaves the GPU pool for the host tier (a filler takes the pool
+    under the demoter's watermark), B with A's prompt + a question restores it (its Reserve
+    with reuse links A's whole pages again) and generates what a cold run generates."""
+    page_size, pages = 16, 4096
+    d = start(*geometry(page_size, "nhd", "fp16", num_pages=pages), "--set",
+              "cache.host_bytes=512MiB", "--set", "cache.demote_free_pct=50",
+              "--set", "cache.host_chunk_bytes=64MiB")
+    system = prompts_of((LONG,), seed=15)[0]
+    a = run_worker(d.sock, "hf-tier-a", SCOPE, [system], 8)
+    assert a["cached_tokens"] == [0] and a["computed_tokens"] == [LONG]
+    cached = LONG // page_size * page_size
+    with d.client("hf-tier-filler", cache_scope="filler") as f:
+        f.reserve([1], [pages // 2 * page_size])  # under the watermark: A's pages go out
+        deadline = time.monotonic() + 60
+        while True:
+            st = f.cache_stats()
+            if st.host_pages >= cached // page_size and st.demoting == 0:
+                break
+            assert time.monotonic() < deadline, "not demoted: %r" % (st,)
+            time.sleep(0.01)
+        f.release([1])
+    with d.client("hf-tier-probe", cache_scope=SCOPE) as c:
+        hit = c.lookup_tiers([system])[0]
+        assert (hit.gpu_tokens, hit.host_tokens) == (0, cached)
+    question = prompts_of((25,), seed=16)[0]
+    if question[0] == a["tokens"][0][0]:
+        question[0] = 2 if question[0] != 2 else 3
+    prompts = [system + question]
+    b = run_worker(d.sock, "hf-tier-b", SCOPE, prompts, 32)
+    assert b["cached_tokens"] == [cached]
+    assert b["computed_tokens"] == [LONG + 25 - cached]
+    cold = run_worker(d.sock, "hf-tier-cold", "another-scope", prompts, 32)
+    assert cold["cached_tokens"] == [0]
+    print("\nhost tier: B restored %d tokens from host memory and computed %d, generate() "
+          "%.1f ms; the cold run %.1f ms" % (cached, b["computed_tokens"][0], b["seconds"] * 1e3,
+                                           cold["seconds"] * 1e3))
+    assert b["tokens"] == cold["tokens"]
+    with d.client("hf-tier-probe", cache_scope=SCOPE) as c:
+        st = c.cache_stats()
+        assert st.promotions_total >= cached // page_size
+        assert st.host_pages == 0
+        c.audit()
+
+
 def doomed_main(sock, namespace, scope, prompts):
     """Killed in the middle of generation: prefills (committing its prompt's full pages), says
     READY at its first decode step, then generates far more tokens than the test waits for."""

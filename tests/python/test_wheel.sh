@@ -47,6 +47,7 @@ show() { echo "---- $1"; tail -n "${2:-40}" "$1"; }
 
 # The version the wheel must carry: the project() line of CMakeLists.txt, the only place.
 version=$(sed -n 's/^project(kvpool VERSION \([0-9]*\.[0-9]*\.[0-9]*\).*/\1/p' "$ROOT/CMakeLists.txt")
+abi=$(sed -n 's/^set(KVP_ABI_VERSION \([0-9]*\))$/\1/p' "$ROOT/CMakeLists.txt")
 [ -n "$version" ] || fail "no project(kvpool VERSION X.Y.Z ...) line in CMakeLists.txt"
 
 # ---- a fresh virtualenv, and the package index -------------------------------------------
@@ -112,12 +113,12 @@ unsigned kvp_client_abi_version(void) { return FAKE_ABI; }
 size_t kvp_client_sizeof(const char *name) { (void)name; return 1; }
 EOF
 "$cc" -shared -fPIC -o "$tmp/libold.so" -DNO_VERSION "$tmp/fake.c"
-"$cc" -shared -fPIC -o "$tmp/libver.so" -DFAKE_VERSION='"9.8.7"' -DFAKE_ABI=0 "$tmp/fake.c"
+"$cc" -shared -fPIC -o "$tmp/libver.so" -DFAKE_VERSION='"9.8.7"' -DFAKE_ABI="$abi" "$tmp/fake.c"
 "$cc" -shared -fPIC -o "$tmp/libabi.so" -DFAKE_VERSION="\"$version\"" -DFAKE_ABI=7 "$tmp/fake.c"
-"$cc" -shared -fPIC -o "$tmp/libsize.so" -DFAKE_VERSION="\"$version\"" -DFAKE_ABI=0 "$tmp/fake.c"
+"$cc" -shared -fPIC -o "$tmp/libsize.so" -DFAKE_VERSION="\"$version\"" -DFAKE_ABI="$abi" "$tmp/fake.c"
 mm() { lib=$1; shift; env -u BUILD_DIR KVPOOL_LIB="$lib" "$VPY" "$CHECKS" mismatch "$version" "$lib" "$@"; }
 mm "$tmp/libold.so" "version unknown" "no kvp_client_version()"
-mm "$tmp/libver.so" "version 9.8.7" "needs (libkvpool $version, ABI 0)" "the versions differ"
+mm "$tmp/libver.so" "version 9.8.7" "needs (libkvpool $version, ABI $abi)" "the versions differ"
 mm "$tmp/libabi.so" "version $version" "its ABI is 7"
 mm "$tmp/libsize.so" "its kvp_client_opts_t is 1 bytes"
 # and the bundled library again once KVPOOL_LIB is gone

@@ -92,7 +92,7 @@ def installed(version):
     L = _lib.load()
     check(L.kvp_client_version().decode() == version, "kvp_client_version %r"
           % L.kvp_client_version())
-    check(L.kvp_client_abi_version() == kvpool.ABI_VERSION == 0, "ABI %d"
+    check(L.kvp_client_abi_version() == kvpool.ABI_VERSION, "ABI %d"
           % L.kvp_client_abi_version())
     check(not any(m.split(".")[0] in ("torch", "transformers") for m in sys.modules),
           "torch or transformers loaded")

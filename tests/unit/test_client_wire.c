@@ -904,6 +904,136 @@ START_TEST(lookup_answer_lands_in_the_callers_array)
 }
 END_TEST
 
+/* Server side: a Lookup answer of n prompts, host_tokens too when host is not NULL. */
+static long encode_lookup_answer(uint8_t *frame, size_t cap, const uint32_t *cached,
+                                 const uint32_t *host, uint32_t n)
+{
+    static kvpool_Response resp;
+    memset(&resp, 0, sizeof(resp));
+    kvp_reply_arrays_t out;
+    memset(&out, 0, sizeof(out));
+    out.cached_tokens = kvp_array((void *)cached, 4, n, n);
+    out.host_tokens = kvp_array((void *)host, 4, host ? n : 0, n);
+    resp.id = 13;
+    resp.which_body = kvpool_Response_lookup_tag;
+    kvp_wire_lookup_bind_encode(&resp.body.lookup, &out);
+    return kvp_wire_encode_response_frame(&resp, frame, cap);
+}
+
+START_TEST(lookup_answer_with_and_without_host_tokens_decodes_exactly)
+{
+    static const uint32_t cached[3] = {48, 0, 16}, host[3] = {32, 64, 0};
+    static kvpool_Response resp;
+    uint8_t frame[256];
+    char err[200];
+
+    /* with a host tier: field 2, one uint32 per prompt, each array exactly where it belongs */
+    long n = encode_lookup_answer(frame, sizeof(frame), cached, host, 3);
+    ck_assert_int_eq(n, 4 + 2 + (2 + 1) + (2 + 12) + (2 + 12)); /* hdr, id, body, two arrays */
+    uint32_t got[4] = {7, 7, 7, 7}, got_host[4] = {9, 9, 9, 9};
+    kvp_reply_arrays_t r;
+    kvp__client_table_arrays(&r, NULL);
+    r.cached_tokens = kvp_array(got, 4, 0, 3);
+    r.host_tokens = kvp_array(got_host, 4, 0, 3);
+    ck_assert_int_eq(kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, NULL, 0), 0);
+    ck_assert_uint_eq(resp.which_body, kvpool_Response_lookup_tag);
+    ck_assert_uint_eq(r.cached_tokens.count, 3);
+    ck_assert_uint_eq(r.host_tokens.count, 3);
+    ck_assert_int_eq(memcmp(got, cached, sizeof(cached)), 0);
+    ck_assert_int_eq(memcmp(got_host, host, sizeof(host)), 0);
+    ck_assert_uint_eq(got[3], 7); /* nothing past the data */
+    ck_assert_uint_eq(got_host[3], 9);
+
+    /* not wanted (a plain kvp_client_lookup): skipped but counted, cached_tokens as before */
+    memset(got, 0, sizeof(got));
+    kvp__client_table_arrays(&r, NULL);
+    r.cached_tokens = kvp_array(got, 4, 0, 3);
+    ck_assert_int_eq(kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, NULL, 0), 0);
+    ck_assert_uint_eq(r.host_tokens.count, 3);
+    ck_assert_int_eq(memcmp(got, cached, sizeof(cached)), 0);
+
+    /* fewer prompts than the answer: KVP_ELIMIT naming host_tokens */
+    kvp__client_table_arrays(&r, NULL);
+    r.cached_tokens = kvp_array(got, 4, 0, 3);
+    r.host_tokens = kvp_array(got_host, 4, 0, 2);
+    ck_assert_int_eq(
+        kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, err, sizeof(err)),
+        KVP_ELIMIT);
+    ck_assert_ptr_nonnull(strstr(err, "host_tokens"));
+
+    /* without a host tier the field is absent: count 0, the caller's array untouched */
+    n = encode_lookup_answer(frame, sizeof(frame), cached, NULL, 3);
+    ck_assert_int_eq(n, 4 + 2 + (2 + 1) + (2 + 12));
+    uint32_t untouched[3] = {5, 5, 5};
+    kvp__client_table_arrays(&r, NULL);
+    r.cached_tokens = kvp_array(got, 4, 0, 3);
+    r.host_tokens = kvp_array(untouched, 4, 0, 3);
+    ck_assert_int_eq(kvp__client_decode_response(&resp, &r, frame + 4, (size_t)n - 4, NULL, 0), 0);
+    ck_assert_uint_eq(r.cached_tokens.count, 3);
+    ck_assert_uint_eq(r.host_tokens.count, 0);
+    ck_assert_uint_eq(untouched[0], 5);
+    ck_assert_uint_eq(untouched[2], 5);
+}
+END_TEST
+
+/* Client side as kvp_client_load builds it: token ids (int32, bound as an array), the salt, the
+ * destination (Source) and max_tokens; decoded by the daemon's kvp_wire_request_bind_decode. */
+START_TEST(load_request_decodes_exactly_on_the_server)
+{
+    static server_arrays_t a;
+    static kvpool_Request req, sreq;
+    uint8_t frame[2048];
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = i % 3 ? 1000 + i : -i; /* negative ids survive as int32 */
+    memset(&req, 0, sizeof(req));
+    req.which_body = kvpool_Request_load_tag;
+    req.id = 0x55;
+    kvp_array_t ids = kvp_array(prompt, 4, 40, 40);
+    kvp_array_bind_encode(&req.body.load.token_ids, &ids);
+    memcpy(req.body.load.salt.bytes, "lora-7", 6);
+    req.body.load.salt.size = 6;
+    req.body.load.has_dest = true;
+    const kvp_src_layout_t l = {.k_offset = 4096,
+                                .v_offset = 1ull << 33,
+                                .k_stride_n = 512,
+                                .k_stride_h = 128,
+                                .v_stride_n = 1024,
+                                .v_stride_h = 256,
+                                .layer_stride = 1ull << 20};
+    kvp_wire_source_put(&req.body.load.dest, 9, &l, 1, 3);
+    req.body.load.max_tokens = 32;
+    long n = kvp_wire_encode_request_frame(&req, frame, sizeof(frame)); /* nanopb's path */
+    ck_assert_int_gt(n, 0);
+
+    server_arrays(&a, 40, 16);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), 0);
+    ck_assert_uint_eq(sreq.id, 0x55);
+    ck_assert_uint_eq(sreq.which_body, kvpool_Request_load_tag);
+    ck_assert_uint_eq(a.b.token_ids.count, 40);
+    ck_assert_int_eq(memcmp(a.token_ids, prompt, sizeof(prompt)), 0);
+    ck_assert_int_eq(a.token_ids[40], 0x5a5a5a5a); /* nothing past the data */
+    ck_assert_uint_eq(a.b.seq_ids.count, 0);
+    ck_assert_uint_eq(a.b.salts.count, 0); /* the salt is the message's own field */
+    const kvpool_LoadRequest *q = &sreq.body.load;
+    ck_assert_uint_eq(q->salt.size, 6);
+    ck_assert_int_eq(memcmp(q->salt.bytes, "lora-7", 6), 0);
+    ck_assert(q->has_dest);
+    ck_assert_uint_eq(q->dest.buffer_id, 9);
+    kvp_src_layout_t back;
+    kvp_wire_source_layout(&q->dest, &back);
+    ck_assert_int_eq(memcmp(&back, &l, sizeof(l)), 0);
+    ck_assert_uint_eq(q->dest.layer_begin, 1);
+    ck_assert_uint_eq(q->dest.layer_end, 3);
+    ck_assert_uint_eq(q->max_tokens, 32);
+
+    /* one token id more than the daemon's bound: refused by its decoder, with the reason */
+    server_arrays(&a, 39, 16);
+    ck_assert_int_eq(server_decode(frame, n, &sreq, &a), KVP_EINVAL);
+    ck_assert_int_eq(a.b.token_ids.bad, KVP_ELIMIT);
+}
+END_TEST
+
 /* ---- a scripted fake daemon on a real socket ------------------------------------------- */
 
 enum { FAKE_MAX_IDS = 64, FAKE_POOL_BYTES = 1 << 20 };
@@ -944,6 +1074,10 @@ typedef struct {
     kvpool_PinRequest pin;
     uint64_t unpinned;
     kvpool_CacheFlushRequest flush;
+    int lookup_host;         /* answer Lookups with host_tokens (a daemon with a host tier) */
+    kvpool_LoadRequest load; /* the last Load (its token ids in token_ids / token_n) */
+    uint32_t load_n;         /* Loads received */
+    int load_overshoot;      /* answer a Load with more tokens than the prompt has */
     kvpool_Response resp;
 } fake_t;
 
@@ -1090,9 +1224,18 @@ static void *fake_main(void *arg)
             static uint32_t answer[64];
             for (uint32_t i = 0; i < b.num_tokens.count; i++)
                 answer[i] = toks[i] / 16 * 16;
+            /* with a host tier: the first page on the GPU, the other whole pages in host
+             * memory */
+            static uint32_t host_answer[64];
+            for (uint32_t i = 0; f->lookup_host && i < b.num_tokens.count; i++) {
+                host_answer[i] = answer[i] > 16 ? answer[i] - 16 : 0;
+                answer[i] -= host_answer[i];
+            }
             static kvp_reply_arrays_t la;
             memset(&la, 0, sizeof(la));
             la.cached_tokens = kvp_array(answer, 4, b.num_tokens.count, 0);
+            if (f->lookup_host)
+                la.host_tokens = kvp_array(host_answer, 4, b.num_tokens.count, 0);
             resp->which_body = kvpool_Response_lookup_tag;
             kvp_wire_lookup_bind_encode(&resp->body.lookup, &la);
             break;
@@ -1111,6 +1254,25 @@ static void *fake_main(void *arg)
             resp->body.pin.pinned_pages = b.token_ids.count / 16;
             resp->body.pin.expires_in_ms = req.body.pin.ttl_ms ? req.body.pin.ttl_ms : 600000;
             break;
+        case kvpool_Request_load_tag: {
+            /* whole pages of 16 (max_tokens caps them), the last 16 from the host tier */
+            f->load = req.body.load;
+            f->load_n++;
+            f->token_n = b.token_ids.count;
+            memcpy(f->token_ids, token_ids, sizeof(f->token_ids));
+            if (b.token_ids.count < 16) {
+                fake_status(resp, kvpool_Code_NOT_FOUND, "nothing of the prompt is cached");
+                break;
+            }
+            uint32_t loaded = b.token_ids.count / 16 * 16;
+            if (req.body.load.max_tokens && loaded > req.body.load.max_tokens)
+                loaded = req.body.load.max_tokens / 16 * 16;
+            resp->which_body = kvpool_Response_load_tag;
+            resp->body.load.loaded_tokens = f->load_overshoot ? b.token_ids.count + 16 : loaded;
+            resp->body.load.host_tokens = loaded >= 32 ? 16 : 0;
+            resp->body.load.completed = true;
+            break;
+        }
         case kvpool_Request_unpin_tag:
             f->unpinned = req.body.unpin.pin_id;
             resp->which_body = kvpool_Response_unpin_tag;
@@ -1137,6 +1299,19 @@ static void *fake_main(void *arg)
                                             .evictions_flush_total = 8,
                                             .evictions_rewrite_total = 9,
                                             .bytes = 1ull << 40};
+            /* the host tier's figures (issue #28), each its own value, and one scope */
+            kvpool_CacheStats *cs = &st->cache;
+            cs->host_pages = 11, cs->host_slots = 12, cs->host_bytes_total = 1ull << 35;
+            cs->host_bytes_ready = 14, cs->host_hit_tokens_total = 15, cs->demotions_total = 16;
+            cs->promotions_total = 17, cs->host_evictions_total = 18;
+            cs->offload_bytes_total = 19, cs->restore_bytes_total = 20;
+            cs->offload_us_total = 21, cs->restore_us_total = 22;
+            cs->demoting = 23, cs->restoring = 24, cs->host_slot_bytes = 25;
+            cs->scopes_count = 1;
+            snprintf(cs->scopes[0].name, sizeof(cs->scopes[0].name), "ns:engine-a");
+            cs->scopes[0].hit_tokens = 30;
+            cs->scopes[0].host_pages = 31;
+            cs->scopes[0].host_hit_tokens = 1ull << 33;
             break;
         }
         default:
@@ -1582,6 +1757,146 @@ START_TEST(prefix_cache_calls_carry_their_arguments_and_read_their_answers)
 }
 END_TEST
 
+START_TEST(host_tier_lookup_and_load_carry_their_arguments_and_read_their_answers)
+{
+    fake_t *f = fake_start(kvpool_BackendKind_BACKEND_HOST);
+    kvp_client_t *c = connect_to(f, 0, 5000);
+    int32_t token_ids[100];
+    for (int i = 0; i < 100; i++)
+        token_ids[i] = 3000 - i;
+    uint32_t lengths[3] = {40, 15, 33};
+
+    /* a daemon without a host tier: host_tokens read as 0s, exactly n of them */
+    uint32_t found[3] = {9, 9, 9}, host[4] = {9, 9, 9, 9};
+    ck_assert_int_eq(kvp_client_lookup_tiers(c, token_ids, lengths, 3, NULL, NULL, found, host), 0);
+    static const uint32_t want_found[3] = {32, 0, 32}, zeros[3];
+    ck_assert_int_eq(memcmp(found, want_found, sizeof(want_found)), 0);
+    ck_assert_int_eq(memcmp(host, zeros, sizeof(zeros)), 0);
+    ck_assert_uint_eq(host[3], 9);
+
+    /* with one (the fake: the first page on the GPU, the rest in host memory): the answer's
+     * host_tokens; the plain Lookup skips them and still works */
+    f->lookup_host = 1;
+    uint32_t lengths4[4] = {40, 15, 33, 12}; /* 100 token ids */
+    uint32_t found4[4] = {9, 9, 9, 9};
+    ck_assert_int_eq(kvp_client_lookup_tiers(c, token_ids, lengths4, 4, NULL, NULL, found4, host),
+                     0);
+    static const uint32_t want_gpu[4] = {16, 0, 16, 0}, want_host[4] = {16, 0, 16, 0};
+    ck_assert_int_eq(memcmp(found4, want_gpu, sizeof(want_gpu)), 0);
+    ck_assert_int_eq(memcmp(host, want_host, sizeof(want_host)), 0);
+    ck_assert_uint_eq(f->token_n, 100);
+    memset(found4, 0xff, sizeof(found4));
+    ck_assert_int_eq(kvp_client_lookup(c, token_ids, lengths4, 4, NULL, NULL, found4), 0);
+    ck_assert_int_eq(memcmp(found4, want_gpu, sizeof(want_gpu)), 0);
+    memset(found4, 0xff, sizeof(found4));
+    ck_assert_int_eq(kvp_client_lookup_tiers(c, token_ids, lengths4, 4, NULL, NULL, found4, NULL),
+                     0);
+    ck_assert_int_eq(memcmp(found4, want_gpu, sizeof(want_gpu)), 0);
+    ck_assert_int_eq(kvp_client_lookup_tiers(c, NULL, lengths, 3, NULL, NULL, found, host),
+                     KVP_EINVAL);
+
+    /* Load: token ids, salt, destination and cap reach the daemon exactly; its answer comes back */
+    kvp_source_t dest = {.buffer_id = 5,
+                         .layout = {.k_offset = 64,
+                                    .v_offset = 1 << 20,
+                                    .k_stride_n = 256,
+                                    .k_stride_h = 128,
+                                    .v_stride_n = 256,
+                                    .v_stride_h = 128,
+                                    .layer_stride = 1 << 16},
+                         .layer_begin = 0,
+                         .layer_end = 2};
+    kvp_load_t ld = {0, 0, 0};
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 40, "salt-1", 6, &dest, 0, &ld), 0);
+    ck_assert_uint_eq(f->load_n, 1);
+    ck_assert_uint_eq(f->token_n, 40);
+    ck_assert_int_eq(memcmp(f->token_ids, token_ids, 40 * sizeof(int32_t)), 0);
+    ck_assert_uint_eq(f->load.salt.size, 6);
+    ck_assert_int_eq(memcmp(f->load.salt.bytes, "salt-1", 6), 0);
+    ck_assert(f->load.has_dest);
+    ck_assert_uint_eq(f->load.dest.buffer_id, 5);
+    kvp_src_layout_t back;
+    kvp_wire_source_layout(&f->load.dest, &back);
+    ck_assert_int_eq(memcmp(&back, &dest.layout, sizeof(back)), 0);
+    ck_assert_uint_eq(f->load.dest.layer_begin, 0);
+    ck_assert_uint_eq(f->load.dest.layer_end, 2);
+    ck_assert_uint_eq(f->load.max_tokens, 0);
+    ck_assert_uint_eq(ld.loaded_tokens, 32);
+    ck_assert_uint_eq(ld.host_tokens, 16);
+    ck_assert_int_eq(ld.completed, 1);
+    /* a cap, no salt, no output wanted */
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 100, NULL, 0, &dest, 20, NULL), 0);
+    ck_assert_uint_eq(f->load.max_tokens, 20);
+    ck_assert_uint_eq(f->load.salt.size, 0);
+    ck_assert_uint_eq(f->token_n, 100);
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 100, NULL, 0, &dest, 20, &ld), 0);
+    ck_assert_uint_eq(ld.loaded_tokens, 16);
+    ck_assert_uint_eq(ld.host_tokens, 0);
+
+    /* the daemon's NOT_FOUND: KVP_ENOENT with its message, *out untouched */
+    kvp_load_t keep = {77, 78, 79};
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 8, NULL, 0, &dest, 0, &keep), KVP_ENOENT);
+    ck_assert_str_eq(kvp_client_last_error(c), "nothing of the prompt is cached");
+    ck_assert_uint_eq(keep.loaded_tokens, 77);
+    ck_assert_uint_eq(keep.completed, 79);
+
+    /* refused before anything is sent */
+    const uint32_t sent = f->load_n;
+    uint8_t big_salt[257] = {0};
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 40, big_salt, 257, &dest, 0, &ld), KVP_EINVAL);
+    ck_assert_str_eq(kvp_client_last_error(c), "load: a salt of 257 bytes, at most 256");
+    ck_assert_int_eq(kvp_client_load(c, NULL, 40, NULL, 0, &dest, 0, &ld), KVP_EINVAL);
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 40, NULL, 3, &dest, 0, &ld), KVP_EINVAL);
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 40, NULL, 0, NULL, 0, &ld), KVP_EINVAL);
+    ck_assert_str_eq(kvp_client_last_error(c), "load: NULL destination");
+    ck_assert_int_eq(kvp_client_load(NULL, token_ids, 40, NULL, 0, &dest, 0, &ld), KVP_EINVAL);
+    ck_assert_uint_eq(f->load_n, sent);
+
+    /* the host tier's counters, daemon-wide and per scope, each read into its own member */
+    kvp_cache_stats_t cs;
+    memset(&cs, 0xee, sizeof(cs));
+    ck_assert_int_eq(kvp_client_cache_stats(c, &cs), 0);
+    ck_assert_uint_eq(cs.bytes, 1ull << 40);
+    ck_assert_uint_eq(cs.host_pages, 11);
+    ck_assert_uint_eq(cs.host_slots, 12);
+    ck_assert_uint_eq(cs.host_bytes_total, 1ull << 35);
+    ck_assert_uint_eq(cs.host_bytes_ready, 14);
+    ck_assert_uint_eq(cs.host_hit_tokens_total, 15);
+    ck_assert_uint_eq(cs.demotions_total, 16);
+    ck_assert_uint_eq(cs.promotions_total, 17);
+    ck_assert_uint_eq(cs.host_evictions_total, 18);
+    ck_assert_uint_eq(cs.offload_bytes_total, 19);
+    ck_assert_uint_eq(cs.restore_bytes_total, 20);
+    ck_assert_uint_eq(cs.offload_us_total, 21);
+    ck_assert_uint_eq(cs.restore_us_total, 22);
+    ck_assert_uint_eq(cs.demoting, 23);
+    ck_assert_uint_eq(cs.restoring, 24);
+    ck_assert_uint_eq(cs.host_slot_bytes, 25);
+    static kvp_scope_stats_t scopes[2];
+    memset(scopes, 0xee, sizeof(scopes));
+    kvp_daemon_stats_t ds;
+    memset(&ds, 0, sizeof(ds));
+    ds.scopes = scopes;
+    ds.cap_scopes = 2;
+    ck_assert_int_eq(kvp_client_daemon_stats(c, &ds), 0);
+    ck_assert_int_eq(memcmp(&ds.cache, &cs, sizeof(cs)), 0);
+    ck_assert_uint_eq(ds.num_scopes, 1);
+    ck_assert_str_eq(scopes[0].name, "ns:engine-a");
+    ck_assert_uint_eq(scopes[0].hit_tokens, 30);
+    ck_assert_uint_eq(scopes[0].host_pages, 31);
+    ck_assert_uint_eq(scopes[0].host_hit_tokens, 1ull << 33);
+    ck_assert_uint_eq(scopes[1].host_pages, 0xeeeeeeee); /* nothing past the answer */
+
+    /* an answer of more tokens than the prompt has: a protocol error, *out untouched */
+    f->load_overshoot = 1;
+    ck_assert_int_eq(kvp_client_load(c, token_ids, 40, NULL, 0, &dest, 0, &keep), KVP_EPROTO);
+    ck_assert_uint_eq(keep.loaded_tokens, 77);
+    ck_assert_int_eq(kvp_client_ping(c, NULL), 0);
+    kvp_client_close(c);
+    fake_stop(f);
+}
+END_TEST
+
 /* kvp_client_cuda_commit: without CUDA (a build without it, or no driver) KVP_EUNAVAIL and
  * nothing sent; with a GPU, Commit carries the 64-byte handle of the event it recorded, and a
  * second call reuses the event (the same handle). */
@@ -1678,6 +1993,8 @@ int main(void)
     tcase_add_test(tc, commit_lookup_and_pin_requests_decode_exactly_on_the_server);
     tcase_add_test(tc, cached_tokens_land_in_the_table_or_read_as_zeros);
     tcase_add_test(tc, lookup_answer_lands_in_the_callers_array);
+    tcase_add_test(tc, lookup_answer_with_and_without_host_tokens_decodes_exactly);
+    tcase_add_test(tc, load_request_decodes_exactly_on_the_server);
     suite_add_tcase(s, tc);
     TCase *tf = tcase_create("fake_daemon");
     tcase_set_timeout(tf, 30);
@@ -1692,6 +2009,7 @@ int main(void)
     tcase_add_test(tf, host_buffer_is_a_sealed_memfd_shared_with_the_daemon);
     tcase_add_test(tf, reserve_round_trip_fills_the_page_table);
     tcase_add_test(tf, prefix_cache_calls_carry_their_arguments_and_read_their_answers);
+    tcase_add_test(tf, host_tier_lookup_and_load_carry_their_arguments_and_read_their_answers);
     tcase_add_test(tf, cuda_commit_sends_an_event_handle_or_is_unavailable);
     tcase_add_test(tf, default_socket_follows_the_environment);
     tcase_add_test(tf, a_bad_busy_poll_environment_fails_the_connect);

@@ -81,16 +81,16 @@ START_TEST(cache_families_are_written_exactly)
          "# TYPE kvpool_prefix_cache_query_tokens_total counter\n"
          "kvpool_prefix_cache_query_tokens_total 1000\n");
     WANT("# HELP kvpool_prefix_cache_hit_tokens_total Of those tokens, the ones found cached "
-         "(whole pages).\n"
+         "(whole pages), by the tier they were found in (host: restored from host memory).\n"
          "# TYPE kvpool_prefix_cache_hit_tokens_total counter\n"
-         "kvpool_prefix_cache_hit_tokens_total 750\n");
-    WANT("# HELP kvpool_prefix_cache_pages Pages of the prefix cache by state (indexed: "
+         "kvpool_prefix_cache_hit_tokens_total{tier=\"gpu\"} 750\n");
+    WANT("# HELP kvpool_prefix_cache_pages Pages of the prefix cache by tier and state (indexed: "
          "findable, held or not; cached: findable and held by nobody, evictable; pinned: held "
-         "by at least one pin).\n"
+         "by at least one pin; the host tier's pages are all indexed and cached).\n"
          "# TYPE kvpool_prefix_cache_pages gauge\n"
-         "kvpool_prefix_cache_pages{state=\"cached\"} 12\n"
-         "kvpool_prefix_cache_pages{state=\"pinned\"} 3\n"
-         "kvpool_prefix_cache_pages{state=\"indexed\"} 40\n");
+         "kvpool_prefix_cache_pages{tier=\"gpu\",state=\"cached\"} 12\n"
+         "kvpool_prefix_cache_pages{tier=\"gpu\",state=\"pinned\"} 3\n"
+         "kvpool_prefix_cache_pages{tier=\"gpu\",state=\"indexed\"} 40\n");
     WANT("# HELP kvpool_prefix_cache_pins Pins alive (neither unpinned nor expired).\n"
          "# TYPE kvpool_prefix_cache_pins gauge\n"
          "kvpool_prefix_cache_pins 2\n");
@@ -131,6 +131,45 @@ START_TEST(cache_families_are_written_exactly)
     ck_assert_ptr_null(strstr(at + w, "# HELP kvpool_prefix_cache_"));
     ck_assert(at == text || at[-1] == '\n');
     ck_assert(strstr(text, "\nkvpool_prefix_cache_") > at);
+}
+END_TEST
+
+/* The host tier (issue #28): the host series of the cache's families and the kvpool_tier_*
+ * families, exactly, only with has_tier. */
+START_TEST(tier_families_are_written_exactly)
+{
+    kvp_metrics_t m = snapshot(1);
+    kvp_metrics_text(&m, text, sizeof(text));
+    ck_assert_ptr_null(strstr(text, "tier=\"host\""));
+    ck_assert_ptr_null(strstr(text, "kvpool_tier_"));
+    m.has_tier = 1;
+    m.cache.host_pages = 17;
+    m.cache.host_hit_tokens = 640;
+    m.cache.demotions = 90;
+    m.cache.promotions = 40;
+    m.cache.host_evictions = 33;
+    m.tier_bytes[0] = 90 * 4096, m.tier_bytes[1] = 40 * 4096;
+    m.tier_ns[0] = 1500000000, m.tier_ns[1] = 250000;
+    m.host_bytes_total = 64 * 4096, m.host_bytes_ready = 32 * 4096, m.host_slot_bytes = 4096;
+    kvp_metrics_text(&m, text, sizeof(text));
+    ck_assert_ptr_nonnull(strstr(text,
+                                 "kvpool_prefix_cache_hit_tokens_total{tier=\"gpu\"} 750\n"
+                                 "kvpool_prefix_cache_hit_tokens_total{tier=\"host\"} 640\n"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "kvpool_prefix_cache_pages{tier=\"gpu\",state=\"indexed\"} 40\n"
+                     "kvpool_prefix_cache_pages{tier=\"host\",state=\"indexed\"} 17\n"));
+    ck_assert_ptr_nonnull(strstr(text, "# TYPE kvpool_tier_bytes_total counter\n"
+                                       "kvpool_tier_bytes_total{direction=\"offload\"} 368640\n"
+                                       "kvpool_tier_bytes_total{direction=\"restore\"} 163840\n"));
+    ck_assert_ptr_nonnull(strstr(text,
+                                 "kvpool_tier_seconds_total{direction=\"offload\"} 1.500000\n"
+                                 "kvpool_tier_seconds_total{direction=\"restore\"} 0.000250\n"));
+    ck_assert_ptr_nonnull(strstr(text, "kvpool_tier_pages_total{direction=\"offload\"} 90\n"
+                                       "kvpool_tier_pages_total{direction=\"restore\"} 40\n"));
+    ck_assert_ptr_nonnull(strstr(text, "kvpool_tier_host_evictions_total 33\n"));
+    ck_assert_ptr_nonnull(strstr(text, "kvpool_tier_host_bytes{state=\"total\"} 262144\n"
+                                       "kvpool_tier_host_bytes{state=\"ready\"} 131072\n"
+                                       "kvpool_tier_host_bytes{state=\"used\"} 69632\n"));
 }
 END_TEST
 
@@ -211,6 +250,7 @@ int main(void)
     TCase *tc = tcase_create("metrics_text");
     tcase_add_test(tc, cache_families_are_written_exactly);
     tcase_add_test(tc, no_cache_no_cache_families);
+    tcase_add_test(tc, tier_families_are_written_exactly);
     tcase_add_test(tc, every_cache_sample_follows_its_type);
     tcase_add_test(tc, a_cut_inside_the_cache_families_ends_at_a_line);
     suite_add_tcase(s, tc);

@@ -13,11 +13,13 @@ from .client import (
     CacheStats,
     Client,
     Commit,
+    Load,
     PageTable,
     Pin,
     PoolInfo,
     Stats,
     Ticket,
+    TierHit,
     TransferInfo,
     default_socket,
 )
@@ -53,7 +55,7 @@ __version__ = PACKAGE_VERSION
 
 __all__ = [
     "Client", "PageTable", "PoolInfo", "Stats", "Ticket", "TransferInfo", "default_socket",
-    "CacheStats", "Commit", "Pin", "Backend", "DType", "Layout", "Storage", "BufferKind",
+    "CacheStats", "Commit", "Pin", "TierHit", "Load", "Backend", "DType", "Layout", "Storage", "BufferKind",
     "DTYPES",
     "library_path", "LibraryMismatch", "ABI_VERSION",
     "KVP_LEASE_DEFAULT", "append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 # kvp_client_abi_version() of the libkvpool these declarations mirror (KVP_ABI_VERSION of
 # CMakeLists.txt: libkvpool.so.N); raised together with it when a struct or prototype changes.
-ABI_VERSION = 0
+ABI_VERSION = 1
 
 
 def _package_version() -> str:
@@ -239,6 +239,30 @@ class kvp_cache_stats_t(ctypes.Structure):
         ("evictions_flush_total", _u64),
         ("evictions_rewrite_total", _u64),
         ("bytes", _u64),
+        # the host tier (issue #28), appended in kvpool.h's order
+        ("host_pages", _u32),
+        ("host_slots", _u32),
+        ("host_bytes_total", _u64),
+        ("host_bytes_ready", _u64),
+        ("host_hit_tokens_total", _u64),
+        ("demotions_total", _u64),
+        ("promotions_total", _u64),
+        ("host_evictions_total", _u64),
+        ("offload_bytes_total", _u64),
+        ("restore_bytes_total", _u64),
+        ("offload_us_total", _u64),
+        ("restore_us_total", _u64),
+        ("demoting", _u32),
+        ("restoring", _u32),
+        ("host_slot_bytes", _u32),
+    ]
+
+
+class kvp_load_t(ctypes.Structure):
+    _fields_ = [
+        ("loaded_tokens", _u32),
+        ("host_tokens", _u32),
+        ("completed", ctypes.c_int),
     ]
 
 
@@ -317,6 +341,12 @@ _PROTOTYPES = {
     "kvp_client_commit": (_int, [_c, _p_u64, _u32, ctypes.c_void_p, _p_u32, _p_u32]),
     "kvp_client_lookup": (
         _int, [_c, _p_i32, _p_u32, _u32, ctypes.POINTER(ctypes.c_uint8), _p_u32, _p_u32]),
+    "kvp_client_lookup_tiers": (
+        _int, [_c, _p_i32, _p_u32, _u32, ctypes.POINTER(ctypes.c_uint8), _p_u32, _p_u32,
+               _p_u32]),
+    "kvp_client_load": (
+        _int, [_c, _p_i32, _u32, ctypes.c_void_p, _u32, ctypes.POINTER(kvp_source_t), _u32,
+               ctypes.POINTER(kvp_load_t)]),
     "kvp_client_pin": (
         _int, [_c, _p_i32, _u32, ctypes.c_void_p, _u32, _u32, ctypes.POINTER(kvp_pin_t)]),
     "kvp_client_unpin": (_int, [_c, _u64, _p_u32]),
@@ -391,6 +421,7 @@ _OPTIONAL_PROTOTYPES = {
 _CHECKED_STRUCTS = (
     kvp_client_opts_t, kvp_pool_info_t, kvp_page_table_t, kvp_source_t, kvp_stats_summary_t,
     kvp_transfer_ticket_t, kvp_transfer_info_t, kvp_cache_opts_t, kvp_pin_t, kvp_cache_stats_t,
+    kvp_load_t,
 )
 
 _lock = threading.Lock()

@@ -19,8 +19,8 @@ from ._host import HostPool
 from ._types import Array, IntArray, Salts, Stream, TokenIds
 from .codes import Backend, BufferKind
 from .errors import KVP_EPRECOND, error
-from .records import (CacheStats, Commit, PageTable, Pin, PoolInfo, Stats,  # noqa: F401
-                      Ticket, TransferInfo)
+from .records import (CacheStats, Commit, Load, PageTable, Pin, PoolInfo,  # noqa: F401
+                      Stats, TierHit, Ticket, TransferInfo)
 from .step import StepReserve
 
 
@@ -347,6 +347,51 @@ class Client:
                    None if slens is None else _ptr(slens, ctypes.c_uint32),
                    _ptr(out, ctypes.c_uint32))
         return [int(x) for x in out[: len(prompts)]]
+
+    def lookup_tiers(self, prompts: Iterable[Union[Sequence[int], np.ndarray]],
+                     salts: Optional[Salts] = None) -> List[TierHit]:
+        """lookup() over both tiers of the cache (issue #28): for each prompt a TierHit of
+        gpu_tokens (its leading tokens cached in the GPU pool: what lookup() answers) and
+        host_tokens (the tokens after them found in host memory, 0 when the daemon has no host
+        tier), both whole pages. No side effect; a reserve()/append() with reuse, or a load(),
+        then restores the host ones to the GPU."""
+        prompts = list(prompts)
+        ids, lens = _prompts(prompts)
+        sdata, slens = _salts(salts, len(prompts))
+        gpu = np.zeros(max(len(prompts), 1), np.uint32)
+        host = np.zeros(max(len(prompts), 1), np.uint32)
+        self._call(self._lib.kvp_client_lookup_tiers, _ptr(ids, ctypes.c_int32),
+                   _ptr(lens, ctypes.c_uint32), len(prompts),
+                   None if sdata is None else _ptr(sdata, ctypes.c_uint8),
+                   None if slens is None else _ptr(slens, ctypes.c_uint32),
+                   _ptr(gpu, ctypes.c_uint32), _ptr(host, ctypes.c_uint32))
+        return [TierHit(int(g), int(h))
+                for g, h in zip(gpu[: len(prompts)], host[: len(prompts)])]
+
+    def load(self, token_ids: Union[Sequence[int], np.ndarray],
+             dest: Union[Mapping[str, int], "_lib.kvp_source_t"],
+             salt: Optional[bytes] = None, max_tokens: int = 0) -> Load:
+        """Load (issue #28): copies the cached full pages of the prompt token_ids' prefix
+        (with salt; from the GPU pool or the host tier, which is restored to the GPU first) into
+        a registered buffer of this connection that the daemon can write (alloc_staging's), laid
+        out where an append() with dest as its source would read them: dest is taken exactly
+        as append()'s source (a dict with buffer_id, k_offset, v_offset and optionally the
+        strides, layer_stride, layer_begin, layer_end; default: contiguous [tokens, H, D] rows
+        of the pool's dtype), so token t, head h, layer l of K lands at k_offset + (l -
+        layer_begin) * layer_stride + t * k_stride_n + h * k_stride_h (V likewise).
+        max_tokens > 0 caps the tokens copied (whole pages; 0: every cached one). Returns once
+        the bytes are in the buffer, with a Load record. NotFound when no page of the prefix is
+        cached (or no such buffer); InvalidArgument for a layout outside the buffer;
+        FailedPrecondition for a buffer the daemon cannot write. On any error nothing is
+        written."""
+        ids = _token_array(token_ids, "token_ids")
+        salt = bytes(salt or b"")
+        d = source_of(dest, self._info)
+        out = _lib.kvp_load_t()
+        self._call(self._lib.kvp_client_load, _ptr(ids, ctypes.c_int32), ids.size,
+                   salt if salt else None, len(salt), ctypes.byref(d), int(max_tokens),
+                   ctypes.byref(out))
+        return Load(int(out.loaded_tokens), int(out.host_tokens), bool(out.completed))
 
     def pin(self, token_ids: Union[Sequence[int], np.ndarray], salt: Optional[bytes] = b"",
             ttl_ms: int = 0) -> Pin:

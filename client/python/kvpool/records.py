@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The records a Client answers with: PoolInfo, PageTable, Stats, Pin, Commit, CacheStats,
-Ticket, TransferInfo. Plain values (frozen dataclasses and named tuples) that own their data
+TierHit, Load, Ticket, TransferInfo. Plain values (frozen dataclasses and named tuples) that own their data
 and hold no handle; each one that mirrors a libkvpool struct says which, and converts from it
 (_from_c) here, next to its fields."""
 import builtins
@@ -144,9 +144,40 @@ class Commit(NamedTuple):
     published: int
 
 
+class TierHit(NamedTuple):
+    """One prompt of lookup_tiers(): gpu_tokens, its leading tokens cached in the GPU pool (what
+    lookup() answers), and host_tokens, the tokens after them found in the host tier (0 without
+    one); both whole pages. A reserve()/append() with reuse, or a load(), links all
+    gpu_tokens + host_tokens, restoring the host ones to the GPU first."""
+
+    gpu_tokens: int
+    host_tokens: int
+
+    @property
+    def total(self) -> int:
+        """Tokens cached in either tier: gpu_tokens + host_tokens."""
+        return self.gpu_tokens + self.host_tokens
+
+
+class Load(NamedTuple):
+    """A load()'s answer (kvp_load_t): loaded_tokens copied into the buffer (a multiple of the
+    page size), host_tokens of them restored from the host tier first, completed: the bytes are
+    in the buffer (always True from current daemons: the call waits for the copy)."""
+
+    loaded_tokens: int
+    host_tokens: int
+    completed: bool
+
+
 @dataclasses.dataclass(frozen=True)
 class CacheStats:
-    """The prefix cache's counters (kvp_cache_stats_t, Stats.cache)."""
+    """The prefix cache's counters (kvp_cache_stats_t, Stats.cache). hit_tokens_total counts the
+    tokens found in the GPU pool; the host_* figures and those after them are the host tier's
+    (issue #28; all 0 when the daemon has none, cache.host_bytes 0): host_pages entries kept,
+    host_slots slots usable now of host_slot_bytes each, host_bytes_ready of host_bytes_total
+    allocated and pinned so far, host_hit_tokens_total tokens found there, pages demoted
+    (GPU -> host), promoted (host -> GPU) and evicted from it for good, the copies' bytes and
+    summed time (us, worker threads), and the pages being demoted / restored now."""
 
     cached_pages: int
     pinned_pages: int
@@ -158,6 +189,21 @@ class CacheStats:
     evictions_flush_total: int
     evictions_rewrite_total: int
     bytes: int
+    host_pages: int = 0
+    host_slots: int = 0
+    host_bytes_total: int = 0
+    host_bytes_ready: int = 0
+    host_hit_tokens_total: int = 0
+    demotions_total: int = 0
+    promotions_total: int = 0
+    host_evictions_total: int = 0
+    offload_bytes_total: int = 0
+    restore_bytes_total: int = 0
+    offload_us_total: int = 0
+    restore_us_total: int = 0
+    demoting: int = 0
+    restoring: int = 0
+    host_slot_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
