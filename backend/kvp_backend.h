@@ -238,6 +238,11 @@ void kvp_backend_pool_info(const kvp_backend_t *b, kvp_pool_info_t *out);
 void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uint8_t *base,
                           kvp_append_src_t *src);
 
+/* The kernels' description of g's destination rows of pool layer `layer` in the buffer whose
+ * address is dst_base (the mirror of kvp_backend_exec_src). */
+void kvp_backend_gather_dst(const kvp_backend_t *b, const kvp_gather_t *g, uint32_t layer,
+                            uint8_t *dst_base, kvp_gather_dst_t *dst);
+
 /* Bytes of the packed form of num_tokens tokens of one device's heads (ops->move's whole
  * range): num_layers * kvp_kv_packed_layer_bytes. */
 uint64_t kvp_backend_move_bytes(const kvp_backend_t *b, uint32_t num_tokens);

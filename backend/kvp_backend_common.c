@@ -70,6 +70,21 @@ void kvp_backend_exec_src(const kvp_backend_t *b, const kvp_exec_t *e, const uin
     };
 }
 
+void kvp_backend_gather_dst(const kvp_backend_t *b, const kvp_gather_t *g, uint32_t layer,
+                            uint8_t *dst_base, kvp_gather_dst_t *dst)
+{
+    const uint64_t elem = b->derived.elem_bytes;
+    uint8_t *base = dst_base + (uint64_t)(layer - g->layer_begin) * g->layer_stride;
+    *dst = (kvp_gather_dst_t){
+        .key = base + g->k_offset,
+        .value = base + g->v_offset,
+        .k_stride_n = (int64_t)(g->k_stride_n / elem),
+        .k_stride_h = (int64_t)(g->k_stride_h / elem),
+        .v_stride_n = (int64_t)(g->v_stride_n / elem),
+        .v_stride_h = (int64_t)(g->v_stride_h / elem),
+    };
+}
+
 /* One device's packed layer: every token, that device's heads, K and V. */
 static uint64_t layer_bytes(const kvp_backend_t *b, uint32_t num_tokens)
 {

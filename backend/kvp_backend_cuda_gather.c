@@ -59,7 +59,6 @@ int kvp__backend_cuda_gather(kvp_backend_t *b, const kvp_gather_t *g)
     /* the daemon's mapping of a writable buffer (cuda_buf_t keeps it const for run()'s reads) */
     uint8_t *dst_base = (uint8_t *)(uintptr_t)buf->dptr;
     void *pool = (void *)(uintptr_t)dv->pool.ptr;
-    const uint64_t elem = b->derived.elem_bytes;
     const size_t slots_bytes = (size_t)g->nnz * sizeof(int32_t);
     cudaStream_t s = NULL;
     int32_t *slots_dev = NULL;
@@ -72,13 +71,8 @@ int kvp__backend_cuda_gather(kvp_backend_t *b, const kvp_gather_t *g)
     for (uint32_t l = g->layer_begin; l < g->layer_end; l++) {
         kvp_paged_kv_t kv;
         kvp_backend_layer_view(b, pool, l, &kv);
-        uint8_t *base = dst_base + (uint64_t)(l - g->layer_begin) * g->layer_stride;
-        const kvp_gather_dst_t dst = {.key = base + g->k_offset,
-                                      .value = base + g->v_offset,
-                                      .k_stride_n = (int64_t)(g->k_stride_n / elem),
-                                      .k_stride_h = (int64_t)(g->k_stride_h / elem),
-                                      .v_stride_n = (int64_t)(g->v_stride_n / elem),
-                                      .v_stride_h = (int64_t)(g->v_stride_h / elem)};
+        kvp_gather_dst_t dst;
+        kvp_backend_gather_dst(b, g, l, dst_base, &dst);
         KVP_KERNEL_TRY(kvp_gather_cuda(&kv, slots_dev, g->nnz, &dst, s), rc, fail_free);
     }
 fail_free:

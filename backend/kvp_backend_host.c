@@ -145,19 +145,12 @@ static int host_gather(kvp_backend_t *b, const kvp_gather_t *g)
     for (uint32_t i = 0; i < g->nnz; i++)
         if (g->slots[i] >= cap)
             return KVP_ERANGE;
-    const uint64_t elem = b->derived.elem_bytes;
     int rc = 0;
     for (uint32_t l = g->layer_begin; l < g->layer_end && g->nnz && !rc; l++) {
         kvp_paged_kv_t kv;
         kvp_backend_layer_view(b, h->pool, l, &kv);
-        uint8_t *base =
-            (uint8_t *)g->dst->host_ptr + (uint64_t)(l - g->layer_begin) * g->layer_stride;
-        const kvp_gather_dst_t dst = {.key = base + g->k_offset,
-                                      .value = base + g->v_offset,
-                                      .k_stride_n = (int64_t)(g->k_stride_n / elem),
-                                      .k_stride_h = (int64_t)(g->k_stride_h / elem),
-                                      .v_stride_n = (int64_t)(g->v_stride_n / elem),
-                                      .v_stride_h = (int64_t)(g->v_stride_h / elem)};
+        kvp_gather_dst_t dst;
+        kvp_backend_gather_dst(b, g, l, (uint8_t *)g->dst->host_ptr, &dst);
         rc = kvp_gather_cpu(&kv, g->slots, g->nnz, &dst);
     }
     return rc;
