@@ -266,6 +266,9 @@ void kvp__rpc_tier_kick(kvp_rpc_t *r, uint64_t now_ms);
 /* After a plan: starts the restore of what it promoted (r->plan.restores). 0 or KVP_ENOMEM
  * (the promoted pages then lost their keys: fail the call). */
 int kvp__rpc_tier_restore(kvp_rpc_t *r, uint64_t now_ms);
+/* After a plan whose call fails before kvp__rpc_tier_restore: its promoted pages are given up
+ * (restore ended as failed: unpinned, their keys gone), so nothing stays pinned. */
+void kvp__rpc_tier_drop_restores(kvp_rpc_t *r);
 /* Makes call job w wait for every restore writing a page the plan linked (r->plan's leading
  * cached_tokens of each row): w->waits counts them. 0 or KVP_ENOMEM. */
 int kvp__rpc_tier_wait_plan(kvp_rpc_t *r, kvp_rpc_job_t *w);

@@ -168,6 +168,7 @@ int kvp__rpc_load(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp
     const kvp_plan_t *p = &r->plan;
     kvp__rpc_tier_kick(r, now_ms);
     load_job_t *j = NULL;
+    int started = 0; /* kvp__rpc_tier_restore ran: it owns the promoted pages, failed or not */
     if (p->cached_tokens[0] != f * ps || p->nnz != 0) { /* found by the lookup just above */
         rc = KVP_EINTERNAL;
     } else if (!(j = calloc(1, sizeof(*j) + (size_t)f * ps * sizeof(int32_t))) ||
@@ -175,8 +176,11 @@ int kvp__rpc_load(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp
         rc = KVP_ENOMEM;
     } else if ((rc = kvp__rpc_buf_hold(r, &sb->buf)) == 0) {
         j->dst = sb->buf;
+        started = 1;
         rc = kvp__rpc_tier_restore(r, now_ms);
     }
+    if (rc && !started)
+        kvp__rpc_tier_drop_restores(r);
     if (rc) {
         if (j && j->dst.size_bytes)
             kvp__rpc_buf_unhold(r, &j->dst);

@@ -599,6 +599,7 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
     if (!j) {
         /* the plan is committed but cannot be executed: give the pages back by rolling the
          * sequences back to their previous lengths */
+        kvp__rpc_tier_drop_restores(r);
         for (uint32_t i = 0; i < n; i++)
             kvp_seqtab_truncate(r->seqs, s->ns, r->items[i].seq_id,
                                 (uint32_t)r->plan.seq_lens[i] - r->items[i].num_tokens, now_ms);

@@ -285,6 +285,13 @@ static int add_waiter(move_job_t *task, kvp_rpc_job_t *w)
     return 0;
 }
 
+void kvp__rpc_tier_drop_restores(kvp_rpc_t *r)
+{
+    const kvp_plan_t *p = &r->plan;
+    if (p->num_restores) /* never started: the pages lose their keys and their pins */
+        kvp_pcache_restore_end(r->pc, p->restores, p->num_restores, 0);
+}
+
 int kvp__rpc_tier_restore(kvp_rpc_t *r, uint64_t now_ms)
 {
     const kvp_plan_t *p = &r->plan;
