@@ -26,15 +26,91 @@ static int plan(kvp_rpc_t *r, uint32_t n, int content, const kvp_plan_cache_t *c
 
 /* ---- a Reserve that waits for restores (issue #28) ---------------------------------------- */
 
+/* ---- a job's page table -------------------------------------------------------------------- */
+
+/* A job's copy of the plan's page table (the planner's arrays serve the next call), answered
+ * when the job finishes: an Append's and a waiting Reserve's. */
+typedef struct {
+    uint32_t batch_size, nnz, num_indices, num_copies;
+    int32_t *kv_indptr, *append_indptr, *kv_last_page_len, *seq_lens, *cached_tokens, *kv_indices;
+    int32_t *copies; /* pairs (src, dst) */
+    int reused;      /* cached_tokens answers (CacheOptions.reuse); 0s without */
+} job_table_t;
+
+/* int32 words the copy of p's table takes. */
+static size_t table_words(const kvp_plan_t *p)
+{
+    const uint32_t B = p->batch_size;
+    return (size_t)(B + 1) * 2 + (size_t)B * 3 + (uint32_t)p->kv_indptr[B] +
+           (size_t)p->num_copies * 2;
+}
+
+/* Lays t's arrays over w (table_words(p) words), copies p's table into them and returns the
+ * word after them. */
+static int32_t *table_copy(job_table_t *t, const kvp_plan_t *p, int reused, int32_t *w)
+{
+    const uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies;
+    t->batch_size = B, t->nnz = p->nnz, t->num_indices = I, t->num_copies = C;
+    t->reused = reused;
+    t->kv_indptr = w, w += B + 1;
+    t->append_indptr = w, w += B + 1;
+    t->kv_last_page_len = w, w += B;
+    t->seq_lens = w, w += B;
+    t->cached_tokens = w, w += B;
+    t->kv_indices = w, w += I;
+    t->copies = w, w += 2 * C;
+    memcpy(t->kv_indptr, p->kv_indptr, (B + 1) * 4);
+    memcpy(t->append_indptr, p->append_indptr, (B + 1) * 4);
+    memcpy(t->kv_last_page_len, p->kv_last_page_len, B * 4);
+    memcpy(t->seq_lens, p->seq_lens, B * 4);
+    if (reused)
+        memcpy(t->cached_tokens, p->cached_tokens, B * 4);
+    else
+        memset(t->cached_tokens, 0, B * 4);
+    if (I)
+        memcpy(t->kv_indices, p->kv_indices, (size_t)I * 4);
+    if (C)
+        memcpy(t->copies, p->copies, (size_t)C * 8);
+    return w;
+}
+
+/* The table as an answer's PageTable, its arrays bound in io->out. */
+static void table_answer(kvp_rpc_io_t *io, kvpool_PageTable *out, const job_table_t *t)
+{
+    const uint32_t B = t->batch_size;
+    out->batch_size = B;
+    out->nnz = t->nnz;
+    io->out.kv_indptr = kvp_array(t->kv_indptr, 4, B + 1, 0);
+    io->out.kv_indices = kvp_array(t->kv_indices, 4, t->num_indices, 0);
+    io->out.kv_last_page_len = kvp_array(t->kv_last_page_len, 4, B, 0);
+    io->out.append_indptr = kvp_array(t->append_indptr, 4, B + 1, 0);
+    io->out.seq_lens = kvp_array(t->seq_lens, 4, B, 0);
+    io->out.copies = kvp_array(t->copies, 4, 2 * t->num_copies, 0);
+    io->out.cached_tokens = kvp_array(t->cached_tokens, 4, t->reused ? B : 0, 0);
+    kvp_wire_table_bind_encode(out, &io->out);
+}
+
+/* Gives back what a plan added to its sequences (tokens appended and linked): the call failed.
+ * seq_ids NULL: the batch still in r->items. */
+static void roll_back(kvp_rpc_t *r, uint32_t ns, const uint64_t *seq_ids, const job_table_t *t,
+                      uint64_t now_ms)
+{
+    for (uint32_t b = 0; b < t->batch_size; b++) {
+        uint32_t add = (uint32_t)(t->append_indptr[b + 1] - t->append_indptr[b]) +
+                       (uint32_t)t->cached_tokens[b];
+        kvp_seqtab_truncate(r->seqs, ns, seq_ids ? seq_ids[b] : r->items[b].seq_id,
+                            (uint32_t)t->seq_lens[b] - add, now_ms);
+    }
+}
+
 /* The answer of a Reserve whose plan links pages restored from the host tier (or of an Append
  * with reuse that found every token cached): a copy of the plan's table (the planner's arrays
  * serve the next call), answered once the restores ended. Its run does nothing: it is parked
  * until then (kvp_rpc_tier.c). */
 typedef struct {
     kvp_rpc_job_t base;
-    uint32_t batch_size, nnz, num_indices, num_copies, ns;
-    int32_t *kv_indptr, *append_indptr, *kv_last_page_len, *seq_lens, *cached_tokens, *kv_indices;
-    int32_t *copies;
+    job_table_t tab;
+    uint32_t ns;
     uint64_t *seq_ids;
 } reserve_job_t;
 
@@ -43,50 +119,24 @@ static void reserve_run(kvp_rpc_job_t *base)
     base->rc = 0;
 }
 
-/* Gives back what a plan added to its sequences (tokens appended and linked): the call failed.
- * seq_ids NULL: the batch still in r->items. */
-static void roll_back(kvp_rpc_t *r, uint32_t ns, const uint64_t *seq_ids, const int32_t *seq_lens,
-                      const int32_t *append_indptr, const int32_t *cached_tokens, uint32_t B,
-                      uint64_t now_ms)
-{
-    for (uint32_t b = 0; b < B; b++) {
-        uint32_t add = (uint32_t)(append_indptr[b + 1] - append_indptr[b]) +
-                       (cached_tokens ? (uint32_t)cached_tokens[b] : 0);
-        kvp_seqtab_truncate(r->seqs, ns, seq_ids ? seq_ids[b] : r->items[b].seq_id,
-                            (uint32_t)seq_lens[b] - add, now_ms);
-    }
-}
-
 static void reserve_finish(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, uint64_t now_ms)
 {
     reserve_job_t *j = (reserve_job_t *)base;
-    const uint32_t B = j->batch_size;
     if (base->wait_failed) {
-        roll_back(r, j->ns, j->seq_ids, j->seq_lens, j->append_indptr, j->cached_tokens, B, now_ms);
+        roll_back(r, j->ns, j->seq_ids, &j->tab, now_ms);
         kvp_rpc_error(&io->resp, base->req_id, r->unhealthy ? KVP_EINTERNAL : KVP_EUNAVAIL,
                       "reserve not applied: restoring its cached prefix from host memory failed");
         return;
     }
     kvp__rpc_ok(io, base->req_id);
-    kvpool_PageTable *t;
     if (io->call->req_tag == kvpool_Request_append_tag) { /* everything was linked */
         io->resp.body.append.completed = true;
         io->resp.body.append.has_table = true;
-        t = &io->resp.body.append.table;
+        table_answer(io, &io->resp.body.append.table, &j->tab);
     } else {
         io->resp.body.reserve.has_table = true;
-        t = &io->resp.body.reserve.table;
+        table_answer(io, &io->resp.body.reserve.table, &j->tab);
     }
-    t->batch_size = B;
-    t->nnz = j->nnz;
-    io->out.kv_indptr = kvp_array(j->kv_indptr, 4, B + 1, 0);
-    io->out.kv_indices = kvp_array(j->kv_indices, 4, j->num_indices, 0);
-    io->out.kv_last_page_len = kvp_array(j->kv_last_page_len, 4, B, 0);
-    io->out.append_indptr = kvp_array(j->append_indptr, 4, B + 1, 0);
-    io->out.seq_lens = kvp_array(j->seq_lens, 4, B, 0);
-    io->out.copies = kvp_array(j->copies, 4, 2 * j->num_copies, 0);
-    io->out.cached_tokens = kvp_array(j->cached_tokens, 4, B, 0);
-    kvp_wire_table_bind_encode(t, &io->out);
 }
 
 static void reserve_free(kvp_rpc_job_t *base)
@@ -103,12 +153,11 @@ static int table_wait(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io, uint64_t
                       uint64_t now_ms)
 {
     const kvp_plan_t *p = &r->plan;
-    const uint32_t B = p->batch_size, I = (uint32_t)p->kv_indptr[B], C = p->num_copies;
+    const uint32_t B = p->batch_size;
     int rc = kvp__rpc_tier_restore(r, now_ms);
     reserve_job_t *j = NULL;
     if (!rc) {
-        size_t words = (size_t)(B + 1) * 2 + (size_t)B * 3 + I + (size_t)C * 2;
-        j = calloc(1, sizeof(*j) + words * 4 + (size_t)B * 8 + 8);
+        j = calloc(1, sizeof(*j) + (size_t)B * 8 + table_words(p) * 4 + 8);
         rc = j ? 0 : KVP_ENOMEM;
     }
     if (!rc) {
@@ -117,33 +166,21 @@ static int table_wait(kvp_rpc_t *r, kvp_session_t *s, kvp_rpc_io_t *io, uint64_t
         j->base.call = io->call;
         j->base.req_id = id;
         j->seq_ids = (uint64_t *)(j + 1);
-        int32_t *w = (int32_t *)(j->seq_ids + B);
-        j->kv_indptr = w, w += B + 1;
-        j->append_indptr = w, w += B + 1;
-        j->kv_last_page_len = w, w += B;
-        j->seq_lens = w, w += B;
-        j->cached_tokens = w, w += B;
-        j->kv_indices = w, w += I;
-        j->copies = w;
-        memcpy(j->kv_indptr, p->kv_indptr, (B + 1) * 4);
-        memcpy(j->append_indptr, p->append_indptr, (B + 1) * 4);
-        memcpy(j->kv_last_page_len, p->kv_last_page_len, B * 4);
-        memcpy(j->seq_lens, p->seq_lens, B * 4);
-        memcpy(j->cached_tokens, p->cached_tokens, B * 4);
-        memcpy(j->kv_indices, p->kv_indices, (size_t)I * 4);
-        memcpy(j->copies, p->copies, (size_t)C * 8);
+        table_copy(&j->tab, p, 1, (int32_t *)(j->seq_ids + B));
         for (uint32_t b = 0; b < B; b++)
             j->seq_ids[b] = r->items[b].seq_id;
         j->ns = s->ns;
-        j->batch_size = B, j->nnz = p->nnz, j->num_indices = I, j->num_copies = C;
         rc = kvp__rpc_tier_wait_plan(r, &j->base);
         if (rc && j->base.waits) /* listed by some restores: answered (refused) when they end */
             j->base.wait_failed = 1, rc = 0;
     }
     if (rc || !j->base.waits) {
         if (rc) {
-            roll_back(r, s->ns, NULL, p->seq_lens, p->append_indptr,
-                      (const int32_t *)p->cached_tokens, n, now_ms);
+            const job_table_t plan = {.batch_size = n,
+                                      .append_indptr = p->append_indptr,
+                                      .seq_lens = p->seq_lens,
+                                      .cached_tokens = (int32_t *)p->cached_tokens};
+            roll_back(r, s->ns, NULL, &plan, now_ms);
             kvp_rpc_error(&io->resp, id, rc, "out of memory for the reserve's restore");
         } else if (io->call->req_tag == kvpool_Request_append_tag) { /* nothing to wait for */
             kvp__rpc_ok(io, id);
@@ -254,14 +291,10 @@ int kvp__rpc_check_layout(const kvp_rpc_t *r, const kvp_src_layout_t *src, const
 typedef struct {
     kvp_rpc_job_t base;
     kvp_exec_t exec;
-    uint32_t batch_size, nnz, num_copies, num_indices;
-    int32_t *kv_indptr, *kv_indices, *kv_last_page_len, *append_indptr, *seq_lens;
-    int32_t *cached_tokens; /* [batch_size]: linked from the prefix cache (0s without reuse) */
+    job_table_t tab;        /* cached_tokens: linked from the prefix cache (0s without reuse) */
     kvp_pcache_ref_t *refs; /* the pages it fills, published once the copy completed */
     uint32_t num_refs;
-    int reused;     /* cached_tokens answers (CacheOptions.reuse) */
     int32_t *slots; /* [nnz]: each token's pool slot (kvp_plan_slots), the append's destination */
-    kvp_page_copy_t *copies;
     uint32_t *pinned;
     uint32_t num_pinned;
     uint64_t bytes;
@@ -281,7 +314,7 @@ static void append_free(kvp_rpc_job_t *base)
 {
     append_job_t *j = (append_job_t *)base;
     free(j->refs);
-    free(j->kv_indptr);
+    free(j->tab.kv_indptr);
     free(j->pinned);
     free(j->seq_ids);
     free(j);
@@ -303,8 +336,7 @@ static append_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const kv
     if (!j)
         return NULL;
     j->base.ops = &append_ops;
-    size_t words = (size_t)(B + 1) * 2 + (size_t)B * 3 + I + (size_t)N + (size_t)C * 2;
-    int32_t *w = malloc(words * sizeof(int32_t) + 4);
+    int32_t *w = malloc((table_words(p) + N) * sizeof(int32_t) + 4);
     j->pinned = malloc(((size_t)I + 2 * C + 1) * sizeof(uint32_t));
     j->seq_ids = malloc(((size_t)B + 1) * sizeof(uint64_t));
     if (!w || !j->pinned || !j->seq_ids) {
@@ -331,54 +363,34 @@ static append_job_t *make_job(kvp_rpc_t *r, const kvp_rpc_call_t *call, const kv
     for (uint32_t b = 0; b < B; b++)
         j->seq_ids[b] = r->items[b].seq_id;
     j->ns = B ? r->items[0].ns : 0;
-    j->kv_indptr = w, w += B + 1;
-    j->append_indptr = w, w += B + 1;
-    j->kv_last_page_len = w, w += B;
-    j->seq_lens = w, w += B;
-    j->cached_tokens = w, w += B;
-    j->kv_indices = w, w += I;
-    j->slots = w, w += N;
-    j->copies = (kvp_page_copy_t *)w;
-    memcpy(j->kv_indptr, p->kv_indptr, (B + 1) * 4);
-    memcpy(j->append_indptr, p->append_indptr, (B + 1) * 4);
-    memcpy(j->kv_last_page_len, p->kv_last_page_len, B * 4);
-    memcpy(j->seq_lens, p->seq_lens, B * 4);
-    if (r->plan_reused)
-        memcpy(j->cached_tokens, p->cached_tokens, B * 4);
-    else
-        memset(j->cached_tokens, 0, B * 4);
-    j->reused = r->plan_reused;
-    if (I)
-        memcpy(j->kv_indices, p->kv_indices, (size_t)I * 4);
-    if (C)
-        memcpy(j->copies, p->copies, (size_t)C * sizeof(kvp_page_copy_t));
+    j->slots = table_copy(&j->tab, p, r->plan_reused, w); /* the table first: w is its base */
     if (N) /* where every token goes, once: the kernels read these slots as they are */
         kvp_plan_slots(p, r->backend->geom.page_size, j->slots);
     j->base.rpc = r;
     j->base.call = call;
     j->base.req_id = id;
-    j->batch_size = B, j->nnz = N, j->num_copies = C, j->num_indices = I;
     /* pin: copy sources and destinations, and the pages that receive tokens */
+    const kvp_page_copy_t *copies = (const kvp_page_copy_t *)j->tab.copies;
     for (uint32_t c = 0; c < C; c++) {
-        kvp_alloc_pin(r->alloc, j->copies[c].src);
-        j->pinned[j->num_pinned++] = j->copies[c].src;
-        kvp_alloc_pin(r->alloc, j->copies[c].dst);
-        j->pinned[j->num_pinned++] = j->copies[c].dst;
+        kvp_alloc_pin(r->alloc, copies[c].src);
+        j->pinned[j->num_pinned++] = copies[c].src;
+        kvp_alloc_pin(r->alloc, copies[c].dst);
+        j->pinned[j->num_pinned++] = copies[c].dst;
     }
     const uint32_t ps = r->backend->geom.page_size;
     for (uint32_t b = 0; b < B; b++) {
-        uint32_t add = (uint32_t)(j->append_indptr[b + 1] - j->append_indptr[b]);
+        uint32_t add = (uint32_t)(j->tab.append_indptr[b + 1] - j->tab.append_indptr[b]);
         if (!add)
             continue;
-        uint32_t first = (uint32_t)(j->seq_lens[b] - (int32_t)add) / ps;
-        for (int32_t k = j->kv_indptr[b] + (int32_t)first; k < j->kv_indptr[b + 1]; k++) {
-            kvp_alloc_pin(r->alloc, (uint32_t)j->kv_indices[k]);
-            j->pinned[j->num_pinned++] = (uint32_t)j->kv_indices[k];
+        uint32_t first = (uint32_t)(j->tab.seq_lens[b] - (int32_t)add) / ps;
+        for (int32_t k = j->tab.kv_indptr[b] + (int32_t)first; k < j->tab.kv_indptr[b + 1]; k++) {
+            kvp_alloc_pin(r->alloc, (uint32_t)j->tab.kv_indices[k]);
+            j->pinned[j->num_pinned++] = (uint32_t)j->tab.kv_indices[k];
         }
     }
     kvp_exec_t *e = &j->exec;
     e->dest = (kvp_append_dest_t){.kind = KVP_APPEND_DEST_SLOTS, .nnz = N, .slots = j->slots};
-    e->copies = j->copies;
+    e->copies = copies;
     e->num_copies = C;
     e->src = num_ranks ? NULL : buf;
     e->rank_src = num_ranks ? j->rank_ptr : NULL;
@@ -639,8 +651,7 @@ static void append_finish(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, u
     if (base->rc == KVP_ETIMEDOUT || base->rc == KVP_EINVAL || base->rc == KVP_EUNAVAIL) {
         /* the backend refused or could not wait for the source (a dead worker's event, an
          * unreadable buffer) and appended nothing: give the tokens back, stay healthy */
-        roll_back(r, j->ns, j->seq_ids, j->seq_lens, j->append_indptr, j->cached_tokens,
-                  j->batch_size, now_ms);
+        roll_back(r, j->ns, j->seq_ids, &j->tab, now_ms);
         kvp_rpc_error(&io->resp, base->req_id, base->rc == KVP_EINVAL ? KVP_EINVAL : KVP_EUNAVAIL,
                       "append not applied: %s",
                       base->rc == KVP_ETIMEDOUT  ? "the worker's ready event never completed"
@@ -663,17 +674,7 @@ static void append_finish(kvp_rpc_t *r, kvp_rpc_job_t *base, kvp_rpc_io_t *io, u
     kvpool_AppendResponse *ar = &io->resp.body.append;
     ar->completed = true; /* run() returns once the copy is done (kvp_backend.h) */
     ar->has_table = true;
-    uint32_t B = j->batch_size;
-    ar->table.batch_size = B;
-    ar->table.nnz = j->nnz;
-    io->out.kv_indptr = kvp_array(j->kv_indptr, 4, B + 1, 0);
-    io->out.kv_indices = kvp_array(j->kv_indices, 4, j->num_indices, 0);
-    io->out.kv_last_page_len = kvp_array(j->kv_last_page_len, 4, B, 0);
-    io->out.append_indptr = kvp_array(j->append_indptr, 4, B + 1, 0);
-    io->out.seq_lens = kvp_array(j->seq_lens, 4, B, 0);
-    io->out.copies = kvp_array(j->copies, 4, 2 * j->num_copies, 0);
-    io->out.cached_tokens = kvp_array(j->cached_tokens, 4, j->reused ? B : 0, 0);
-    kvp_wire_table_bind_encode(&ar->table, &io->out);
+    table_answer(io, &ar->table, &j->tab);
 }
 
 int kvp__rpc_fork(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
