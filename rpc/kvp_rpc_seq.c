@@ -703,6 +703,16 @@ int kvp__rpc_truncate(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req,
     const kvpool_TruncateRequest *q = &req->body.truncate;
     const kvp_seq_t *seq = kvp_seqtab_find(r->seqs, s->ns, q->seq_id);
     uint32_t before = seq ? seq->num_pages : 0;
+    const uint32_t ps = r->backend->geom.page_size;
+    if (seq && r->tier.mem && q->num_tokens < seq->num_tokens && q->num_tokens % ps &&
+        kvp_pcache_restoring(r->pc, seq->pages[q->num_tokens / ps])) {
+        /* the kept partial page is still being restored from host memory: the next append
+         * into it would race the restore's copy (issue #28) */
+        kvp_rpc_error(&io->resp, id, KVP_EUNAVAIL,
+                      "page %u of sequence %llu is being restored from host memory; retry",
+                      q->num_tokens / ps, (unsigned long long)q->seq_id);
+        return 0;
+    }
     int rc = kvp_seqtab_truncate(r->seqs, s->ns, q->seq_id, q->num_tokens, now_ms);
     if (rc) {
         if (rc == KVP_ENOENT)
