@@ -196,6 +196,8 @@ void kvp__rpc_tier_kick(kvp_rpc_t *r, uint64_t now_ms)
     if (!t->mem || r->unhealthy)
         return;
     update_limit(r);
+    if (r->draining || (r->clock_ms && !r->jobs))
+        return; /* stopping: no new demotion (without worker threads it would copy on the loop) */
     const uint32_t np = r->backend->geom.num_pages;
     const uint32_t want = (uint32_t)((uint64_t)np * r->lim.cache_demote_free_pct / 100);
     const uint32_t batch = r->lim.cache_demote_batch_pages;
