@@ -427,6 +427,79 @@ START_TEST(test_load_bad_input)
 }
 END_TEST
 
+/* cache.host_bytes on a reload (SIGHUP): lowered, the entries beyond the new slots go for good
+ * and the tier uses only those slots; raised above the start's, it stays at the start's. */
+static void write_conf(const char *path, const char *host_bytes)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[cache]\nhost_bytes = %s\ndemote_free_pct = 25\nhost_chunk_bytes = 1MiB\n",
+            host_bytes);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+typedef struct {
+    kvp_client_t *obs;
+    uint32_t slots;
+} wait_slots_t;
+
+static int slots_are(void *arg)
+{
+    wait_slots_t *w = arg;
+    kvp_cache_stats_t st;
+    return kvp_client_cache_stats(w->obs, &st) == 0 && st.host_slots == w->slots;
+}
+
+START_TEST(test_reload_lowers_host_bytes)
+{
+    const geo_t *g = &SMALL;
+    char conf[] = "/tmp/kvpool-tier-conf-XXXXXX";
+    int cfd = mkstemp(conf);
+    ck_assert_int_ge(cfd, 0);
+    close(cfd);
+    write_conf(conf, "64KiB");
+    const char *args[] = {
+        "--backend",   "host", "--num-layers", "2",  "--num-kv-heads", "2",    "--head-dim", "16",
+        "--page-size", "4",    "--num-pages",  "64", "--dtype",        "fp16", "--config",   conf,
+        NULL};
+    ck_assert_int_eq(kvp_daemon_start(&DMN, args), 0);
+    kvp_client_t *c = connect_ns("w1", KVP_LEASE_DEFAULT), *obs = observer();
+    uint16_t *buf;
+    uint32_t bid;
+    ck_assert_int_eq(kvp_client_alloc_host_buffer(c, buf_bytes(g, 32), (void **)&buf, &bid), 0);
+    demote_prompt1(c, obs, buf, bid); /* 8 pages in host memory, no pressure after */
+    wait_slots_t w = {obs, 64};
+    kvp_wait_until(slots_are, &w, 5000);
+    ck_assert_uint_eq(cache_stats(obs).host_slots, 64);
+
+    write_conf(conf, "4KiB"); /* 4 slots of 1 KiB */
+    ck_assert_int_eq(kill(DMN.pid, SIGHUP), 0);
+    w.slots = 4;
+    kvp_wait_until(slots_are, &w, 5000);
+    kvp_cache_stats_t st = cache_stats(obs);
+    ck_assert_uint_eq(st.host_slots, 4);
+    ck_assert_uint_le(st.host_pages, 4);
+    ck_assert_uint_eq(st.host_evictions_total, 8 - st.host_pages);
+    ck_assert_uint_eq(st.host_bytes_total, 64 * 1024); /* the memory stays; the tier uses less */
+    uint32_t gpu, host;
+    lookup(c, 1, 32, &gpu, &host);
+    ck_assert_uint_eq(gpu, 0);
+    ck_assert_uint_le(host, 4 * 4); /* at most the pages still kept, whole from the start */
+    audit(obs);
+
+    write_conf(conf, "1MiB"); /* above the start's 64 KiB: kept at the start's */
+    ck_assert_int_eq(kill(DMN.pid, SIGHUP), 0);
+    w.slots = 64;
+    kvp_wait_until(slots_are, &w, 5000);
+    ck_assert_uint_eq(cache_stats(obs).host_slots, 64);
+    audit(obs);
+    kvp_client_close(c);
+    kvp_client_close(obs);
+    stop();
+    unlink(conf);
+}
+END_TEST
+
 /* A bigger geometry, so copies take milliseconds: 16 layers, 8 heads, head_dim 128, pages of
  * 16 tokens (1 MiB a slot), 96 pages. */
 static const geo_t BIG = {.layers = 16, .heads = 8, .dim = 128, .ps = 16, .pages = 96};
@@ -527,6 +600,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_demote_lookup_load_exact);
     tcase_add_test(tc, test_pressure_both_tiers);
     tcase_add_test(tc, test_load_bad_input);
+    tcase_add_test(tc, test_reload_lowers_host_bytes);
     tcase_add_test(tc, test_worker_killed_mid_restore);
     suite_add_tcase(s, tc);
     return s;
