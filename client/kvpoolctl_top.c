@@ -214,6 +214,8 @@ static void parse_snapshot(const char *text, size_t len, const char *ns, snap_t 
             }
         } else if (kvp_prom_is(&s, "kvpool_prefix_cache_pages")) {
             sn->has_cache = 1;
+            if (kvp_prom_label(&s, "tier", b, sizeof(b)) == 0 && strcmp(b, "gpu") != 0)
+                continue; /* the host tier's pages are not the pool's */
             if (kvp_prom_label(&s, "state", a, sizeof(a)) == 0) {
                 if (!strcmp(a, "cached"))
                     sn->cache_cached = s.value;
@@ -223,7 +225,7 @@ static void parse_snapshot(const char *text, size_t len, const char *ns, snap_t 
         } else if (kvp_prom_is(&s, "kvpool_prefix_cache_query_tokens_total")) {
             sn->cache_query = s.value;
         } else if (kvp_prom_is(&s, "kvpool_prefix_cache_hit_tokens_total")) {
-            sn->cache_hit = s.value;
+            sn->cache_hit += s.value; /* found in either tier (the series of each, issue #28) */
         } else if (kvp_prom_is(&s, "kvpool_rpc_requests_total")) {
             sn->requests += s.value;
             if (kvp_prom_label(&s, "code", b, sizeof(b)) == 0 && strcmp(b, "OK") != 0)
