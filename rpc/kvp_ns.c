@@ -104,6 +104,7 @@ int kvp_ns_detach(kvp_ns_table_t *t, uint32_t id, uint64_t now_ms)
     if (n->lease_ms == 0)
         return 1;
     n->expires_at_ms = now_ms + n->lease_ms;
+    n->idle_seq = ++t->idle_seq;
     return 0;
 }
 

@@ -23,14 +23,17 @@ typedef struct {
     uint32_t lease_ms;
     uint64_t expires_at_ms; /* sessions == 0: when its sequences go; 0 = none pending */
     uint64_t buffer_bytes;  /* registered by its sessions, for limits.ns_max_buffer_bytes */
-    uint32_t group; /* its tenant group in the sequence table (the owner uid's; kvp_rpc.c) */
-    uint32_t scope1; /* its prefix-cache scope + 1 (kvp_rpc_cache.c); 0: none yet */
-    int pins_only;   /* released, kept only for its pins (kvp_rpc_cache.c) */
+    uint32_t group;    /* its tenant group in the sequence table (the owner uid's; kvp_rpc.c) */
+    uint32_t scope1;   /* its prefix-cache scope + 1 (kvp_rpc_cache.c); 0: none yet */
+    int pins_only;     /* released, kept only for its pins (kvp_rpc_cache.c) */
+    uint64_t idle_seq; /* the table's count when its last session went: which went idle first
+                          when two leases end in the same ms */
 } kvp_ns_t;
 
 typedef struct {
     kvp_ns_t *ns;
     uint32_t max;
+    uint64_t idle_seq; /* namespaces that went idle so far */
 } kvp_ns_table_t;
 
 int kvp_ns_table_init(kvp_ns_table_t *t, uint32_t max_namespaces);

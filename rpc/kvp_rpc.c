@@ -258,8 +258,9 @@ static void cap_idle_namespaces(kvp_rpc_t *r, uint32_t uid)
             const uint64_t end =
                 n->pins_only ? kvp_pcache_ns_last_expiry(r->pc, i) : n->expires_at_ms;
             idle++;
-            if (first < 0 || end < first_end)
-                first = (int)i, first_end = end;
+            if (first < 0 || end < first_end ||
+                (end == first_end && n->idle_seq < r->ns.ns[first].idle_seq))
+                first = (int)i, first_end = end; /* a tie: the one idle first */
         }
         if (idle <= cap)
             return;
