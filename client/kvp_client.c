@@ -302,7 +302,8 @@ size_t kvp_client_sizeof(const char *type_name)
                  T(kvp_daemon_stats_t),
                  T(kvp_seq_info_t),
                  T(kvp_session_info_t),
-                 T(kvp_load_t)};
+                 T(kvp_load_t),
+                 T(kvp_cache_dump_t)};
 #undef T
     for (size_t i = 0; type_name && i < sizeof(types) / sizeof(types[0]); i++)
         if (strcmp(types[i].name, type_name) == 0)

@@ -175,3 +175,57 @@ int kvp_client_cache_flush(kvp_client_t *c, const char *scope, int all, uint32_t
         *pages = kvp__client_response(c)->body.cache_flush.pages;
     return 0;
 }
+
+int kvp_client_cache_dump(kvp_client_t *c, uint32_t cursor, uint32_t max_blocks,
+                          kvp_cache_dump_t *d)
+{
+    if (!c)
+        return KVP_EINVAL;
+    if (!d || !d->records || !d->names || d->records_cap > UINT32_MAX ||
+        d->names_cap > UINT32_MAX || d->names_cap == 0)
+        return kvp__client_fail(c, KVP_EINVAL, "cache_dump: NULL or oversized buffers");
+    kvpool_Request *req = kvp__client_request(c, kvpool_Request_cache_dump_tag);
+    req->body.cache_dump.cursor = cursor;
+    req->body.cache_dump.max_blocks = max_blocks;
+    kvp_reply_arrays_t r;
+    kvp__client_table_arrays(&r, NULL);
+    r.dump_blocks = kvp_array(d->records, 1, 0, (uint32_t)d->records_cap);
+    r.dump_names = kvp_array(d->names, 1, 0, (uint32_t)d->names_cap - 1);
+    int rc = kvp__client_call(c, kvpool_Response_cache_dump_tag, &r, NULL, 0);
+    if (rc)
+        return rc;
+    const kvpool_CacheDumpResponse *a = &kvp__client_response(c)->body.cache_dump;
+    if (a->block_size == 0 || a->block_record_bytes != 40 + 4ull * a->block_size ||
+        r.dump_blocks.count % a->block_record_bytes)
+        return kvp__client_fail(c, KVP_EPROTO,
+                                "cache_dump: %u bytes of blocks in records of %u bytes (block "
+                                "size %u)",
+                                r.dump_blocks.count, a->block_record_bytes, a->block_size);
+    d->record_bytes = a->block_record_bytes;
+    d->block_size = a->block_size;
+    d->num_blocks = r.dump_blocks.count / a->block_record_bytes;
+    d->next_cursor = a->next_cursor;
+    d->next_seq = a->next_seq;
+    d->events = a->events;
+    d->names_len = r.dump_names.count;
+    d->names[d->names_len] = '\0';
+    return 0;
+}
+
+int kvp_cache_dump_block(const kvp_cache_dump_t *d, uint32_t i, kvp_cache_block_t *out)
+{
+    if (!d || !out || i >= d->num_blocks)
+        return KVP_EINVAL;
+    const uint8_t *p = d->records + (size_t)i * d->record_bytes;
+    uint32_t off =
+        (uint32_t)p[32] | (uint32_t)p[33] << 8 | (uint32_t)p[34] << 16 | (uint32_t)p[35] << 24;
+    if (off >= d->names_len || !memchr(d->names + off, '\0', d->names_len - off))
+        return KVP_EINVAL;
+    memcpy(out->hash, p, 16);
+    memcpy(out->parent, p + 16, 16);
+    out->medium = p[36];
+    out->has_parent = p[37];
+    out->scope = d->names + off;
+    out->token_ids = (const int32_t *)(const void *)(p + 40);
+    return 0;
+}

@@ -357,6 +357,50 @@ int kvp_client_unpin(kvp_client_t *c, uint64_t pin_id, uint32_t *pages);
  * dropped. */
 int kvp_client_cache_flush(kvp_client_t *c, const char *scope, int all, uint32_t *pages);
 
+/* ---- the cache snapshot (issue #29, KV events; kvpool.proto CacheDump) -------------------- */
+
+#define KVP_CACHE_DUMP_MAX_BYTES (1u << 20) /* the most blocks bytes one page carries */
+
+/* One page of the snapshot. The caller supplies records (room for records_cap bytes;
+ * KVP_CACHE_DUMP_MAX_BYTES always suffices) and names (names_cap bytes, the same suffices);
+ * the call fills the rest. */
+typedef struct {
+    uint8_t *records;
+    size_t records_cap;
+    char *names;
+    size_t names_cap;
+    uint32_t num_blocks;   /* records of this page */
+    uint32_t record_bytes; /* 40 + 4 * block_size */
+    uint32_t block_size;
+    uint32_t next_cursor; /* 0: this was the last page */
+    int64_t next_seq;     /* the first event batch not reflected (-1: events off) */
+    int events;           /* events are on: token ids and parents are real */
+    size_t names_len;
+} kvp_cache_dump_t;
+
+/* A block of a page, decoded (pointers into the page's buffers). */
+typedef struct {
+    uint8_t hash[16];   /* as the events name it */
+    uint8_t parent[16]; /* zeros when !has_parent */
+    int has_parent;
+    int medium;               /* 0: GPU, 1: CPU (the host tier) */
+    const char *scope;        /* as extra_keys carries it */
+    const int32_t *token_ids; /* block_size of them (unaligned-safe: copy before use on
+                                 strict-alignment machines) */
+} kvp_cache_block_t;
+
+/* CacheDump: the page of the snapshot from cursor (0: the first) of at most max_blocks blocks
+ * (0: as many as fit). An operator (root, the daemon's uid) sees every scope, anyone else
+ * their namespace's; an observer session that is no operator gets KVP_EPERM. Continue with
+ * d->next_cursor until it is 0; load the pages, then apply event batches from the FIRST
+ * page's next_seq on (kvpool.proto CacheDump: why that is consistent). KVP_ELIMIT when the
+ * page does not fit records_cap or names_cap (KVP_CACHE_DUMP_MAX_BYTES each always do). */
+int kvp_client_cache_dump(kvp_client_t *c, uint32_t cursor, uint32_t max_blocks,
+                          kvp_cache_dump_t *d);
+
+/* Block i of a page: 0, or KVP_EINVAL (i out of range, or a record naming no scope). */
+int kvp_cache_dump_block(const kvp_cache_dump_t *d, uint32_t i, kvp_cache_block_t *out);
+
 /* The prefix cache's counters from Stats.cache (all 0 from a daemon that sends none). */
 int kvp_client_cache_stats(kvp_client_t *c, kvp_cache_stats_t *out);
 

@@ -115,7 +115,11 @@ static const struct {
          "                         -n (default \"kvpoolctl\", which only root and the\n"
          "                         daemon's uid may join; others name their own with -n,\n"
          "                         and --cache-scope when it shares a scope); --scope and\n"
-         "                         --all are for those operators\n"},
+         "                         --all are for those operators\n"
+         "  cache dump             every cached block (hash, medium, parent, scope; -o json:\n"
+         "                         token ids too, and next_seq: the snapshot a KV-event\n"
+         "                         consumer loads before the stream); an operator sees every\n"
+         "                         scope, -n NS joins NS and sees its scope\n"},
     [C_HELP] = {"help",
                 "  help [CMD]             the command list, or the usage of command CMD (the\n"
                 "                         same as kvpoolctl CMD --help)\n"},
@@ -427,8 +431,10 @@ static int complete(opts_t *o, int argc, char **argv)
         }
     } else if (strcmp(what, "words") == 0) { /* the operands of command argv[1] */
         const int ci = argc > 1 ? cmd_index(argv[1]) : -1;
-        if (ci == C_CACHE)
+        if (ci == C_CACHE) {
             puts("flush");
+            puts("dump");
+        }
         for (int i = 0; ci == C_HELP && i < NUM_CMDS; i++)
             puts(cmd_doc[i].name);
     } else if (strcmp(what, "formats") == 0) {
@@ -509,6 +515,9 @@ int main(int argc, char **argv)
     if (ci == C_CACHE && optind < sub_argc && strcmp(sub_argv[optind], "flush") == 0) {
         o.flush = 1;
         optind++;
+    } else if (ci == C_CACHE && optind < sub_argc && strcmp(sub_argv[optind], "dump") == 0) {
+        o.dump = 1;
+        optind++;
     }
     if (optind < sub_argc)
         die_usage("unexpected argument '%s'", sub_argv[optind]);
@@ -536,6 +545,14 @@ int main(int argc, char **argv)
             o.join = FLUSH_NS; /* a mutating call: not as an observer */
     } else if (o.flush_scope || o.flush_all) {
         die_usage("--scope and --all apply to cache flush only");
+    }
+    if (o.dump) {
+        if (o.interval_set)
+            die_usage("--interval and --watch apply to cache, not to cache dump");
+        if (o.ns && o.join && strcmp(o.ns, o.join) != 0)
+            die_usage("cache dump: -n and --join name two namespaces");
+        if (!o.join)
+            o.join = o.ns; /* a tenant sees its scope by joining its namespace */
     }
     if (o.cache_scope && !o.join)
         die_usage("--cache-scope needs a namespace to join (--join NS, or cache flush -n NS)");

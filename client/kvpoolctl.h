@@ -41,6 +41,7 @@ typedef struct {
     int flush;               /* cache flush */
     const char *flush_scope; /* cache flush --scope */
     int flush_all;           /* cache flush --all */
+    int dump;                /* cache dump */
 } opts_t;
 
 /* A command's context: the options, and the handle once kvp_ctl_connect made it (closed by
@@ -88,5 +89,6 @@ int kvp_ctl_cmd_metrics(ctl_t *x);
 int kvp_ctl_cmd_health(ctl_t *x);
 int kvp_ctl_cmd_top(ctl_t *x);
 int kvp_ctl_cmd_cache(ctl_t *x);
+int kvp_ctl_cmd_cache_dump(ctl_t *x); /* kvpoolctl_dump.c */
 
 #endif

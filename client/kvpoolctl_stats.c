@@ -286,6 +286,8 @@ int kvp_ctl_cmd_cache(ctl_t *x)
 {
     if (x->o->flush)
         return cmd_cache_flush(x);
+    if (x->o->dump)
+        return kvp_ctl_cmd_cache_dump(x);
     int rc = kvp_ctl_connect(x, NULL, 0);
     if (rc)
         return rc;

@@ -14,6 +14,7 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config libuv1-dev nanopb libnanopb-dev python3-protobuf libxxhash-dev
+libzmq3-dev libmsgpack-dev
 check libsubunit-dev libinih-dev clang valgrind procps redis-server
 python3-numpy python3-pytest python3-venv systemd scdoc file ${KVP_DEPS_EXTRA:-}"
 

@@ -196,6 +196,10 @@ static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void
         kvp_array_bind_decode(&((kvpool_LookupResponse *)field->pData)->host_tokens,
                               &r->host_tokens);
         break;
+    case kvpool_Response_cache_dump_tag:
+        kvp_array_bind_decode(&((kvpool_CacheDumpResponse *)field->pData)->blocks, &r->dump_blocks);
+        kvp_array_bind_decode(&((kvpool_CacheDumpResponse *)field->pData)->names, &r->dump_names);
+        break;
     case kvpool_Response_metrics_tag:
         kvp_text_bind_decode(&((kvpool_MetricsResponse *)field->pData)->text, &r->text);
         break;
@@ -207,8 +211,9 @@ static bool response_body_cb(pb_istream_t *stream, const pb_field_t *field, void
 
 void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r)
 {
-    kvp_array_t *all[] = {&r->kv_indptr, &r->kv_indices, &r->kv_last_page_len, &r->append_indptr,
-                          &r->seq_lens,  &r->copies,     &r->cached_tokens,    &r->host_tokens};
+    kvp_array_t *all[] = {&r->kv_indptr,   &r->kv_indices, &r->kv_last_page_len, &r->append_indptr,
+                          &r->seq_lens,    &r->copies,     &r->cached_tokens,    &r->host_tokens,
+                          &r->dump_blocks, &r->dump_names};
     for (unsigned i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         all[i]->count = 0, all[i]->bad = 0;
     r->text.len = 0;
@@ -252,6 +257,12 @@ void kvp_wire_lookup_bind_encode(kvpool_LookupResponse *l, kvp_reply_arrays_t *r
 {
     kvp_array_bind_encode(&l->cached_tokens, &r->cached_tokens);
     bind_encode_nonempty(&l->host_tokens, &r->host_tokens);
+}
+
+void kvp_wire_dump_bind_encode(kvpool_CacheDumpResponse *d, kvp_reply_arrays_t *r)
+{
+    kvp_array_bind_encode(&d->blocks, &r->dump_blocks);
+    kvp_array_bind_encode(&d->names, &r->dump_names);
 }
 
 void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r)

@@ -91,6 +91,8 @@ typedef struct {
     kvp_array_t kv_indptr, kv_indices, kv_last_page_len, append_indptr, seq_lens, copies;
     kvp_array_t cached_tokens; /* uint32: PageTable.cached_tokens, LookupResponse.cached_tokens */
     kvp_array_t host_tokens;   /* uint32: LookupResponse.host_tokens (issue #28) */
+    kvp_array_t dump_blocks;   /* uint8: CacheDumpResponse.blocks (issue #29) */
+    kvp_array_t dump_names;    /* uint8: CacheDumpResponse.names */
     kvp_text_t text;
 } kvp_reply_arrays_t;
 
@@ -107,7 +109,8 @@ typedef struct {
 void kvp_wire_request_bind_decode(kvpool_Request *req, kvp_batch_arrays_t *b);
 
 /* Prepares resp for pb_decode: a page table (cached_tokens included), a Lookup answer's
- * cached_tokens and host_tokens, or metrics text lands in r. */
+ * cached_tokens and host_tokens, a CacheDump answer's blocks and names, or metrics text lands
+ * in r. */
 void kvp_wire_response_bind_decode(kvpool_Response *resp, kvp_reply_arrays_t *r);
 
 /* Binds a Batch for encoding (client side): seq_ids and num_tokens always, token_ids, salts
@@ -128,6 +131,8 @@ void kvp_wire_table_bind_encode(kvpool_PageTable *t, kvp_reply_arrays_t *r);
 /* Binds a LookupResponse for encoding (server side): r->cached_tokens, one uint32 per prompt,
  * and r->host_tokens when its count is > 0 (absent otherwise: no host tier). */
 void kvp_wire_lookup_bind_encode(kvpool_LookupResponse *l, kvp_reply_arrays_t *r);
+/* Binds a CacheDumpResponse for encoding (server side): r->dump_blocks, r->dump_names. */
+void kvp_wire_dump_bind_encode(kvpool_CacheDumpResponse *d, kvp_reply_arrays_t *r);
 
 /* Encodes msg into buf[KVP_FRAME_HDR_BYTES ..] and writes the frame header in front.
  * Returns the total frame length, or a negative code (KVP_ELIMIT: does not fit in cap). */

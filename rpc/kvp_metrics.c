@@ -183,6 +183,51 @@ static void put_tier(sbuf_t *b, const kvp_metrics_t *m)
         (unsigned long long)((uint64_t)m->cache.host_pages * m->host_slot_bytes));
 }
 
+/* KV events (issue #29, rpc/kvp_events.h): what the publisher sent, dropped and replayed. */
+static void put_events(sbuf_t *b, const kvp_metrics_t *m)
+{
+    put_header(b, "kvpool_events_batches_total", "counter",
+               "Event batches sent on the events.endpoint PUB socket.");
+    put(b, "kvpool_events_batches_total %llu\n", (unsigned long long)m->ev.batches);
+    put_header(b, "kvpool_events_total", "counter",
+               "Events (BlockStored, BlockRemoved, AllBlocksCleared) in those batches.");
+    put(b, "kvpool_events_total %llu\n", (unsigned long long)m->ev.events);
+    put_header(b, "kvpool_events_blocks_total", "counter",
+               "Block hashes those events named (a BlockStored of a chain names several).");
+    put(b, "kvpool_events_blocks_total %llu\n", (unsigned long long)m->ev.blocks);
+    put_header(b, "kvpool_events_bytes_total", "counter", "Payload bytes of those batches.");
+    put(b, "kvpool_events_bytes_total %llu\n", (unsigned long long)m->ev.bytes);
+    put_header(b, "kvpool_events_dropped_total", "counter",
+               "Batches not sent: hwm (a subscriber's high-water mark was full; still in the "
+               "replay buffer), queue (events.hwm batches already waited for the publisher's "
+               "thread), memory (events lost to a failed allocation). A consumer sees a gap in "
+               "the sequence numbers and replays, or reloads a snapshot.");
+    put(b, "kvpool_events_dropped_total{reason=\"hwm\"} %llu\n",
+        (unsigned long long)m->ev.dropped_hwm);
+    put(b, "kvpool_events_dropped_total{reason=\"queue\"} %llu\n",
+        (unsigned long long)m->ev.dropped_queue);
+    put(b, "kvpool_events_dropped_total{reason=\"memory\"} %llu\n",
+        (unsigned long long)m->ev.dropped_memory);
+    put_header(b, "kvpool_events_replay_requests_total", "counter",
+               "Requests on the events.replay_endpoint ROUTER socket (bad: malformed, ignored).");
+    put(b, "kvpool_events_replay_requests_total{result=\"ok\"} %llu\n",
+        (unsigned long long)m->ev.replay_requests);
+    put(b, "kvpool_events_replay_requests_total{result=\"bad\"} %llu\n",
+        (unsigned long long)m->ev.replay_bad);
+    put_header(b, "kvpool_events_replayed_batches_total", "counter",
+               "Batches sent again in answer to replay requests.");
+    put(b, "kvpool_events_replayed_batches_total %llu\n",
+        (unsigned long long)m->ev.replayed_batches);
+    put_header(b, "kvpool_events_subscribers", "gauge", "Subscriptions the PUB socket holds now.");
+    put(b, "kvpool_events_subscribers %llu\n", (unsigned long long)m->ev.subscribers);
+    put_header(b, "kvpool_events_queued_batches", "gauge",
+               "Batches closed on the loop, not yet taken by the publisher's thread.");
+    put(b, "kvpool_events_queued_batches %llu\n", (unsigned long long)m->ev.queued);
+    put_header(b, "kvpool_events_next_sequence", "gauge",
+               "The sequence number the next batch gets (batches closed so far).");
+    put(b, "kvpool_events_next_sequence %llu\n", (unsigned long long)m->ev.next_seq);
+}
+
 /* The prefix cache's families (kvp_pcache.h): tokens asked for and found, pages by state,
  * evictions by reason (kvp_evict_reason_t order) and how long a cached page stayed in the
  * eviction order before memory pressure took it (kvp_pcache_stats_t.residence; the bounds
@@ -241,6 +286,8 @@ static void put_cache(sbuf_t *b, const kvp_metrics_t *m)
     put(b, "kvpool_prefix_cache_bytes %llu\n", (unsigned long long)c->bytes);
     if (m->has_tier)
         put_tier(b, m);
+    if (m->has_events)
+        put_events(b, m);
 }
 
 size_t kvp_metrics_text(const kvp_metrics_t *m, char *buf, size_t cap)

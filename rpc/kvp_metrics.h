@@ -81,6 +81,14 @@ typedef struct {
     uint64_t tier_bytes[2]; /* [offload|restore] copied */
     uint64_t tier_ns[2];    /* [offload|restore] time the copies took */
     uint64_t host_bytes_total, host_bytes_ready, host_slot_bytes;
+    /* KV events (issue #29): kvpool_events_* families, only when has_events. */
+    int has_events;
+    struct {
+        uint64_t batches, events, blocks, bytes;
+        uint64_t dropped_hwm, dropped_queue, dropped_memory;
+        uint64_t replay_requests, replay_bad, replayed_batches;
+        uint64_t subscribers, queued, next_seq;
+    } ev;
     const kvp_counters_t *counters;
     const char *const *call_names; /* [num_calls], index 0 "invalid" */
     unsigned num_calls;

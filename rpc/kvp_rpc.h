@@ -23,6 +23,7 @@
 
 #include "kvp_access.h"
 #include "kvp_backend.h"
+#include "kvp_events.h"
 #include "kvp_ns.h"
 #include "kvp_plan.h"
 #include "kvp_rpc_limits.h"
@@ -52,6 +53,12 @@ typedef struct {
     /* who may join which shared prefix-cache scope (access.cache_scopes); not changed by
      * kvp_rpc_set_limits */
     kvp_scope_access_t scope_access;
+    /* KV events (issue #29): closed batches go to ev_sink(ev_ctx, batch) (the publisher's
+     * submit; NULL: events off, and the cache keeps no token ids); ev_stats are the publisher's
+     * counters, read by the metrics (NULL without events). Not changed by kvp_rpc_set_limits. */
+    kvp_ev_sink_fn ev_sink;
+    void *ev_ctx;
+    kvp_ev_stats_t *ev_stats;
 } kvp_rpc_limits_t;
 
 typedef struct {
@@ -186,6 +193,11 @@ uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r);
  * The server calls it every server.commit_poll_ms while kvp_rpc_commits_pending is not 0, and
  * the rpc layer calls wake(arg) when a Commit starts waiting (kvp_rpc_set_commit_wake). */
 uint32_t kvp_rpc_poll_commits(kvp_rpc_t *r, uint64_t now_ms);
+
+/* KV events (issue #29): closes the open batch of events, if any, and hands it to the sink.
+ * The transport calls it once per loop iteration (after the callbacks that change the cache).
+ * No-op with events off. */
+void kvp_rpc_events_flush(kvp_rpc_t *r);
 uint32_t kvp_rpc_commits_pending(const kvp_rpc_t *r);
 void kvp_rpc_set_commit_wake(kvp_rpc_t *r, void (*wake)(void *arg), void *arg);
 

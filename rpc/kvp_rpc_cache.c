@@ -40,7 +40,8 @@ int kvp__rpc_cache_create(kvp_rpc_t *r)
 {
     kvp_pcache_config_t cfg = {.max_scopes = max_scopes(r),
                                .max_pins = r->lim.max_pins,
-                               .host_slots = kvp__rpc_tier_slots(r, r->lim.cache_host_bytes)};
+                               .host_slots = kvp__rpc_tier_slots(r, r->lim.cache_host_bytes),
+                               .keep_tokens = r->lim.ev_sink != NULL};
     int rc = kvp_pcache_create(r->seqs, &cfg, &r->pc);
     if (rc)
         return rc;
@@ -50,6 +51,8 @@ int kvp__rpc_cache_create(kvp_rpc_t *r)
     r->cache_host_out = calloc(r->lim.max_batch, sizeof(*r->cache_host_out));
     if (!r->scopes || !r->content || !r->cache_out || !r->cache_host_out)
         return KVP_ENOMEM;
+    if ((rc = kvp__rpc_events_create(r)))
+        return rc;
     return kvp__rpc_tier_create(r);
 }
 
@@ -60,6 +63,7 @@ void kvp__rpc_cache_destroy(kvp_rpc_t *r)
         r->commits = c->next;
         free(c);
     }
+    kvp__rpc_events_destroy(r); /* its last batch: AllBlocksCleared */
     kvp_pcache_destroy(r->pc);
     r->pc = NULL;
     kvp__rpc_tier_destroy(r);
@@ -67,6 +71,12 @@ void kvp__rpc_cache_destroy(kvp_rpc_t *r)
     free(r->cache_out);
     free(r->content);
     free(r->scopes);
+    free(r->dump_buf);
+    free(r->dump_names);
+    free(r->dump_name_off);
+    r->dump_buf = NULL;
+    r->dump_names = NULL;
+    r->dump_name_off = NULL;
     r->cache_host_out = r->cache_out = NULL; /* a second call (a failed create) is a no-op */
     r->content = NULL;
     r->scopes = NULL;
@@ -176,6 +186,7 @@ int kvp__rpc_scope_join(kvp_rpc_t *r, const kvp_session_t *s, uint32_t ns, const
         e->uid = uid;
         e->shared = (uint8_t)shared;
         e->in_use = 1;
+        kvp__rpc_events_scope_named(r, (uint32_t)sc);
     }
     if (sc < 0) {
         kvp_rpc_error(resp, id, KVP_ELIMIT,

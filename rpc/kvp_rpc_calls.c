@@ -45,6 +45,7 @@ const kvp_rpc_call_t kvp__rpc_calls[] = {
     ROW(unpin, kvp__rpc_unpin, KVP_CALL_MUTATING),
     ROW(cache_flush, kvp__rpc_cache_flush, KVP_CALL_MUTATING),
     ROW(load, kvp__rpc_load, KVP_CALL_MUTATING | KVP_CALL_OFF_LOOP),
+    ROW(cache_dump, kvp__rpc_cache_dump, KVP_CALL_OBSERVER),
 };
 #define NUM_CALLS (sizeof(kvp__rpc_calls) / sizeof(kvp__rpc_calls[0]))
 _Static_assert(NUM_CALLS <= KVP_METRICS_MAX_CALLS, "raise KVP_METRICS_MAX_CALLS");

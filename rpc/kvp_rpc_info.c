@@ -303,6 +303,7 @@ static size_t metrics_text(kvp_rpc_t *r, const kvp_session_t *viewer, char *buf,
         m.host_bytes_ready = cs.host_bytes_ready;
         m.host_slot_bytes = cs.host_slot_bytes;
     }
+    kvp__rpc_events_metrics(r, &m);
     for (uint32_t i = 0; i < r->ns.max && m.num_ns < n; i++) {
         if (!r->ns.ns[i].in_use || (viewer && !kvp__rpc_may_see_ns(r, viewer, i)))
             continue;

@@ -124,6 +124,10 @@ typedef struct {
     uint32_t uid;
     uint8_t shared, in_use;
     uint32_t namespaces;
+    /* as KV events and CacheDump name it (kvp_rpc_events.c): the name, "ns:<namespace>" for a
+     * private one, "uid:<uid>:<name>" for an unlisted one; its tag mixes into block hashes */
+    char pub[88];
+    kvp_pagekey_t tag;
 } kvp_scope_t;
 
 /* The host tier (kvp_rpc_tier.c; issue #28). mem NULL: none. */
@@ -179,7 +183,11 @@ struct kvp_rpc {
     uint32_t *cache_out;         /* [max_batch]: a Lookup's answer */
     uint32_t *cache_host_out;    /* [max_batch]: a Lookup's host_tokens */
     kvp_tier_t tier;             /* the host tier (kvp_rpc_tier.c) */
-    struct kvp_commit *commits;  /* waiting for their event, oldest first */
+    kvp_events_t *events;        /* KV events (kvp_rpc_events.c); NULL: off */
+    uint8_t *dump_buf;           /* a CacheDump answer's blocks, names, and per scope the */
+    char *dump_names;            /* offset of its name there (allocated at the first dump) */
+    uint32_t *dump_name_off;
+    struct kvp_commit *commits; /* waiting for their event, oldest first */
     uint32_t num_commits;
     void (*commit_wake)(void *arg);
     void *commit_wake_arg;
@@ -277,6 +285,17 @@ void kvp__rpc_tier_stats(kvp_rpc_t *r, kvpool_CacheStats *out);
  * tasks and batches in flight agree with the cache's counts: 0 or KVP_EAUDIT (msg says). */
 int kvp__rpc_tier_audit(const kvp_rpc_t *r, char *msg, size_t len);
 
+/* kvp_rpc_events.c: KV events (issue #29) */
+/* After the cache: the batcher when lim.ev_sink is set (observes the cache; its first batch is
+ * AllBlocksCleared). 0 or KVP_ENOMEM. */
+int kvp__rpc_events_create(kvp_rpc_t *r);
+/* Before the cache goes: a last AllBlocksCleared, flushed; frees the batcher. */
+void kvp__rpc_events_destroy(kvp_rpc_t *r);
+/* Scope sc was just named (created or reused): its published name and tag. */
+void kvp__rpc_events_scope_named(kvp_rpc_t *r, uint32_t sc);
+/* The events' counters into m (has_events when events are on). */
+void kvp__rpc_events_metrics(const kvp_rpc_t *r, kvp_metrics_t *m);
+
 /* kvp_rpc_seq.c: checks an Append's source (or a Load's destination) layout against buf. */
 int kvp__rpc_check_layout(const kvp_rpc_t *r, const kvp_src_layout_t *src, const kvp_buffer_t *buf,
                           uint32_t nnz, uint32_t lb, uint32_t le, char *why, size_t why_len);
@@ -332,5 +351,7 @@ int kvp__rpc_cache_flush(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *r
                          kvp_rpc_io_t *io, uint64_t now_ms);
 int kvp__rpc_load(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
                   uint64_t now_ms);
+int kvp__rpc_cache_dump(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, kvp_rpc_io_t *io,
+                        uint64_t now_ms);
 
 #endif

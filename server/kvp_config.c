@@ -64,6 +64,13 @@ typedef kvp__config_setting_t setting_t;
             NULL, 0, def_text, doc                                                                 \
     }
 
+/* A key whose field is named otherwise (section_key). */
+#define ROWF(sec, key, f, type, def_text, min, max, reload, doc)                                   \
+    {                                                                                              \
+#sec, #key, type, offsetof(kvp_config_t, f), FIELD_SIZE(f), min, max, IS_RELOAD_##reload,  \
+            NULL, 0, def_text, doc                                                                 \
+    }
+
 /* A T_ENUM key: its value is the index of one of names (max = the last index). */
 #define ENUM(sec, f, names, def_text, reload, doc)                                                 \
     {                                                                                              \
@@ -184,8 +191,28 @@ static const setting_t settings[] = {
         "listed (or is root or the daemon's), else gets PERMISSION_DENIED; any other scope name is "
         "private to the uid that gives it. A shared prefix cache is a timing side channel between "
         "its members: list only uids that trust each other. Default: nothing shared across uids."),
-    KVP_RPC_TRANSFER_KEYS(LIMIT) KVP_RPC_CACHE_KEYS(LIMIT) ROW(
-        tuning, cuda_ready_timeout_ms, T_U32, "30000", 1, 3600000, RESTART,
+    KVP_RPC_TRANSFER_KEYS(LIMIT) KVP_RPC_CACHE_KEYS(LIMIT) ROWF(
+        events, endpoint, events_endpoint, T_ZMQ, "", 0, 0, RESTART,
+        "Where KV events go, in vLLM's format; empty: off. A ZMQ endpoint: one "
+        "with a wildcard (\"tcp://\\*:5557\", \"::\") or an ipc:// or inproc:// one is bound, "
+        "any other one connected to (a router that binds its SUB socket), as vLLM does. A bind "
+        "that fails stops the start. Anyone who can reach the endpoint sees every scope's block "
+        "hashes and token ids: bind loopback or an ipc:// path whose directory only the routers' "
+        "uids may enter."),
+    ROWF(events, replay_endpoint, events_replay_endpoint, T_ZMQ, "", 0, 0, RESTART,
+         "A ROUTER socket for replay, always bound; empty: none. A DEALER sending [\"\", 8-byte "
+         "big-endian start sequence] gets every buffered batch from there as [\"\", topic, "
+         "sequence, payload], then [\"\", \"\", -1, \"\"]."),
+    ROWF(events, topic, events_topic, T_TEXT, "", 0, 0, RESTART,
+         "The first frame of every event message (subscribers filter on its prefix)."),
+    ROWF(events, buffer_steps, events_buffer_steps, T_U32, "10000", 1, 1000000, RESTART,
+         "Batches kept for replay (1..1000000). The daemon closes a batch once per event-loop "
+         "iteration that changed the cache."),
+    ROWF(events, hwm, events_hwm, T_U32, "100000", 1, 100000000, RESTART,
+         "The PUB socket's high-water mark per subscriber, in batches, and the bound of batches "
+         "waiting for the publisher's thread (1..100000000). Past it batches are dropped and "
+         "counted (kvpool_events_dropped_total), never waited for."),
+    ROW(tuning, cuda_ready_timeout_ms, T_U32, "30000", 1, 3600000, RESTART,
         "Longest wait for a worker's ready event before its Append is refused (ms, 1..3600000)."),
     ROW(tuning, cuda_plan_upload, T_BOOL, "false", 0, 0, RESTART,
         "Every Append uploads its plan and runs the page-table kernel, even where the slot kernel "
@@ -251,6 +278,12 @@ static const struct {
     {"cache",
      "The prefix cache's host memory tier (issue #28): where cached pages go when the GPU pool "
      "needs their room, and come back from on a hit. Off unless host_bytes is set."},
+    {"events",
+     "KV events (issue #29): every block the prefix cache stores or removes, on either tier, "
+     "published in vLLM's wire format (ZMQ, msgpack; docs/EVENTS.md) for cache-aware routers "
+     "(llm-d, Dynamo). "
+     "Off unless endpoint is set. *kvpoolctl cache dump* gives the snapshot a late subscriber "
+     "loads first."},
     {"tuning",
      "How the cuda backend, its kernels and the transfers run: the knobs the benchmarks compare; "
      "the defaults are what they chose. Each key may also come from the environment as KVPOOL_ and "
@@ -482,6 +515,14 @@ static int check_string(const setting_t *s, const char *v, char *why, size_t why
             return fail(-1, why, why_len, "expected host:port without spaces");
         return 0;
     }
+    case T_ZMQ:
+        if (!*v)
+            return 0;
+        if (strncmp(v, "tcp://", 6) && strncmp(v, "ipc://", 6) && strncmp(v, "inproc://", 9))
+            return fail(-1, why, why_len, "expected tcp://, ipc:// or inproc://, or empty");
+        if (strchr(v, ' '))
+            return fail(-1, why, why_len, "expected an endpoint without spaces");
+        return 0;
     case T_SCOPES: {
         kvp_scope_access_t a;
         memset(&a, 0, sizeof(a));
@@ -543,6 +584,8 @@ static int check_field(const setting_t *s, const void *p, char *why, size_t why_
         return *(const uint32_t *)p <= s->max ? 0 : enum_fail(s, why, why_len);
     case T_LIB:
     case T_SCOPES:
+    case T_ZMQ:
+    case T_TEXT:
         return check_string(s, p, why, why_len);
     }
     return -1;
@@ -577,6 +620,8 @@ static int parse_into(kvp_config_t *cfg, const setting_t *s, const char *text, c
     case T_LISTEN:
     case T_LIB:
     case T_SCOPES:
+    case T_ZMQ:
+    case T_TEXT:
         if (s->type == T_SOCKET && !*text)
             return fail(-1, why, why_len, "expected an absolute path");
         if (strlen(text) >= s->size)
@@ -688,6 +733,8 @@ static void format_value(const kvp_config_t *cfg, const setting_t *s, char *buf,
     case T_LISTEN:
     case T_LIB:
     case T_SCOPES:
+    case T_ZMQ:
+    case T_TEXT:
         snprintf(buf, len, "%.*s", (int)strnlen(p, s->size), (const char *)p);
         return;
     case T_ENUM: {
@@ -746,6 +793,8 @@ static bool same_value(const kvp_config_t *a, const kvp_config_t *b, const setti
     case T_LISTEN:
     case T_LIB:
     case T_SCOPES:
+    case T_ZMQ:
+    case T_TEXT:
         return strncmp(pa, pb, s->size) == 0;
     case T_IDLIST: {
         const kvp_config_idlist_t *la = pa, *lb = pb;

@@ -51,6 +51,7 @@ extern "C" {
 #define KVP_CONFIG_VALUE_MAX     256  /* one value given on the command line, with the NUL */
 #define KVP_CONFIG_LIB_MAX       256  /* tuning.nccl_lib, with the NUL */
 #define KVP_CONFIG_SCOPES_MAX    1024 /* access.cache_scopes, with the NUL */
+#define KVP_CONFIG_ENDPOINT_MAX  256  /* events.endpoint, replay_endpoint, topic, with the NUL */
 #define KVP_CONFIG_MAX_OVERRIDES 96   /* >= the number of keys: one slot per key */
 
 typedef enum {
@@ -120,6 +121,12 @@ typedef struct {
     kvp_config_idlist_t pool_uids;
     kvp_config_idlist_t pool_gids;
     char cache_scopes[KVP_CONFIG_SCOPES_MAX];
+    /* [events] (issue #29) */
+    char events_endpoint[KVP_CONFIG_ENDPOINT_MAX];
+    char events_replay_endpoint[KVP_CONFIG_ENDPOINT_MAX];
+    char events_topic[KVP_CONFIG_ENDPOINT_MAX];
+    uint32_t events_buffer_steps;
+    uint32_t events_hwm;
     /* [tuning] */
     uint32_t cuda_ready_timeout_ms;
     bool cuda_plan_upload;

@@ -31,6 +31,8 @@ typedef enum {
     T_ENUM,    /* uint32_t: the index of one of names[0..max] */
     T_LIB,     /* char[]: a library file name or path, or empty */
     T_SCOPES,  /* char[]: access.cache_scopes, "name=uid,uid;..." (kvp_access.h) */
+    T_ZMQ,     /* char[]: empty or a ZMQ endpoint: tcp://, ipc:// or inproc:// */
+    T_TEXT,    /* char[]: any text without control characters (may be empty) */
 } kvp__config_type_t;
 
 /* One key: where it lives, how it parses and checks, its default and its documentation. */

@@ -22,6 +22,7 @@
 #include "kvp_backend_choose.h"
 #include "kvp_config.h"
 #include "kvp_error.h"
+#include "kvp_evpub.h"
 #include "kvp_http.h"
 #include "kvp_kernels_cuda.h"
 #include "kvp_log.h"
@@ -38,7 +39,10 @@ typedef struct {
     kvp_config_t cfg;
     kvp_rpc_t *rpc;
     kvp_server_t *server;
-    kvp_http_t *http; /* the Prometheus endpoint, NULL when metrics_listen is empty */
+    kvp_http_t *http;        /* the Prometheus endpoint, NULL when metrics_listen is empty */
+    kvp_evpub_t *evpub;      /* KV events (issue #29), NULL when events.endpoint is empty */
+    kvp_ev_stats_t ev_stats; /* its counters */
+    uv_check_t ev_flush;     /* closes the iteration's batch of events */
     kvp_notify_t notify;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick;     /* leases, health, status */
@@ -53,7 +57,8 @@ static void close_handles(daemon_t *d)
 {
     uv_handle_t *hs[] = {(uv_handle_t *)&d->sig_term, (uv_handle_t *)&d->sig_int,
                          (uv_handle_t *)&d->sig_hup,  (uv_handle_t *)&d->tick,
-                         (uv_handle_t *)&d->watchdog, (uv_handle_t *)&d->commits};
+                         (uv_handle_t *)&d->watchdog, (uv_handle_t *)&d->commits,
+                         (uv_handle_t *)&d->ev_flush};
     for (unsigned i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
         if (!uv_is_closing(hs[i]))
             uv_close(hs[i], NULL);
@@ -248,6 +253,39 @@ static int resolve_group(const char *name, int64_t *gid, char *err, size_t err_l
     return 0;
 }
 
+/* After the callbacks of a loop iteration: the cache changes they made go out as one batch. */
+static void on_ev_flush(uv_check_t *h)
+{
+    daemon_t *d = h->data;
+    kvp_rpc_events_flush(d->rpc);
+}
+
+/* [events] -> the publisher (before the rpc layer, whose first batch it takes). A bind that
+ * fails stops the start, as the metrics endpoint's does. */
+static int start_events(daemon_t *d, kvp_rpc_limits_t *lim, char *err, size_t err_len)
+{
+    if (!d->cfg.events_endpoint[0])
+        return 0;
+    kvp_evpub_config_t ec = {.endpoint = d->cfg.events_endpoint,
+                             .replay_endpoint = d->cfg.events_replay_endpoint,
+                             .topic = d->cfg.events_topic,
+                             .buffer_steps = d->cfg.events_buffer_steps,
+                             .hwm = d->cfg.events_hwm};
+    char why[384];
+    int rc = kvp_evpub_start(&ec, &d->ev_stats, &d->evpub, why, sizeof(why));
+    if (rc) {
+        snprintf(err, err_len, "events: %s", why);
+        return rc;
+    }
+    const char *rep = kvp_evpub_replay_endpoint(d->evpub);
+    kvp_log(KVP_LOG_INFO, "events endpoint=%s replay_endpoint=%s topic=\"%s\"",
+            kvp_evpub_endpoint(d->evpub), rep && rep[0] ? rep : "-", d->cfg.events_topic);
+    lim->ev_sink = kvp_evpub_submit;
+    lim->ev_ctx = d->evpub;
+    lim->ev_stats = &d->ev_stats;
+    return 0;
+}
+
 static int run(daemon_t *d)
 {
     char err[512] = "";
@@ -276,6 +314,10 @@ static int run(daemon_t *d)
     if ((rc = kvp_backend_choose(&d->cfg, &tuning, &backend, err, sizeof(err))))
         goto fail;
     kvp_rpc_limits_t lim = rpc_limits(&d->cfg);
+    if ((rc = start_events(d, &lim, err, sizeof(err)))) {
+        backend->ops->destroy(backend);
+        goto fail;
+    }
     if ((rc = kvp_rpc_create(backend, &lim, kvp_server_now_ms(), &d->rpc))) {
         backend->ops->destroy(backend);
         snprintf(err, sizeof(err), "cannot create the daemon state: %s", kvp_strerror(rc));
@@ -310,6 +352,12 @@ static int run(daemon_t *d)
     kvp_rpc_set_commit_wake(d->rpc, commit_wake, d);
     uv_timer_init(d->loop, &d->watchdog);
     d->watchdog.data = d;
+    uv_check_init(d->loop, &d->ev_flush);
+    d->ev_flush.data = d;
+    if (d->evpub) {
+        uv_check_start(&d->ev_flush, on_ev_flush);
+        uv_unref((uv_handle_t *)&d->ev_flush); /* it does not keep a draining daemon up */
+    }
     /* the metrics listener before the socket: once a client can connect, everything the
      * daemon serves is up (a test, or an operator, that waits for the socket can scrape) */
     if (d->cfg.metrics_listen[0]) {
@@ -361,7 +409,8 @@ static int run(daemon_t *d)
     kvp_log(KVP_LOG_NOTICE, "final seqs=%u tokens=%llu used_pages=%u exit_code=%d", st.num_seqs,
             (unsigned long long)st.num_tokens, st.used_pages, d->exit_code);
     kvp_notify_close(&d->notify);
-    kvp_rpc_destroy(d->rpc);
+    kvp_rpc_destroy(d->rpc); /* its last event batch: AllBlocksCleared */
+    kvp_evpub_stop(d->evpub, 1000);
     return d->exit_code;
 
 fail_server:
@@ -371,6 +420,8 @@ fail_server:
     uv_run(d->loop, UV_RUN_DEFAULT);
     kvp_rpc_destroy(d->rpc);
 fail:
+    kvp_evpub_stop(d->evpub, 0);
+    d->evpub = NULL;
     kvp_log(KVP_LOG_ERR, "startup failed reason=\"%s\"", err);
     return 1;
 }

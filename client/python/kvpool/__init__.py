@@ -10,6 +10,8 @@ this package's: LibraryMismatch otherwise), so the NumPy helpers work without it
 """
 from ._lib import ABI_VERSION, KVP_LEASE_DEFAULT, PACKAGE_VERSION, LibraryMismatch, library_path
 from .client import (
+    CachedBlock,
+    CacheSnapshot,
     CacheStats,
     Client,
     Commit,
@@ -55,7 +57,7 @@ __version__ = PACKAGE_VERSION
 
 __all__ = [
     "Client", "PageTable", "PoolInfo", "Stats", "Ticket", "TransferInfo", "default_socket",
-    "CacheStats", "Commit", "Pin", "TierHit", "Load", "Backend", "DType", "Layout", "Storage", "BufferKind",
+    "CacheStats", "CachedBlock", "CacheSnapshot", "Commit", "Pin", "TierHit", "Load", "Backend", "DType", "Layout", "Storage", "BufferKind",
     "DTYPES",
     "library_path", "LibraryMismatch", "ABI_VERSION",
     "KVP_LEASE_DEFAULT", "append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens",

@@ -266,6 +266,25 @@ class kvp_load_t(ctypes.Structure):
     ]
 
 
+KVP_CACHE_DUMP_MAX_BYTES = 1 << 20
+
+
+class kvp_cache_dump_t(ctypes.Structure):
+    _fields_ = [
+        ("records", ctypes.c_void_p),
+        ("records_cap", ctypes.c_size_t),
+        ("names", ctypes.c_void_p),
+        ("names_cap", ctypes.c_size_t),
+        ("num_blocks", _u32),
+        ("record_bytes", _u32),
+        ("block_size", _u32),
+        ("next_cursor", _u32),
+        ("next_seq", ctypes.c_int64),
+        ("events", ctypes.c_int),
+        ("names_len", ctypes.c_size_t),
+    ]
+
+
 KVP_TRANSFER_ID_BYTES = 128
 KVP_TRANSFER_MAX_SEQS = 64
 
@@ -351,6 +370,7 @@ _PROTOTYPES = {
         _int, [_c, _p_i32, _u32, ctypes.c_void_p, _u32, _u32, ctypes.POINTER(kvp_pin_t)]),
     "kvp_client_unpin": (_int, [_c, _u64, _p_u32]),
     "kvp_client_cache_flush": (_int, [_c, ctypes.c_char_p, _int, _p_u32]),
+    "kvp_client_cache_dump": (_int, [_c, _u32, _u32, ctypes.POINTER(kvp_cache_dump_t)]),
     "kvp_client_cache_stats": (_int, [_c, ctypes.POINTER(kvp_cache_stats_t)]),
     "kvp_client_fork": (_int, [_c, _u64, _u64]),
     "kvp_client_truncate": (_int, [_c, _u64, _u32]),
@@ -421,7 +441,7 @@ _OPTIONAL_PROTOTYPES = {
 _CHECKED_STRUCTS = (
     kvp_client_opts_t, kvp_pool_info_t, kvp_page_table_t, kvp_source_t, kvp_stats_summary_t,
     kvp_transfer_ticket_t, kvp_transfer_info_t, kvp_cache_opts_t, kvp_pin_t, kvp_cache_stats_t,
-    kvp_load_t,
+    kvp_load_t, kvp_cache_dump_t,
 )
 
 _lock = threading.Lock()

@@ -19,8 +19,8 @@ from ._host import HostPool
 from ._types import Array, IntArray, Salts, Stream, TokenIds
 from .codes import Backend, BufferKind
 from .errors import KVP_EPRECOND, error
-from .records import (CacheStats, Commit, Load, PageTable, Pin, PoolInfo,  # noqa: F401
-                      Stats, TierHit, Ticket, TransferInfo)
+from .records import (CachedBlock, CacheSnapshot, CacheStats, Commit,  # noqa: F401
+                      Load, PageTable, Pin, PoolInfo, Stats, TierHit, Ticket, TransferInfo)
 from .step import StepReserve
 
 
@@ -422,6 +422,39 @@ class Client:
         self._call(self._lib.kvp_client_cache_flush, None if scope is None else scope.encode(),
                    1 if all else 0, ctypes.byref(pages))
         return int(pages.value)
+
+    def cache_dump(self) -> CacheSnapshot:
+        """Every findable block of the prefix cache (CacheDump, issue #29: every scope for an
+        operator, this namespace's scope otherwise), read a page at a time, with the snapshot's
+        next_seq (the first page's): a KV-event consumer loads the blocks, then applies event
+        batches from next_seq on."""
+        recs = ctypes.create_string_buffer(_lib.KVP_CACHE_DUMP_MAX_BYTES)
+        names = ctypes.create_string_buffer(_lib.KVP_CACHE_DUMP_MAX_BYTES)
+        d = _lib.kvp_cache_dump_t(records=ctypes.cast(recs, ctypes.c_void_p),
+                                  records_cap=len(recs),
+                                  names=ctypes.cast(names, ctypes.c_void_p),
+                                  names_cap=len(names))
+        blocks: List[CachedBlock] = []
+        cursor, first = 0, None
+        while True:
+            self._call(self._lib.kvp_client_cache_dump, cursor, 0, ctypes.byref(d))
+            if first is None:
+                first = (int(d.next_seq), bool(d.events), int(d.block_size))
+            raw = recs.raw[:d.num_blocks * d.record_bytes]
+            nm = names.raw[:d.names_len]
+            bs = int(d.block_size)
+            for i in range(d.num_blocks):
+                r = raw[i * d.record_bytes:(i + 1) * d.record_bytes]
+                off = int.from_bytes(r[32:36], "little")
+                scope = nm[off:nm.index(b"\0", off)].decode()
+                toks = np.frombuffer(r, dtype="<i4", count=bs, offset=40)
+                blocks.append(CachedBlock(bytes(r[:16]), bytes(r[16:32]) if r[37] else None,
+                                          scope, "CPU" if r[36] == 1 else "GPU",
+                                          tuple(int(t) for t in toks)))
+            cursor = int(d.next_cursor)
+            if cursor == 0:
+                break
+        return CacheSnapshot(first[0], first[1], first[2], blocks)
 
     def cache_stats(self) -> CacheStats:
         """The prefix cache's counters (Stats.cache)."""

@@ -8,7 +8,7 @@ import ctypes
 import dataclasses
 import enum
 import struct
-from typing import NamedTuple, Tuple, Union
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -167,6 +167,29 @@ class Load(NamedTuple):
     loaded_tokens: int
     host_tokens: int
     completed: bool
+
+
+class CachedBlock(NamedTuple):
+    """A block of cache_dump() (issue #29): hash and parent (None for a chain's first block) as
+    the KV events name them (16 bytes), scope as their extra_keys carry it, medium "GPU" or
+    "CPU" (the host tier), token_ids the block's tokens (zeros when events are off)."""
+
+    hash: bytes
+    parent: Optional[bytes]
+    scope: str
+    medium: str
+    token_ids: Tuple[int, ...]
+
+
+class CacheSnapshot(NamedTuple):
+    """cache_dump()'s answer: every findable block, and next_seq, the first KV-event batch the
+    snapshot does not reflect (-1: events off): load the blocks, then apply batches from
+    next_seq on."""
+
+    next_seq: int
+    events: bool
+    block_size: int
+    blocks: List[CachedBlock]
 
 
 @dataclasses.dataclass(frozen=True)
