@@ -6,11 +6,12 @@
  * kvp_pcache.h; the layout, shared by the cache's files, in kvp_pcache_internal.h. Finding and
  * publishing live in kvp_pcache_index.c, the eviction order in kvp_pcache_evict.c, the host
  * tier (its slots, demotion, restores) in kvp_pcache_tier.c, pins in kvp_pcache_pin.c, counters
- * and the audit in kvp_pcache_audit.c.
+ * and the audit in kvp_pcache_audit.c, events and the entry iterator in kvp_pcache_events.c.
  *
  * Layout: structure-of-arrays over entry slots (the pool's pages, then host_slots slots of the
  * host tier), all allocated at create (nothing is allocated per page afterwards). About 60
- * bytes a page plus 58 a host slot (kvp_pcache_stats_t.bytes says exactly).
+ * bytes a page plus 58 a host slot, and with keep_tokens page_size * 4 + 17 more a slot
+ * (kvp_pcache_stats_t.bytes says exactly).
  */
 #include "kvp_pcache.h"
 
@@ -59,7 +60,9 @@ void kvp__pcache_chain_start(kvp_chain_t *ch, uint32_t scope, kvp_pagekey_t root
     ch->root = ch->last = root;
 }
 
-static void key_page(kvp_pcache_t *c, kvp_chain_t *ch, uint32_t p, kvp_pagekey_t k)
+/* Page p of the chain's sequence, holding tokens[0..ps), gets key k (the next of ch->last). */
+static void key_page(kvp_pcache_t *c, kvp_chain_t *ch, uint32_t p, kvp_pagekey_t k,
+                     const int32_t *tokens)
 {
     assert(c->flags[p] == 0);
     c->key[p] = k;
@@ -68,6 +71,11 @@ static void key_page(kvp_pcache_t *c, kvp_chain_t *ch, uint32_t p, kvp_pagekey_t
     c->gen[p]++;
     c->prio[p] = ch->priority;
     c->ret[p] = ch->retention_ms;
+    if (c->tok) { /* keep_tokens: what a STORED event and the snapshot tell of the page */
+        memcpy(c->tok + (size_t)p * c->ps, tokens, (size_t)c->ps * sizeof(int32_t));
+        c->parent[p] = ch->last;
+        c->has_parent[p] = ch->num_keyed > 0; /* the first page chains from the salt's root */
+    }
     ch->last = k;
     ch->num_keyed++;
 }
@@ -89,7 +97,7 @@ void kvp__pcache_chain_append(kvp_pcache_t *c, kvp_seq_t *s, const int32_t *toke
         npre = 0; /* pre[] is for a chain with no partial page */
         if (ch->pend_n < ps)
             return;
-        key_page(c, ch, s->pages[ch->num_keyed], kvp_pagekey_next(ch->last, ch->tok, ps));
+        key_page(c, ch, s->pages[ch->num_keyed], kvp_pagekey_next(ch->last, ch->tok, ps), ch->tok);
         memcpy(ch->tok + ps, ch->tok, page_bytes);
         ch->prev_full = 1;
         ch->pend_n = 0;
@@ -97,7 +105,7 @@ void kvp__pcache_chain_append(kvp_pcache_t *c, kvp_seq_t *s, const int32_t *toke
     const int32_t *last_full = NULL;
     for (uint32_t k = 0; n - i >= ps; k++, i += ps) {
         kvp_pagekey_t key = k < npre ? pre[k] : kvp_pagekey_next(ch->last, tokens + i, ps);
-        key_page(c, ch, s->pages[ch->num_keyed], key);
+        key_page(c, ch, s->pages[ch->num_keyed], key, tokens + i);
         last_full = tokens + i;
     }
     if (last_full) {
@@ -185,7 +193,7 @@ uint32_t kvp__pcache_num_pages(const kvp_pcache_t *c)
 int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcache_t **out)
 {
     if (!t || !cfg || !out || cfg->max_scopes == 0 || cfg->max_pins == 0 ||
-        cfg->max_pins > KVP__PC_MAX_PINS || t->pc ||
+        cfg->max_pins > KVP__PC_MAX_PINS || cfg->keep_tokens > 1 || t->pc ||
         (uint64_t)kvp_alloc_num_pages(kvp_seqtab_alloc(t)) + cfg->host_slots >= NIL)
         return KVP_EINVAL;
     kvp_pcache_t *c = calloc(1, sizeof(*c));
@@ -226,10 +234,15 @@ int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcach
     c->ns_quota = malloc((size_t)c->max_ns * 8);
     c->ns_pins = calloc(c->max_ns, 4);
     c->sc = calloc(cfg->max_scopes, sizeof(*c->sc));
+    if (cfg->keep_tokens) { /* the token store of events (kvp_pcache_events.c) */
+        c->tok = calloc(ns * c->ps, sizeof(int32_t));
+        c->parent = calloc(ns, sizeof(kvp_pagekey_t));
+        c->has_parent = calloc(ns, 1);
+    }
     if (!c->key || !c->scope || !c->gen || !c->hnext || !c->prev || !c->next || !c->ret ||
         !c->hpos || !c->rel || !c->flags || !c->prio || !c->pinrefs || !c->heap || !c->bucket ||
         !c->hpage || !c->hfree || !c->pins || !c->pin_free || !c->ns_quota || !c->ns_pins ||
-        !c->sc) {
+        !c->sc || (cfg->keep_tokens && (!c->tok || !c->parent || !c->has_parent))) {
         c->t = NULL; /* not attached yet */
         kvp_pcache_destroy(c);
         return KVP_ENOMEM;
@@ -247,11 +260,13 @@ int kvp_pcache_create(kvp_seqtab_t *t, const kvp_pcache_config_t *cfg, kvp_pcach
         c->pin_free[i] = cfg->max_pins - 1 - i;
     c->num_pin_free = cfg->max_pins;
     /* per slot: key, scope, hnext, prev, next, ret, hpos, heap, rel, flags, prio; per page:
-     * gen, pinrefs; per host slot: hpage, a bit of hfree */
+     * gen, pinrefs; per host slot: hpage, a bit of hfree; with keep_tokens per slot: tokens,
+     * parent, has_parent */
     c->st.bytes = sizeof(*c) + ns * (sizeof(kvp_pagekey_t) + 4 * 7 + 8 + 1 + 1) + np * (4 + 2) +
                   (size_t)c->nhost * 4 + hwords * 8 + (size_t)nb * 4 +
                   (size_t)cfg->max_pins * (sizeof(kvp__pc_pin_t) + 4) + (size_t)c->max_ns * 12 +
-                  (size_t)cfg->max_scopes * sizeof(*c->sc);
+                  (size_t)cfg->max_scopes * sizeof(*c->sc) +
+                  (cfg->keep_tokens ? ns * ((size_t)c->ps * 4 + sizeof(kvp_pagekey_t) + 1) : 0);
     kvp__alloc_set_cache(c->a, c);
     kvp__seqtab_set_cache(t, c);
     *out = c;
@@ -262,6 +277,8 @@ void kvp_pcache_destroy(kvp_pcache_t *c)
 {
     if (!c)
         return;
+    /* what goes now is no news, and the observer's owner may be gone already */
+    c->obs = NULL;
     if (c->t) { /* attached: give everything back first */
         for (uint32_t i = 0; i < c->max_pins; i++)
             if (c->pins[i].id)
@@ -285,6 +302,9 @@ void kvp_pcache_destroy(kvp_pcache_t *c)
             s->chain = NULL;
         }
     }
+    free(c->has_parent);
+    free(c->parent);
+    free(c->tok);
     free(c->sc);
     free(c->hfree);
     free(c->hpage);

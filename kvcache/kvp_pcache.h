@@ -80,11 +80,14 @@ typedef struct kvp_pcache kvp_pcache_t;
 #define KVP_PCACHE_NO_SCOPE         UINT32_MAX
 
 typedef struct {
-    uint32_t max_scopes; /* scope ids 0..max_scopes-1 (>= 1) */
-    uint32_t max_pins;   /* pins alive at once (>= 1) */
-    uint32_t host_slots; /* host-tier slots the cache can ever use (0..host_slots-1; 0: none,
-                            the default), usable up to kvp_pcache_set_host_limit. The daemon
-                            sizes it from cache.host_bytes. */
+    uint32_t max_scopes;  /* scope ids 0..max_scopes-1 (>= 1) */
+    uint32_t max_pins;    /* pins alive at once (>= 1) */
+    uint32_t host_slots;  /* host-tier slots the cache can ever use (0..host_slots-1; 0: none,
+                             the default), usable up to kvp_pcache_set_host_limit. The daemon
+                             sizes it from cache.host_bytes. */
+    uint32_t keep_tokens; /* 1: each entry keeps its page's token ids and its parent's key (for
+                             events and the snapshot, issue #29): page_size * 4 + 17 bytes per
+                             GPU page and host slot more. 0: neither (events carry no tokens). */
 } kvp_pcache_config_t;
 
 /* Why a page left the key table (the index of kvp_pcache_stats_t.evictions). */
@@ -320,6 +323,44 @@ typedef struct {
 } kvp_pcache_pin_info_t;
 int kvp_pcache_next_pin(const kvp_pcache_t *c, uint32_t *cursor, kvp_pcache_pin_info_t *out);
 
+/* ---- events (issue #29) ------------------------------------------------------------------- */
+
+/* What the key table did, told to an observer as it happens (on the caller's thread, inside
+ * the call that did it): an entry became findable in a medium (STORED: published, promoted
+ * (GPU), demoted (HOST)) or stopped being findable there (REMOVED: evicted, flushed, rewritten,
+ * a failed restore, demoted (GPU), promoted (HOST), dropped from the host tier). A move between
+ * media is REMOVED from one then STORED in the other. A flush of every scope
+ * (KVP_PCACHE_NO_SCOPE) is one CLEARED followed by STORED for each entry still findable (held,
+ * pinned, restoring), instead of a REMOVED per entry. */
+typedef enum {
+    KVP_PCEV_STORED = 0,
+    KVP_PCEV_REMOVED = 1,
+    KVP_PCEV_CLEARED = 2
+} kvp_pcache_event_kind_t;
+
+typedef struct {
+    uint32_t kind;         /* kvp_pcache_event_kind_t */
+    uint32_t medium;       /* kvp_medium_t (not CLEARED) */
+    uint32_t scope;        /* not CLEARED */
+    uint32_t has_parent;   /* STORED, keep_tokens: 0 for the first page of a chain */
+    kvp_pagekey_t key;     /* not CLEARED */
+    kvp_pagekey_t parent;  /* STORED, keep_tokens, has_parent: the previous page's key */
+    const int32_t *tokens; /* STORED: page_size token ids, NULL without keep_tokens; valid
+                              during the call only */
+} kvp_pcache_event_t;
+
+typedef void (*kvp_pcache_observer_t)(void *ctx, const kvp_pcache_event_t *ev);
+
+/* Sets (fn NULL: removes) the observer. Costs nothing when none is set. kvp_pcache_destroy
+ * tells it nothing. */
+void kvp_pcache_set_observer(kvp_pcache_t *c, kvp_pcache_observer_t fn, void *ctx);
+
+/* Every findable entry, for the snapshot: start with *cursor = 0; returns 0 and the next entry
+ * (GPU pages in page order, then host slots in slot order; demoting and restoring pages are the
+ * GPU's), or KVP_ENOENT at the end. The fields are kvp_pcache_event_t's of a STORED event
+ * (kind KVP_PCEV_STORED). O(slots) over a whole iteration. */
+int kvp_pcache_next_entry(const kvp_pcache_t *c, uint32_t *cursor, kvp_pcache_event_t *out);
+
 /* ---- reading ------------------------------------------------------------------------------ */
 
 void kvp_pcache_stats(const kvp_pcache_t *c, kvp_pcache_stats_t *out);
@@ -369,8 +410,9 @@ uint32_t kvp_pcache_eviction_order_in(const kvp_pcache_t *c, uint32_t medium, kv
  * move in flight), and no slot at or above the limit is free or an entry; refcounts equal
  * sequence references plus pin references; pinned-page counts and namespace quota use add up;
  * every counter (host_pages, host_free, host_busy, demoting, restoring, per scope too) equals
- * its recount. Returns 0, KVP_EAUDIT with the first violation in msg, or KVP_ENOMEM.
- * O(pages + host slots). */
+ * its recount; with keep_tokens, an entry's has_parent is 0 or 1 and, when 1, its parent's key
+ * and its tokens make its key. Returns 0, KVP_EAUDIT with the first violation in msg, or
+ * KVP_ENOMEM. O(pages + host slots). */
 int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len);
 
 #ifdef __cplusplus

@@ -93,6 +93,13 @@ int kvp_pcache_audit(const kvp_pcache_t *c, char *msg, unsigned msg_len)
                 AUDIT_FAIL("slot %u: its (scope, key) finds another entry", p);
             if (c->scope[p] >= c->max_scopes)
                 AUDIT_FAIL("slot %u: scope %u out of range", p, c->scope[p]);
+            /* keep_tokens: what a STORED event tells of the entry is its content */
+            if (c->has_parent && c->has_parent[p] > 1)
+                AUDIT_FAIL("slot %u: has_parent %u", p, c->has_parent[p]);
+            if (c->has_parent && c->has_parent[p] &&
+                !kvp_pagekey_eq(kvp_pagekey_next(c->parent[p], c->tok + (size_t)p * c->ps, c->ps),
+                                c->key[p]))
+                AUDIT_FAIL("slot %u: its parent and tokens do not make its key", p);
             if (p < np) {
                 indexed++;
                 sc[c->scope[p]].indexed_pages++;

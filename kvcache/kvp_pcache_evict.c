@@ -273,6 +273,10 @@ int kvp_pcache_set_retention(kvp_pcache_t *c, kvp_seq_t *s, uint32_t priority,
 
 uint32_t kvp_pcache_flush(kvp_pcache_t *c, uint32_t scope)
 {
+    /* everything at once is one CLEARED and what is left, not a REMOVED per entry */
+    const int clear = scope == KVP_PCACHE_NO_SCOPE && c->obs;
+    if (clear)
+        kvp__pcache_clear_begin(c);
     uint32_t n = kvp__pcache_flush_demoting(c, scope);
     for (uint32_t m = 0; m < KVP_MEDIUMS; m++) {
         for (uint32_t l = 0; l < NPRIO; l++) {
@@ -292,6 +296,8 @@ uint32_t kvp_pcache_flush(kvp_pcache_t *c, uint32_t scope)
             }
         }
     }
+    if (clear)
+        kvp__pcache_clear_end(c);
     return n;
 }
 

@@ -4,8 +4,9 @@
  * walk over the GPU tier or both), publishing pages into the table, and the per-location state
  * queries (kvp_pcache.h). The table is a chained hash over entry slots (kvp_pcache_internal.h):
  * bucket heads and one next link per slot, so an entry is found the same way whatever its medium.
- * It does not decide what stays cached or goes (kvp_pcache_evict.c) nor hold references (pins, the
- * planner).
+ * Every entry enters and leaves the table here, so this is where the observer hears of it
+ * (kvp_pcache_events.c). It does not decide what stays cached or goes (kvp_pcache_evict.c) nor
+ * hold references (pins, the planner).
  */
 #include <assert.h>
 
@@ -50,6 +51,7 @@ void kvp__pcache_index_insert(kvp_pcache_t *c, uint32_t s)
         c->st.host_pages++;
         c->sc[c->scope[s]].host_pages++;
     }
+    kvp__pcache_event(c, KVP_PCEV_STORED, s); /* findable now: an observer sees it there */
 }
 
 void kvp__pcache_index_remove(kvp_pcache_t *c, uint32_t s)
@@ -69,6 +71,7 @@ void kvp__pcache_index_remove(kvp_pcache_t *c, uint32_t s)
         c->st.host_pages--;
         c->sc[c->scope[s]].host_pages--;
     }
+    kvp__pcache_event(c, KVP_PCEV_REMOVED, s);
 }
 
 /* ---- finding ------------------------------------------------------------------------------ */

@@ -114,7 +114,8 @@ void kvp__pcache_unmark_host(struct kvp_pcache *pc, uint32_t slot);
 void kvp__pcache_promote(struct kvp_pcache *pc, uint32_t slot, uint32_t page, uint32_t priority,
                          uint32_t retention_ms, kvp_pcache_move_t *out);
 
-/* ---- the cache's own files (kvp_pcache.c, _index.c, _evict.c, _tier.c, _pin.c, _audit.c) ---- */
+/* ---- the cache's own files (kvp_pcache.c, _index.c, _evict.c, _tier.c, _pin.c, _audit.c,
+ * _events.c) ---- */
 
 /*
  * Entry slots. Every field of a cache entry (key, scope, hash link, list links, priority,
@@ -207,6 +208,14 @@ struct kvp_pcache {
     uint32_t *ns_pins;
     kvp_pcache_scope_stats_t *sc;
     kvp_pcache_stats_t st;
+    /* events (kvp_pcache_events.c): the observer, NULL when none (a flush of every scope parks
+     * it in obs_held to mute its REMOVED events); with keep_tokens, per entry slot [np + nhost],
+     * the page's token ids (ps each), its parent's key and whether it has one (NULL without) */
+    kvp_pcache_observer_t obs, obs_held;
+    void *obs_ctx;
+    int32_t *tok;
+    kvp_pagekey_t *parent;
+    uint8_t *has_parent;
 };
 
 /* The entry slot of a location, or KVP__PC_NIL when the cache has no such slot. */
@@ -297,6 +306,25 @@ void kvp__pcache_host_release(struct kvp_pcache *c, uint32_t j);
 /* Flush's part: drops the demoting pages of scope (KVP_PCACHE_NO_SCOPE: all) to the free
  * stack. Returns how many. */
 uint32_t kvp__pcache_flush_demoting(struct kvp_pcache *c, uint32_t scope);
+
+/* events (kvp_pcache_events.c) */
+/* Tells the observer (there must be one) that slot s entered (KVP_PCEV_STORED) or left
+ * (KVP_PCEV_REMOVED) the key table. */
+void kvp__pcache_emit(struct kvp_pcache *c, uint32_t kind, uint32_t s);
+/* What the key table calls once its change is complete: without an observer one branch. */
+static inline void kvp__pcache_event(struct kvp_pcache *c, uint32_t kind, uint32_t s)
+{
+    if (c->obs)
+        kvp__pcache_emit(c, kind, s);
+}
+/* An entry moves from slot src to slot dst: dst takes src's tokens, parent and has_parent
+ * (keep_tokens; else nothing). Called before dst enters the table, so its STORED event has
+ * them. */
+void kvp__pcache_aux_copy(struct kvp_pcache *c, uint32_t dst, uint32_t src);
+/* A flush of every scope with an observer: begin tells CLEARED and mutes the observer (no
+ * REMOVED per entry); end unmutes it and tells STORED for each entry still findable. */
+void kvp__pcache_clear_begin(struct kvp_pcache *c);
+void kvp__pcache_clear_end(struct kvp_pcache *c);
 
 /* pins (kvp_pcache_pin.c) */
 /* Drops pin record idx: its references go, its namespace's counts shrink. */

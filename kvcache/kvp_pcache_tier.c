@@ -172,6 +172,7 @@ static void move_to_host(kvp_pcache_t *c, uint32_t p, uint32_t j)
     c->ret[s] = c->ret[p];
     c->rel[s] = c->rel[p]; /* its release: a retention duration keeps counting from there */
     c->flags[s] = KVP_PAGE_KEYED;
+    kvp__pcache_aux_copy(c, s, p); /* before the insert: its STORED event tells the tokens */
     kvp__pcache_index_insert(c, s);
     kvp__pcache_list_push(c, s);
     if (c->ret[s])
@@ -273,6 +274,7 @@ void kvp__pcache_promote(kvp_pcache_t *c, uint32_t s, uint32_t pg, uint32_t prio
     c->rel[pg] = c->rel[s];
     c->gen[pg]++; /* keyed anew */
     c->flags[pg] = KVP_PAGE_KEYED;
+    kvp__pcache_aux_copy(c, pg, s);
     kvp__pcache_index_insert(c, pg);
     c->flags[pg] |= KVP_PAGE_RESTORING;
     c->prev[pg] = j; /* kvp__pc_move_slot */
