@@ -92,8 +92,10 @@ typedef struct {
 void kvp_ev_buf_free(kvp_ev_buf_t *b);
 
 /* Replaces out's contents with the msgpack of b as vLLM 0.33.0's KVEventBatch with
- * data_parallel_rank dp_rank. Returns 0 or KVP_ENOMEM (out then empty). *events (when not
- * NULL) gets the number of events (maps) written. */
+ * data_parallel_rank dp_rank. Returns 0, KVP_ENOMEM (out then empty) or KVP_EINVAL (NULL, or a
+ * malformed batch: an unknown kind or medium, offsets outside the batch, a scope name that is
+ * not NUL-terminated UTF-8; out and *events untouched). *events (when not NULL) gets the number
+ * of events (maps) written. */
 int kvp_ev_encode(const kvp_ev_batch_t *b, uint32_t dp_rank, kvp_ev_buf_t *out, uint32_t *events);
 
 /* ---- counters (the publisher's thread writes, the metrics read) ---------------------------- */

@@ -59,12 +59,12 @@ def render(path):
 
 def config_table(src):
     """{(section, key): reloadable} from the settings table: the rows of server/kvp_config.c
-    (ROW and ENUM) and of rpc/kvp_rpc_limits.h and server/kvp_server_limits.h (X), each naming
+    (ROW, ROWF and ENUM) and of rpc/kvp_rpc_limits.h and server/kvp_server_limits.h (X), each naming
     its section and key first and holding one RELOAD or RESTART before its doc string."""
     keys = {}
     for path, table, row in (
             (("server", "kvp_config.c"), r"static const setting_t settings\[\] = \{(.*?)\n\};",
-             r"ROW|ENUM"),
+             r"ROWF?|ENUM"),
             (("rpc", "kvp_rpc_limits.h"), r"(#define KVP_RPC_LIMITS_KEYS.*?)\n\n/\* clang-format on",
              r"X"),
             (("server", "kvp_server_limits.h"),

@@ -68,6 +68,22 @@ if [ ! -s "$list" ]; then
 fi
 [ -z "$missing" ] || echo "pack.sh: not in this build, skipped:$missing"
 
+# libzmq (KV events, issue #29) is the one dependency linked shared even with KVP_STATIC_DEPS
+# (its static closure is not packaged): it and the libraries it needs beyond glibc and
+# libstdc++ go into devlib/, which run_device.sh puts on LD_LIBRARY_PATH.
+zmq=$(ldd "$B/server/kvpoold" 2>/dev/null | awk '/libzmq/ {print $3}')
+if [ -n "$zmq" ]; then
+    rm -rf "$B/devlib"
+    mkdir -p "$B/devlib"
+    for l in $zmq $(ldd "$zmq" | awk '/=>/ {print $3}'); do
+        case $(basename "$l") in
+        libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libstdc++* | \
+            libgcc_s* | libresolv.so*) ;;
+        *) cp -L "$l" "$B/devlib/" && echo "devlib/$(basename "$l")" >> "$list" ;;
+        esac
+    done
+fi
+
 mkdir -p "$(dirname "$out")"
 # libkvpool.so's version links are packed as links (tar keeps them), next to their target.
 XZ_OPT=${XZ_OPT:--6 -T0} tar -C "$B" -cJf "$out.part" -T "$list"

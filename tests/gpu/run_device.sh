@@ -11,6 +11,8 @@
 set -u
 B=${KVP_DEVBUILD:-.devbuild}
 export KVPOOLD="$PWD/$B/server/kvpoold"
+# libzmq and its libraries, carried by tests/gpu/pack.sh (no apt there)
+export LD_LIBRARY_PATH="$PWD/$B/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 OUT=${OUT:-/tmp/kvpool-out}
 mkdir -p "$OUT"
 what=${1:-all}

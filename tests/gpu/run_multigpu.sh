@@ -9,6 +9,8 @@
 set -u
 B=${KVP_DEVBUILD:-.devbuild}
 export KVPOOLD="$PWD/$B/server/kvpoold"
+# libzmq and its libraries, carried by tests/gpu/pack.sh (no apt there)
+export LD_LIBRARY_PATH="$PWD/$B/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # the daemon with the transfer test hooks (KVPOOL_XFER_TEST_*), for test_multigpu_xfer
 export KVPOOLD_TEST="$PWD/$B/server/kvpoold-test"
 OUT=${OUT:-/tmp/kvpool-out}

@@ -309,7 +309,7 @@ class CliTest(unittest.TestCase):
         self.assertEqual(complete(c, ""), COMMANDS)
         self.assertEqual(complete(c, "-s", self.d.sock, "-t", "500", "c"), ["clients", "cache"])
         self.assertEqual(complete(c, "help", "he"), ["health", "help"])
-        self.assertEqual(complete(c, "cache", ""), ["flush"])
+        self.assertEqual(complete(c, "cache", ""), ["flush", "dump"])
         self.assertEqual(complete(c, "cache", "flush", "--"),
                          [w for w in self.ok("__complete", "options", "cache").split()
                           if w.startswith("--")])

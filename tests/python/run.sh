@@ -10,10 +10,11 @@
 #                                               operators), in the PyTorch venv, on the CPU when
 #                                               there is no GPU
 #
-# Python: /usr/bin/python3 when it has numpy and pytest (Debian: python3-numpy python3-pytest),
-# with client/python on PYTHONPATH (Debian's Python is externally managed: no pip install into
-# it). Otherwise a virtual environment in $BUILD_DIR/pyvenv (python3 -m venv: python3-venv),
-# with numpy and pytest from PyPI, client/python on PYTHONPATH too.
+# Python: /usr/bin/python3 when it has numpy, pytest, pyzmq and msgspec, with client/python on
+# PYTHONPATH (Debian's Python is externally managed: no pip install into it). Otherwise a
+# virtual environment in $BUILD_DIR/pyvenv (python3 -m venv: python3-venv) that sees Debian's
+# packages (python3-numpy python3-pytest), with what is missing from PyPI: msgspec is not in
+# Debian 12, and the KV-event consumer (test_events.py, issue #29) needs it and pyzmq.
 # --torch: the virtual environment $KVP_TORCH_VENV (default $BUILD_DIR/torch-venv) with
 # tests/python/requirements-torch.txt from PyPI, made once and reused while that file is
 # unchanged (its copy in the venv says what was installed). It lives under the build tree, not
@@ -35,7 +36,7 @@ for f in "$KVPOOL_LIB" "$KVPOOLD"; do
 done
 export PYTHONDONTWRITEBYTECODE=1
 
-has_deps() { "$1" -c 'import numpy, pytest' >/dev/null 2>&1; }
+has_deps() { "$1" -c 'import numpy, pytest, zmq, msgspec' >/dev/null 2>&1; }
 
 TORCH=0
 if [ "${1:-}" = "--torch" ]; then
@@ -71,12 +72,14 @@ elif [ -x /usr/bin/python3 ] && has_deps /usr/bin/python3; then
 else
     VENV=$BUILD_DIR/pyvenv
     if [ ! -x "$VENV/bin/python" ]; then
-        echo "run.sh: creating $VENV"
-        python3 -m venv "$VENV"
+        BASE=python3
+        [ -x /usr/bin/python3 ] && BASE=/usr/bin/python3
+        echo "run.sh: creating $VENV ($BASE, with its site packages)"
+        "$BASE" -m venv --system-site-packages "$VENV"
     fi
     PY=$VENV/bin/python
     if ! has_deps "$PY"; then
-        "$PY" -m pip install -q --disable-pip-version-check numpy pytest
+        "$PY" -m pip install -q --disable-pip-version-check numpy pytest pyzmq msgspec
     fi
     # the source tree's package on the build's library ($KVPOOL_LIB): `pip install` builds a
     # wheel with its own libkvpool (CMake), which tests/python/test_wheel.sh tests
