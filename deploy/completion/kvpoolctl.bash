@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# bash completion for kvpoolctl: commands, their options, the values of -o, cache's `flush`,
+# bash completion for kvpoolctl: commands, their options, the values of -o, cache's `flush` and `dump`,
 # help's command names, and namespaces after -n/--namespace/--join (asked of the daemon named
 # by -s, or the default socket, with a short timeout: nothing when no daemon answers).
 # Installed as ${datadir}/bash-completion/completions/kvpoolctl (bash-completion loads it on

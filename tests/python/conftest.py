@@ -23,6 +23,19 @@ except ImportError:  # not installed: the source tree's copy
 BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
 KVPOOLD = os.environ.get("KVPOOLD") or os.path.join(BUILD, "server", "kvpoold")
 
+def wait_for(what, cond, timeout_s=10.0):
+    """Polls cond() until it is true (what the daemon does in the background: the demoter, the
+    tier's allocation, the publisher's thread); fails naming `what` after timeout_s."""
+    end = time.time() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.time() > end:
+            pytest.fail("timed out waiting for " + what)
+        time.sleep(0.01)
+
+
 class Daemon:
     def __init__(self, args):
         self.dir = tempfile.mkdtemp(prefix="kvpool-py-")

@@ -25,7 +25,7 @@ import pytest
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from conftest import BUILD, KVPOOLD, ROOT  # noqa: E402
+from conftest import BUILD, KVPOOLD, ROOT, wait_for  # noqa: E402
 import vllm_events as ve  # noqa: E402
 
 KVPOOLCTL = os.path.join(BUILD, "client", "kvpoolctl")
@@ -52,16 +52,6 @@ def evd(start, tmp_path):
     d.evdir = str(tmp_path)
     return d
 
-
-def wait_for(what, cond, timeout_s=10.0):
-    end = time.time() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.time() > end:
-            pytest.fail("timed out waiting for " + what)
-        time.sleep(0.01)
 
 
 def metric(d, name):

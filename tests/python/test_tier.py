@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import BUILD, kvpool  # noqa: E402  (conftest puts the package on sys.path)
+from conftest import BUILD, kvpool, wait_for  # noqa: E402  (conftest puts the package on sys.path)
 
 # 2 layers x 64 pages x 4 tokens x 2 heads x 16 dims, fp32: a page (every layer, K and V) is
 # 2 * 2 * 4 * 2 * 16 * 4 = 2048 bytes, the size of one host slot.
@@ -32,18 +32,6 @@ KVPOOLCTL = os.path.join(BUILD, "client", "kvpoolctl")
 PROMPT = list(range(5000, 5032))  # 32 token ids: 8 full pages
 OTHER = list(range(7000, 7032))  # never appended
 
-
-def wait_for(what, cond, timeout_s=10.0):
-    """Polls cond() until it is true (the demoter and the tier's allocation run in the
-    background); fails naming `what` after timeout_s."""
-    end = time.time() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.time() > end:
-            pytest.fail("timed out waiting for " + what)
-        time.sleep(0.01)
 
 
 def staging_rows(c, nnz, seed):
