@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 import subprocess
-import time
 
 import numpy as np
 import pytest
