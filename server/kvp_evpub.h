@@ -35,10 +35,11 @@ typedef struct {
 
 typedef struct kvp_evpub kvp_evpub_t;
 
-/* Opens the sockets (bind/connect as above) and starts the thread. Returns 0, or KVP_EINVAL /
- * KVP_EIO / KVP_ENOMEM with a sentence in err ("cannot bind tcp://...: Address already in use")
- * and nothing left running. stats (kept by the caller, outliving the publisher) gets the
- * counters. */
+/* Opens the sockets (bind/connect as above) and starts the thread. Returns 0, KVP_EINVAL (a
+ * malformed endpoint or config), a negative errno (-EADDRINUSE, -ENOENT: the system refused the
+ * bind or connect) or KVP_ENOMEM, with a sentence in err ("cannot bind event endpoint ipc://...:
+ * No such file or directory") and nothing left running. stats (kept by the caller, outliving the
+ * publisher) gets the counters. */
 int kvp_evpub_start(const kvp_evpub_config_t *cfg, kvp_ev_stats_t *stats, kvp_evpub_t **out,
                     char *err, size_t err_len);
 
@@ -47,8 +48,9 @@ int kvp_evpub_start(const kvp_evpub_config_t *cfg, kvp_ev_stats_t *stats, kvp_ev
  * counts it in dropped_queue. */
 void kvp_evpub_submit(void *ctx, kvp_ev_batch_t *b);
 
-/* Sends what is queued (for at most timeout_ms), stops the thread, closes the sockets
- * (linger 0) and frees everything. NULL: no-op. */
+/* Sends what is queued (for at most timeout_ms; batches left then count in dropped_queue),
+ * stops the thread, closes the sockets (the PUB socket lingers for what is left of timeout_ms,
+ * so what zmq still holds reaches connected subscribers) and frees everything. NULL: no-op. */
 void kvp_evpub_stop(kvp_evpub_t *p, uint32_t timeout_ms);
 
 /* The endpoints as bound (ZMQ_LAST_ENDPOINT for a bound one: a wildcard port 0 gets the port the
