@@ -259,6 +259,10 @@ static void put_cache(sbuf_t *b, const kvp_metrics_t *m)
     put_header(b, "kvpool_prefix_cache_pins", "gauge",
                "Pins alive (neither unpinned nor expired).");
     put(b, "kvpool_prefix_cache_pins %u\n", c->pins);
+    put_header(b, "kvpool_prefix_cache_commits_pending", "gauge",
+               "Commits whose event the daemon still polls: their pages become findable (and "
+               "their KV events go out) once it completes.");
+    put(b, "kvpool_prefix_cache_commits_pending %u\n", m->commits_pending);
     put_header(b, "kvpool_prefix_cache_evictions_total", "counter",
                "Pages that left the prefix cache, by reason (pressure: an allocation needed "
                "the page; flush: CacheFlush; rewrite: a truncate made the page partial again).");

@@ -75,6 +75,7 @@ typedef struct {
      * are written only when has_cache (a daemon without a cache writes none of them). */
     kvp_pcache_stats_t cache;
     int has_cache;
+    uint32_t commits_pending; /* Commits waiting for their event */
     /* The host tier (issue #28): kvpool_tier_* families and the host series of the cache's,
      * only when has_tier. */
     int has_tier;

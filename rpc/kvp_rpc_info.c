@@ -291,6 +291,7 @@ static size_t metrics_text(kvp_rpc_t *r, const kvp_session_t *viewer, char *buf,
     kvp_seqtab_stats(r->seqs, &m.pool);
     kvp_pcache_stats(r->pc, &m.cache);
     m.has_cache = 1;
+    m.commits_pending = kvp_rpc_commits_pending(r);
     if (r->tier.mem) {
         kvpool_CacheStats cs = kvpool_CacheStats_init_zero;
         kvp__rpc_tier_stats(r, &cs);

@@ -22,6 +22,9 @@ except ImportError:  # not installed: the source tree's copy
 
 BUILD = os.environ.get("BUILD_DIR") or os.path.join(ROOT, "build")
 KVPOOLD = os.environ.get("KVPOOLD") or os.path.join(BUILD, "server", "kvpoold")
+# the backend of the daemons a test does not name one for: host, or $KVP_TEST_BACKEND (cuda on
+# the GPU machine: tests/gpu/run_device.sh events)
+BACKEND = os.environ.get("KVP_TEST_BACKEND") or "host"
 
 def wait_for(what, cond, timeout_s=10.0):
     """Polls cond() until it is true (what the daemon does in the background: the demoter, the
@@ -43,7 +46,7 @@ class Daemon:
         self.log = open(os.path.join(self.dir, "kvpoold.log"), "w+")
         env = {k: v for k, v in os.environ.items()
                if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "WATCHDOG_USEC")}
-        backend = [] if "--backend" in args else ["--backend", "host"]  # host unless named
+        backend = [] if "--backend" in args else ["--backend", BACKEND]  # unless named
         self.proc = subprocess.Popen([KVPOOLD, "--socket", self.sock] + backend + list(args),
                                      stdout=subprocess.DEVNULL, stderr=self.log, env=env)
         end = time.time() + 10

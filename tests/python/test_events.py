@@ -25,7 +25,7 @@ import pytest
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from conftest import BUILD, KVPOOLD, ROOT, wait_for  # noqa: E402
+from conftest import BACKEND, BUILD, KVPOOLD, ROOT, wait_for  # noqa: E402
 import vllm_events as ve  # noqa: E402
 
 KVPOOLCTL = os.path.join(BUILD, "client", "kvpoolctl")
@@ -175,9 +175,14 @@ def join(c, d):
     c.replay(0)
 
 
-def reserve_commit(cl, seq, tokens, **kw):
+def reserve_commit(cl, seq, tokens, d=None, **kw):
+    """Reserve with token ids, then Commit. On the cuda backend the daemon publishes when it
+    sees the commit's event complete: with d, wait for that."""
     t = cl.reserve([seq], [len(tokens)], token_ids=tokens, **kw)
-    cl.commit([seq])
+    cm = cl.commit([seq])
+    if d is not None and cm.published < cm.pages:
+        wait_for("the commit's event", lambda: metric(d, "kvpool_prefix_cache_commits_pending")
+                 == 0)
     return t
 
 
@@ -191,7 +196,7 @@ def test_the_stream_rebuilds_the_cache_exactly(evd):
     assert isinstance(c.events[0][1], ve.AllBlocksCleared) and c.events[0][0] == 0
     a, b = evd.client("tenant-a"), evd.client("tenant-b")
     # a chain committed at once is one BlockStored of 8 hashes, parents chained
-    reserve_commit(a, 1, PROMPT)
+    reserve_commit(a, 1, PROMPT, d=evd)
     seq, snap = dump(evd)
     c.follow(seq)
     stored = [e for _, e in c.events if isinstance(e, ve.BlockStored)]
@@ -200,7 +205,7 @@ def test_the_stream_rebuilds_the_cache_exactly(evd):
     assert stored[0].token_ids == PROMPT and stored[0].extra_keys == [("ns:tenant-a",)] * 8
     assert c.blocks == snap
     # the same tokens in another scope: other hashes (BlockRemoved names no scope)
-    reserve_commit(b, 1, PROMPT)
+    reserve_commit(b, 1, PROMPT, d=evd)
     seq, snap = dump(evd)
     c.follow(seq)
     hashes = {}
@@ -211,8 +216,9 @@ def test_the_stream_rebuilds_the_cache_exactly(evd):
     # a sole holder's rewrite removes it
     a.fork(1, 2)
     a.truncate(2, 10)
-    reserve_commit(a, 2, [1, 2, 3, 4, 5, 6])  # pages 2 (rewritten copy) and 3 of the child
-    reserve_commit(a, 3, OTHER)
+    # pages 2 (a rewritten copy) and 3 of the child
+    reserve_commit(a, 2, [1, 2, 3, 4, 5, 6], d=evd)
+    reserve_commit(a, 3, OTHER, d=evd)
     a.truncate(3, 18)  # its last page (tokens 16..20) becomes partial: rewritten, removed
     # a worker killed before its commit: its pages never become findable
     code = textwrap.dedent("""
@@ -232,9 +238,8 @@ def test_the_stream_rebuilds_the_cache_exactly(evd):
     wait_for("demotions", lambda: sum(m == "CPU" for m, _ in dump(evd)[1]) >= 8)
     a.release([10])
     # a hit in the host tier promotes (CPU -> GPU)
-    t = a.reserve([11], [len(PROMPT)], token_ids=PROMPT, reuse=True)
+    t = reserve_commit(a, 11, PROMPT, d=evd, reuse=True)
     assert int(t.cached_tokens[0]) == len(PROMPT)
-    a.commit([11])
     # a reservation beyond the free pages evicts cached ones for good
     a.reserve([12], [4 * 50])
     a.release([12])
@@ -271,13 +276,13 @@ def test_a_consumer_that_restarts_replays_or_loads_the_snapshot(start, tmp_path)
     c = Consumer(str(tmp_path))
     join(c, d)
     a = d.client("w")
-    reserve_commit(a, 1, PROMPT)
+    reserve_commit(a, 1, PROMPT, d=d)
     seq, _ = dump(d)
     c.follow(seq)
     last = c.next
     c.close()
     # within the buffer: the restarted consumer replays from where it stopped
-    reserve_commit(a, 2, OTHER)
+    reserve_commit(a, 2, OTHER, d=d)
     c2 = Consumer(str(tmp_path))
     c2.blocks, c2.next = dict(c.blocks), last
     got = c2.replay(last)
@@ -289,7 +294,7 @@ def test_a_consumer_that_restarts_replays_or_loads_the_snapshot(start, tmp_path)
     # beyond it (more than 4 batches missed): replay starts later than asked, so the consumer
     # loads the snapshot and applies the stream from its next_seq
     for i in range(8):
-        reserve_commit(a, 100 + i, list(range(20000 + 8 * i, 20008 + 8 * i)))
+        reserve_commit(a, 100 + i, list(range(20000 + 8 * i, 20008 + 8 * i)), d=d)
         dump(d)  # a batch per call
     c3 = Consumer(str(tmp_path))
     wait_for("the subscription", lambda: metric(d, "kvpool_events_subscribers") >= 1)
@@ -298,7 +303,7 @@ def test_a_consumer_that_restarts_replays_or_loads_the_snapshot(start, tmp_path)
     seq, snap = dump(d)
     c3.blocks, c3.next = dict(snap), seq
     a.release([1])
-    reserve_commit(a, 200, list(range(30000, 30008)))
+    reserve_commit(a, 200, list(range(30000, 30008)), d=d)
     seq, snap = dump(d)
     c3.follow(seq)
     assert c3.blocks == snap

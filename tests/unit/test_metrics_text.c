@@ -45,6 +45,7 @@ static kvp_metrics_t snapshot(int has_cache)
             c->residence[k] = k + 1; /* cumulative 1, 3, 6, ... 66 */
         c->residence_sum_ms = 123456;
         c->bytes = 1u << 20;
+        m.commits_pending = 4;
     }
     return m;
 }
@@ -94,6 +95,10 @@ START_TEST(cache_families_are_written_exactly)
     WANT("# HELP kvpool_prefix_cache_pins Pins alive (neither unpinned nor expired).\n"
          "# TYPE kvpool_prefix_cache_pins gauge\n"
          "kvpool_prefix_cache_pins 2\n");
+    WANT("# HELP kvpool_prefix_cache_commits_pending Commits whose event the daemon still "
+         "polls: their pages become findable (and their KV events go out) once it completes.\n"
+         "# TYPE kvpool_prefix_cache_commits_pending gauge\n"
+         "kvpool_prefix_cache_commits_pending 4\n");
     WANT("# HELP kvpool_prefix_cache_evictions_total Pages that left the prefix cache, by "
          "reason (pressure: an allocation needed the page; flush: CacheFlush; rewrite: a "
          "truncate made the page partial again).\n"
@@ -173,6 +178,39 @@ START_TEST(tier_families_are_written_exactly)
 }
 END_TEST
 
+/* KV events (issue #29): the kvpool_events_* families, exactly, only with has_events. */
+START_TEST(events_families_are_written_exactly)
+{
+    kvp_metrics_t m = snapshot(1);
+    kvp_metrics_text(&m, text, sizeof(text));
+    ck_assert_ptr_null(strstr(text, "kvpool_events_"));
+    m.has_events = 1;
+    m.ev.batches = 10, m.ev.events = 25, m.ev.blocks = 300, m.ev.bytes = 45678;
+    m.ev.dropped_hwm = 3, m.ev.dropped_queue = 2, m.ev.dropped_memory = 1;
+    m.ev.replay_requests = 7, m.ev.replay_bad = 5, m.ev.replayed_batches = 70;
+    m.ev.subscribers = 2, m.ev.queued = 6, m.ev.next_seq = 15;
+    kvp_metrics_text(&m, text, sizeof(text));
+    const char *const want[] = {
+        "# TYPE kvpool_events_batches_total counter\nkvpool_events_batches_total 10\n",
+        "# TYPE kvpool_events_total counter\nkvpool_events_total 25\n",
+        "# TYPE kvpool_events_blocks_total counter\nkvpool_events_blocks_total 300\n",
+        "# TYPE kvpool_events_bytes_total counter\nkvpool_events_bytes_total 45678\n",
+        "kvpool_events_dropped_total{reason=\"hwm\"} 3\n"
+        "kvpool_events_dropped_total{reason=\"queue\"} 2\n"
+        "kvpool_events_dropped_total{reason=\"memory\"} 1\n",
+        "kvpool_events_replay_requests_total{result=\"ok\"} 7\n"
+        "kvpool_events_replay_requests_total{result=\"bad\"} 5\n",
+        "# TYPE kvpool_events_replayed_batches_total counter\n"
+        "kvpool_events_replayed_batches_total 70\n",
+        "# TYPE kvpool_events_subscribers gauge\nkvpool_events_subscribers 2\n",
+        "# TYPE kvpool_events_queued_batches gauge\nkvpool_events_queued_batches 6\n",
+        "# TYPE kvpool_events_next_sequence gauge\nkvpool_events_next_sequence 15\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        ck_assert_msg(strstr(text, want[i]), "missing: %s", want[i]);
+}
+END_TEST
+
 START_TEST(no_cache_no_cache_families)
 {
     kvp_metrics_t m = snapshot(0);
@@ -216,8 +254,9 @@ START_TEST(every_cache_sample_follows_its_type)
         }
         line = nl + 1;
     }
-    /* 2 token counters, 3 page states, pins, 3 reasons, buckets + Inf + sum + count, bytes */
-    ck_assert_uint_eq(samples, 2 + 3 + 1 + 3 + KVP_PCACHE_RESIDENCE_BUCKETS + 3 + 1);
+    /* 2 token counters, 3 page states, pins, commits pending, 3 reasons, buckets + Inf + sum +
+     * count, bytes */
+    ck_assert_uint_eq(samples, 2 + 3 + 1 + 1 + 3 + KVP_PCACHE_RESIDENCE_BUCKETS + 3 + 1);
 }
 END_TEST
 
@@ -251,6 +290,7 @@ int main(void)
     tcase_add_test(tc, cache_families_are_written_exactly);
     tcase_add_test(tc, no_cache_no_cache_families);
     tcase_add_test(tc, tier_families_are_written_exactly);
+    tcase_add_test(tc, events_families_are_written_exactly);
     tcase_add_test(tc, every_cache_sample_follows_its_type);
     tcase_add_test(tc, a_cut_inside_the_cache_families_ends_at_a_line);
     suite_add_tcase(s, tc);
