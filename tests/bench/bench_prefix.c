@@ -2,8 +2,9 @@
 /*
  * bench_prefix.c - the prefix cache (issue #16, DESIGN.md §9): what a fully cached prompt
  * costs the daemon, in-process and over the socket, and what allocation costs when every page
- * must be evicted first; and what one client's large Lookups cost another's Ping. One run
- * prints six parts, then the figures as key=value lines:
+ * must be evicted first; what one client's large Lookups cost another's Ping; and what KV
+ * events cost (bench_prefix_events.c). One run prints seven parts, then the figures as
+ * key=value lines:
  *
  *   hash_tokens_per_s       content keys (kvp_pagekey_chain) of a 32,768-token prompt at page
  *                           16, one core: median of per-call rates, rotating among 8 prompts.
@@ -38,17 +39,26 @@
  *                           another namespace pings --pings (2,000) times 0-1 ms apart, at most
  *                           8 s, idle first: Ping p50/p99/max, and a Lookup's own time (alone,
  *                           and under the flood). ~20 s.
+ *   events_*                KV events (issue #29): kvp_ev_encode of 64-block chains (and of 64
+ *                           removals), block events/s on one core; the publisher with a SUB
+ *                           attached (ipc://), 18,000 batches of 64 blocks submitted at once:
+ *                           block events/s until all are sent, drops; a submit to the idle
+ *                           thread and the batcher's cost per block (the loop's side); two
+ *                           kvpoold (host backend), events on and off, interleaved round by
+ *                           round: Reserve of 512 new token ids and its Commit, p50/p99 each,
+ *                           on/off ratios of the p50s, each daemon's CPU time per round.
  *
  * --quick (the CTest smoke run): 20 rounds and requests, 2 eviction rounds, no flood part
- * (200 pings with --flood); --no-daemon skips the socket and flood parts; --flood runs the
- * flood part only. $KVPOOLD names the daemon (kvp_harness.h).
+ * (200 pings with --flood), small events part; --no-daemon skips the socket and flood parts
+ * (and the events part's daemons); --flood runs the flood part only, --events the events part
+ * only, --no-events skips it. $KVPOOLD names the daemon (kvp_harness.h).
  *
  * A benchmark, not a test: no figure is asserted. It stops (exit 1) only when what it
  * measures did not happen (a hit that found less than the whole prompt, an allocation that
  * failed), since its figure would then mean nothing.
  *
  *   bench_prefix [--rounds N] [--requests N] [--quick] [--no-daemon] [--flood] [--pings N]
- *                [--flood-clients N]
+ *                [--flood-clients N] [--events] [--no-events]
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -64,6 +74,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_prefix_events.h"
 #include "kvp_alloc.h"
 #include "kvp_harness.h"
 #include "kvp_redis.h"
@@ -998,7 +1009,7 @@ static int bench_flood(uint32_t pings, uint32_t floods, fair_result_t *old_cap, 
 int main(int argc, char **argv)
 {
     uint32_t rounds = 1000, requests = 2000, evict_rounds = 31, pings = 2000, floods = 2;
-    int daemon = 1, quick = 0, flood_only = 0;
+    int daemon = 1, quick = 0, flood_only = 0, events = 1, events_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
             rounds = (uint32_t)strtoul(argv[++i], NULL, 10);
@@ -1014,10 +1025,14 @@ int main(int argc, char **argv)
             daemon = 0;
         else if (!strcmp(argv[i], "--flood"))
             flood_only = 1;
+        else if (!strcmp(argv[i], "--events"))
+            events_only = 1;
+        else if (!strcmp(argv[i], "--no-events"))
+            events = 0;
         else {
             fprintf(stderr,
                     "usage: %s [--rounds N] [--requests N] [--quick] [--no-daemon] [--flood] "
-                    "[--pings N] [--flood-clients N]\n",
+                    "[--pings N] [--flood-clients N] [--events] [--no-events]\n",
                     argv[0]);
             return 2;
         }
@@ -1031,6 +1046,14 @@ int main(int argc, char **argv)
     if (floods < 1 || floods > 64)
         floods = floods < 1 ? 1 : 64;
     fair_result_t old_cap = {0}, dflt = {0};
+    bench_events_opts_t evo = {.quick = quick, .daemon = daemon};
+    bench_events_result_t evr = {0};
+    if (events_only) {
+        int rc = bench_events(&evo, &evr);
+        printf("\n");
+        bench_events_keys(&evr);
+        return rc ? 1 : 0;
+    }
     if (flood_only) {
         int rc = bench_flood(pings, floods, &old_cap, &dflt);
         printf("\n");
@@ -1051,6 +1074,7 @@ int main(int argc, char **argv)
     evict_result_t ev_small = bench_evict(evict_rounds * 4, HIT_PAGES);
     double bpp = bench_bytes();
     int flood_rc = daemon && !quick ? bench_flood(pings, floods, &old_cap, &dflt) : 0;
+    int events_rc = events ? bench_events(&evo, &evr) : 0;
 
     printf("\ntargets (issue #16): hash >= 800 M tokens/s: %s; hit <= 3 ns/token (reserve): %s; "
            "eviction >= 20 M pages/s: %s; <= 64 bytes/page: %s\n",
@@ -1081,5 +1105,6 @@ int main(int argc, char **argv)
         fair_keys("old_cap", &old_cap);
     if (dflt.ok)
         fair_keys("default", &dflt);
-    return (daemon && !sock.ok) || flood_rc ? 1 : 0;
+    bench_events_keys(&evr);
+    return (daemon && !sock.ok) || flood_rc || events_rc ? 1 : 0;
 }

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # run_device.sh - what one call on the GPU machine runs (build here with KVP_STATIC_DEPS=ON into
 # .devbuild/, carry it): the gpu-labelled tests and the CUDA benchmarks, logs under $OUT.
-#   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|tier|python|torch|hf|hf-bench|all]
+#   tests/gpu/run_device.sh [kernels|e2e|backend|prefix|tier|events|python|torch|hf|hf-bench|all]
+# events (issue #29): tests/python/test_events.py against kvpoold on the cuda backend (pyzmq and
+# msgspec carried as wheels in .whl/), and bench_prefix's events part (--events).
 # tier (issue #28): the host tier's tests and benchmark (${TIER_BENCH_ARGS} adds bench_tier flags).
 # hf-bench also runs bench_multiturn.py (issue #28's host tier; ${MULTITURN_ARGS} adds flags).
 # hf / hf-bench (issue #17): FlashInfer from wheels carried along ($KVP_WHEELS: the slimmed
@@ -74,6 +76,20 @@ if [ "$what" = backend ] || [ "$what" = all ]; then
     echo "== test_cuda_backend, KVPOOL_CUDA_PLAN_UPLOAD=1"
     KVPOOL_CUDA_PLAN_UPLOAD=1 "$t" > "$OUT/test_cuda_backend_upload.log" 2>&1; r=$?
     tail -4 "$OUT/test_cuda_backend_upload.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+fi
+if [ "$what" = events ]; then
+    echo "== pytest tests/python/test_events.py (cuda backend)"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target \
+        /tmp/kvp-evsite .whl/*.whl > "$OUT/pip.log" 2>&1 || { echo "no wheels (.whl)"; rc=1; }
+    KVP_TEST_BACKEND=cuda BUILD_DIR="$B" KVPOOL_LIB="$PWD/$B/client/libkvpool.so" \
+        PYTHONPATH="$PWD/client/python:/tmp/kvp-evsite" PYTHONDONTWRITEBYTECODE=1 python3 -m \
+        pytest -q -p no:cacheprovider tests/python/test_events.py > "$OUT/test_events.log" 2>&1
+    r=$?
+    tail -15 "$OUT/test_events.log"; echo "exit $r"; [ $r -eq 0 ] || rc=1
+    echo "== bench_prefix --events"
+    "$B/tests/bench/bench_prefix" --events > "$OUT/bench_prefix_events.txt" 2>&1; r=$?
+    grep -v -E '^[0-9-]+T[0-9:.]+Z ' "$OUT/bench_prefix_events.txt" | tail -60; echo "exit $r"
+    [ $r -eq 0 ] || rc=1
 fi
 if [ "$what" = python ] || [ "$what" = torch ] || [ "$what" = all ]; then
     # the PyTorch side of the Python package (tests/python/test_torch.py) with the machine's
