@@ -21,6 +21,7 @@ struct kvp_events {
     kvp_ev_scope_fn scope_fn;
     void *scope_ctx;
     kvp_ev_batch_t *open;
+    uint64_t open_ms; /* when the open batch took its first record (CLOCK_MONOTONIC) */
     uint64_t next_seq;
     uint64_t lost;
     /* the open batch's last scope and where its name is */
@@ -89,6 +90,7 @@ static kvp_ev_batch_t *open_batch(kvp_events_t *e)
             return NULL;
         e->open->block_size = e->block_size;
         e->last_scope = UINT32_MAX;
+        e->open_ms = kvp_events_now_ms();
     }
     return e->open;
 }
@@ -189,6 +191,23 @@ void kvp_events_flush(kvp_events_t *e)
     b->seq = e->next_seq++;
     e->open = NULL;
     e->sink(e->sink_ctx, b);
+}
+
+uint64_t kvp_events_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint32_t kvp_events_due_in(const kvp_events_t *e, uint64_t now_ms, uint32_t batch_ms)
+{
+    if (!e->open || e->open->n == 0)
+        return UINT32_MAX;
+    const uint64_t due = e->open_ms + batch_ms;
+    if (e->open->n >= KVP_EV_BATCH_MAX_RECORDS || now_ms >= due)
+        return 0;
+    return (uint32_t)(due - now_ms);
 }
 
 void kvp_events_forget_scope(kvp_events_t *e)

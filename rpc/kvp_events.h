@@ -141,8 +141,18 @@ void kvp_events_observe(void *ctx, const kvp_pcache_event_t *ev);
 void kvp_events_clear(kvp_events_t *e);
 
 /* Closes the open batch when it holds a record: numbered (kvp_events_next_seq), stamped with
- * the wall clock and handed to the sink. The loop calls it once per iteration. */
+ * the wall clock and handed to the sink. */
 void kvp_events_flush(kvp_events_t *e);
+
+/* A batch closes once it is batch_ms old (events.batch_ms; 0: at the end of the loop iteration
+ * that opened it) or holds KVP_EV_BATCH_MAX_RECORDS records: one batch per loop iteration
+ * would wake the publisher's thread and ZMQ's for every request. Returns UINT32_MAX when no
+ * batch is open, 0 when the open one is due, else the ms until it is. now_ms: a monotonic
+ * clock (kvp_events_now_ms). */
+#define KVP_EV_BATCH_MAX_RECORDS 8192u
+uint32_t kvp_events_due_in(const kvp_events_t *e, uint64_t now_ms, uint32_t batch_ms);
+/* CLOCK_MONOTONIC in ms: the clock of batch ages. */
+uint64_t kvp_events_now_ms(void);
 
 /* A scope id was given to another scope: names and tags already looked up in the open batch
  * are not its. */

@@ -195,9 +195,13 @@ uint64_t kvp_rpc_next_deadline(const kvp_rpc_t *r);
 uint32_t kvp_rpc_poll_commits(kvp_rpc_t *r, uint64_t now_ms);
 
 /* KV events (issue #29): closes the open batch of events, if any, and hands it to the sink.
- * The transport calls it once per loop iteration (after the callbacks that change the cache).
  * No-op with events off. */
 void kvp_rpc_events_flush(kvp_rpc_t *r);
+/* The transport calls it after each loop iteration's callbacks (and when the time it returned
+ * has passed): closes the open batch when it is due (kvp_events_due_in: batch_ms old, or
+ * full). Returns UINT32_MAX when no batch is open (nothing to arm), else the ms until the open
+ * one is due (arm a timer for it). */
+uint32_t kvp_rpc_events_tick(kvp_rpc_t *r, uint32_t batch_ms);
 uint32_t kvp_rpc_commits_pending(const kvp_rpc_t *r);
 void kvp_rpc_set_commit_wake(kvp_rpc_t *r, void (*wake)(void *arg), void *arg);
 

@@ -75,6 +75,18 @@ void kvp_rpc_events_flush(kvp_rpc_t *r)
         kvp_events_flush(r->events);
 }
 
+uint32_t kvp_rpc_events_tick(kvp_rpc_t *r, uint32_t batch_ms)
+{
+    if (!r->events)
+        return UINT32_MAX;
+    uint32_t in = kvp_events_due_in(r->events, kvp_events_now_ms(), batch_ms);
+    if (in == 0) {
+        kvp_events_flush(r->events);
+        return UINT32_MAX;
+    }
+    return in;
+}
+
 /* ---- CacheDump ----------------------------------------------------------------------------- */
 
 static void put_le32(uint8_t *p, uint32_t v)

@@ -206,8 +206,12 @@ static const setting_t settings[] = {
     ROWF(events, topic, events_topic, T_TEXT, "", 0, 0, RESTART,
          "The first frame of every event message (subscribers filter on its prefix)."),
     ROWF(events, buffer_steps, events_buffer_steps, T_U32, "10000", 1, 1000000, RESTART,
-         "Batches kept for replay (1..1000000). The daemon closes a batch once per event-loop "
-         "iteration that changed the cache."),
+         "Batches kept for replay (1..1000000)."),
+    ROWF(events, batch_ms, events_batch_ms, T_U32, "1", 0, 1000, RESTART,
+         "How long a batch gathers events before it is sent, in ms (0..1000; 8,192 block events "
+         "close one sooner). 0: a batch per event-loop iteration that changed the cache, the "
+         "lowest latency; each batch wakes the publisher's thread and ZMQ's, which on a busy "
+         "daemon costs tens of microseconds of CPU a batch (bench_prefix --events)."),
     ROWF(events, hwm, events_hwm, T_U32, "100000", 1, 100000000, RESTART,
          "The PUB socket's high-water mark per subscriber, in batches, and the bound of batches "
          "waiting for the publisher's thread (1..100000000). Past it batches are dropped and "

@@ -126,6 +126,7 @@ typedef struct {
     char events_replay_endpoint[KVP_CONFIG_ENDPOINT_MAX];
     char events_topic[KVP_CONFIG_ENDPOINT_MAX];
     uint32_t events_buffer_steps;
+    uint32_t events_batch_ms;
     uint32_t events_hwm;
     /* [tuning] */
     uint32_t cuda_ready_timeout_ms;

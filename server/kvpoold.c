@@ -42,7 +42,8 @@ typedef struct {
     kvp_http_t *http;        /* the Prometheus endpoint, NULL when metrics_listen is empty */
     kvp_evpub_t *evpub;      /* KV events (issue #29), NULL when events.endpoint is empty */
     kvp_ev_stats_t ev_stats; /* its counters */
-    uv_check_t ev_flush;     /* closes the iteration's batch of events */
+    uv_check_t ev_flush;     /* closes the batch of events when it is due */
+    uv_timer_t ev_timer;     /* ... or when it comes due later (events.batch_ms) */
     kvp_notify_t notify;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick;     /* leases, health, status */
@@ -58,7 +59,7 @@ static void close_handles(daemon_t *d)
     uv_handle_t *hs[] = {(uv_handle_t *)&d->sig_term, (uv_handle_t *)&d->sig_int,
                          (uv_handle_t *)&d->sig_hup,  (uv_handle_t *)&d->tick,
                          (uv_handle_t *)&d->watchdog, (uv_handle_t *)&d->commits,
-                         (uv_handle_t *)&d->ev_flush};
+                         (uv_handle_t *)&d->ev_flush, (uv_handle_t *)&d->ev_timer};
     for (unsigned i = 0; i < sizeof(hs) / sizeof(hs[0]); i++)
         if (!uv_is_closing(hs[i]))
             uv_close(hs[i], NULL);
@@ -253,11 +254,25 @@ static int resolve_group(const char *name, int64_t *gid, char *err, size_t err_l
     return 0;
 }
 
-/* After the callbacks of a loop iteration: the cache changes they made go out as one batch. */
+/* After the callbacks of a loop iteration, and when the open batch comes due: the batch goes
+ * out once it is events.batch_ms old (kvp_rpc_events_tick); until then a timer waits for it. */
+static void on_ev_timer(uv_timer_t *h);
+
+static void ev_tick(daemon_t *d)
+{
+    uint32_t in = kvp_rpc_events_tick(d->rpc, d->cfg.events_batch_ms);
+    if (in != UINT32_MAX && !uv_is_active((uv_handle_t *)&d->ev_timer))
+        uv_timer_start(&d->ev_timer, on_ev_timer, in, 0);
+}
+
+static void on_ev_timer(uv_timer_t *h)
+{
+    ev_tick(h->data);
+}
+
 static void on_ev_flush(uv_check_t *h)
 {
-    daemon_t *d = h->data;
-    kvp_rpc_events_flush(d->rpc);
+    ev_tick(h->data);
 }
 
 /* [events] -> the publisher (before the rpc layer, whose first batch it takes). A bind that
@@ -354,9 +369,12 @@ static int run(daemon_t *d)
     d->watchdog.data = d;
     uv_check_init(d->loop, &d->ev_flush);
     d->ev_flush.data = d;
+    uv_timer_init(d->loop, &d->ev_timer);
+    d->ev_timer.data = d;
+    uv_unref((uv_handle_t *)&d->ev_timer); /* neither keeps a draining daemon up */
     if (d->evpub) {
         uv_check_start(&d->ev_flush, on_ev_flush);
-        uv_unref((uv_handle_t *)&d->ev_flush); /* it does not keep a draining daemon up */
+        uv_unref((uv_handle_t *)&d->ev_flush);
     }
     /* the metrics listener before the socket: once a client can connect, everything the
      * daemon serves is up (a test, or an operator, that waits for the socket can scrape) */

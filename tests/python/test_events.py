@@ -37,8 +37,9 @@ TIER = ["--set", "cache.host_bytes=%d" % (32 * 2048), "--set", "cache.demote_fre
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-def events_args(d, buffer_steps=10000, hwm=100000, topic="kv"):
+def events_args(d, buffer_steps=10000, hwm=100000, topic="kv", batch_ms=1):
     return ["--set", "events.endpoint=ipc://%s/ev.sock" % d,
+            "--set", "events.batch_ms=%d" % batch_ms,
             "--set", "events.replay_endpoint=ipc://%s/replay.sock" % d,
             "--set", "events.topic=" + topic,
             "--set", "events.buffer_steps=%d" % buffer_steps, "--set", "events.hwm=%d" % hwm]
@@ -283,13 +284,12 @@ def test_a_consumer_that_restarts_replays_or_loads_the_snapshot(start, tmp_path)
     c.close()
     # within the buffer: the restarted consumer replays from where it stopped
     reserve_commit(a, 2, OTHER, d=d)
+    seq, snap = dump(d)  # closes the open batch: every batch before seq is sent and buffered
+    assert 0 < seq - last <= 4
     c2 = Consumer(str(tmp_path))
     c2.blocks, c2.next = dict(c.blocks), last
-    got = c2.replay(last)
-    assert got and got[0] == last
-    seq, snap = dump(d)
-    c2.follow(seq)
-    assert c2.blocks == snap
+    assert c2.replay(last) == list(range(last, seq))
+    assert c2.next == seq and c2.blocks == snap
     c2.close()
     # beyond it (more than 4 batches missed): replay starts later than asked, so the consumer
     # loads the snapshot and applies the stream from its next_seq
@@ -330,7 +330,8 @@ def rss_kib(pid):
 
 def test_a_subscriber_that_never_reads_is_bounded_by_the_hwm(start, tmp_path):
     os.chmod(tmp_path, 0o700)
-    d = start(*(GEOM + events_args(tmp_path, buffer_steps=16, hwm=8)))
+    # a batch per loop iteration: many small batches, the most the subscriber's pipe must hold
+    d = start(*(GEOM + events_args(tmp_path, buffer_steps=16, hwm=8, batch_ms=0)))
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
