@@ -69,6 +69,12 @@ int kvp_access_scopes_parse(const char *text, kvp_scope_access_t *out, char *why
         name[nl] = 0;
         if (!kvp_ns_name_valid(name, 0))
             SCOPE_FAIL("scope name \"%s\": only [A-Za-z0-9._:@/+-]", name);
+        /* the forms KV events give private and unlisted scopes (rpc/kvp_rpc_events.c): a
+         * shared scope of such a name would share their block hashes (issue #29) */
+        if (!strncmp(name, "ns:", 3) || !strncmp(name, "uid:", 4))
+            SCOPE_FAIL("scope name \"%s\": \"ns:\" and \"uid:\" begin the names of private "
+                       "and unlisted scopes",
+                       name);
         for (uint32_t i = 0; i < a.count; i++)
             if (!strcmp(a.scopes[i].name, name))
                 SCOPE_FAIL("scope \"%s\" listed twice", name);

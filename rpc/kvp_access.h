@@ -63,8 +63,9 @@ typedef struct {
 } kvp_scope_access_t;
 
 /* Parses text ("" is no shared scope) into *out (self_uid left 0). Returns 0, or KVP_EINVAL
- * with the reason in why: a name that is not a valid name (kvp_ns_name_valid), listed twice,
- * without uids, too many scopes or uids, a uid that is not a number. */
+ * with the reason in why: a name that is not a valid name (kvp_ns_name_valid) or that starts
+ * with "ns:" or "uid:" (how KV events name private and unlisted scopes), listed twice, without
+ * uids, too many scopes or uids, a uid that is not a number. */
 int kvp_access_scopes_parse(const char *text, kvp_scope_access_t *out, char *why, unsigned why_len);
 
 /* For a Hello of uid naming scope `name` (non-empty): 0 with *shared = 1 (a listed scope the

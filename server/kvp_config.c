@@ -189,7 +189,9 @@ static const setting_t settings[] = {
         "Prefix-cache scopes shared across uids, and who may join each: \"name=uid,uid;name2=uid\" "
         "(at most 32 scopes of 16 uids). A Hello naming a listed scope joins it when its uid is "
         "listed (or is root or the daemon's), else gets PERMISSION_DENIED; any other scope name is "
-        "private to the uid that gives it. A shared prefix cache is a timing side channel between "
+        "private to the uid that gives it. Names starting with ns: or uid: are refused (KV events "
+        "name private and unlisted scopes so). A shared prefix cache is a timing side channel "
+        "between "
         "its members: list only uids that trust each other. Default: nothing shared across uids."),
     KVP_RPC_TRANSFER_KEYS(LIMIT) KVP_RPC_CACHE_KEYS(LIMIT) ROWF(
         events, endpoint, events_endpoint, T_ZMQ, "", 0, 0, RESTART,

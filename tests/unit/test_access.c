@@ -2,6 +2,7 @@
 /* test_access.c - the connection and pool-memory policies of [access] (server/kvp_access.h). */
 #include <check.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvp_access.h"
 #include "kvp_error.h"
@@ -51,6 +52,30 @@ START_TEST(lists_replace_the_socket_group)
 END_TEST
 
 /* access.pool_uids / pool_gids: who may receive the pool fds (issue #15 defect 11) */
+/* access.cache_scopes: a shared scope may not take the forms KV events give private
+ * ("ns:<namespace>") and unlisted ("uid:<uid>:<name>") scopes (issue #29): their blocks' hashes
+ * would be the same scope's to a router. */
+START_TEST(shared_scope_names_leave_the_private_forms_alone)
+{
+    kvp_scope_access_t a;
+    char why[160];
+    ck_assert_int_eq(kvp_access_scopes_parse("team=1000,1001;rag.v2=7", &a, why, sizeof(why)), 0);
+    ck_assert_uint_eq(a.count, 2);
+    ck_assert_str_eq(a.scopes[0].name, "team");
+    ck_assert_str_eq(a.scopes[1].name, "rag.v2");
+    const char *bad[] = {"ns:engine-a=1000", "uid:1000:team=1000", "ok=1;uid:=2"};
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        why[0] = 0;
+        ck_assert_int_eq(kvp_access_scopes_parse(bad[i], &a, why, sizeof(why)), KVP_EINVAL);
+        ck_assert_msg(strstr(why, "begin the names of private and unlisted scopes"), "%s: %s",
+                      bad[i], why);
+    }
+    /* "uid" and "ns" alone, or later in a name, are names like any other */
+    ck_assert_int_eq(kvp_access_scopes_parse("uid=1;ns=2;a:uid:b=3", &a, why, sizeof(why)), 0);
+    ck_assert_uint_eq(a.count, 3);
+}
+END_TEST
+
 START_TEST(pool_memory_goes_to_everyone_by_default_else_to_the_listed)
 {
     kvp_pool_access_t p = {.self_uid = 500};
@@ -78,6 +103,7 @@ int main(void)
     tcase_add_test(tc, by_default_the_socket_group_decides);
     tcase_add_test(tc, lists_replace_the_socket_group);
     tcase_add_test(tc, pool_memory_goes_to_everyone_by_default_else_to_the_listed);
+    tcase_add_test(tc, shared_scope_names_leave_the_private_forms_alone);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
