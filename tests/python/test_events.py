@@ -252,12 +252,16 @@ def test_the_stream_rebuilds_the_cache_exactly(evd):
     assert ("BlockRemoved", "GPU") in media and ("BlockStored", "CPU") in media  # demotion
     assert ("BlockRemoved", "CPU") in media  # promotion (and host evictions)
     assert not any(123000 in blk[2] for blk in snap.values()), "a killed worker's pages"
+    # the snapshot read 3 blocks a call is the same; a tenant sees its own scope only
+    op = evd.client("kvpoolctl")
+    whole, paged = op.cache_dump(), op.cache_dump(page_blocks=3)
+    assert paged == whole and len(whole.blocks) == len(snap) > 3
+    assert {(b.medium, b.hash.hex()) for b in whole.blocks} == set(snap)
     # a scope flush removes that scope's blocks; a daemon flush clears and re-announces held ones
     b.cache_flush()
     seq, snap = dump(evd)
     c.follow(seq)
     assert c.blocks == snap and not any(s == "ns:tenant-b" for s, _, _ in snap.values())
-    op = evd.client("kvpoolctl")
     op.cache_flush(all=True)
     seq, snap = dump(evd)
     c.follow(seq)
@@ -309,6 +313,37 @@ def test_a_consumer_that_restarts_replays_or_loads_the_snapshot(start, tmp_path)
     assert c3.blocks == snap
     a.close()
     c3.close()
+
+
+def test_a_tenant_dumps_its_own_scope_only(start, tmp_path):
+    """CacheDump shows an operator every scope, anyone else their namespace's scope."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a client under a second uid")
+    os.chmod(tmp_path, 0o700)
+    d = start(*(GEOM + events_args(tmp_path) + ["--set", "access.allowed_uids=65534",
+                                                 "--set", "server.socket_mode=0666"]))
+    a = d.client("tenant-a")
+    reserve_commit(a, 1, PROMPT, d=d)
+    os.chmod(d.dir, 0o755)
+    code = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, %r)
+        import kvpool
+        c = kvpool.Client(%r, "guest", 0)
+        c.reserve([1], [%d], token_ids=%r)
+        c.commit([1])
+        s = c.cache_dump()
+        print(json.dumps([s.next_seq, sorted({b.scope for b in s.blocks}), len(s.blocks)]))
+    """ % (os.path.join(ROOT, "client", "python"), d.sock, len(OTHER), OTHER))
+    out = subprocess.run([sys.executable, "-c", code], user=65534, capture_output=True,
+                         text=True, timeout=30, env=dict(os.environ))
+    assert out.returncode == 0, out.stdout + out.stderr
+    next_seq, scopes, n = json.loads(out.stdout)
+    assert scopes == ["ns:guest"] and n == len(OTHER) // PS and next_seq >= 1
+    whole = a.cache_dump()  # root: an operator
+    assert sorted({b.scope for b in whole.blocks}) == ["ns:guest", "ns:tenant-a"]
+    assert len(whole.blocks) == (len(PROMPT) + len(OTHER)) // PS
+    a.close()
 
 
 def test_an_endpoint_that_cannot_bind_stops_the_start(tmp_path):

@@ -423,11 +423,11 @@ class Client:
                    1 if all else 0, ctypes.byref(pages))
         return int(pages.value)
 
-    def cache_dump(self) -> CacheSnapshot:
+    def cache_dump(self, page_blocks: int = 0) -> CacheSnapshot:
         """Every findable block of the prefix cache (CacheDump, issue #29: every scope for an
-        operator, this namespace's scope otherwise), read a page at a time, with the snapshot's
-        next_seq (the first page's): a KV-event consumer loads the blocks, then applies event
-        batches from next_seq on."""
+        operator, this namespace's scope otherwise), read a page at a time (page_blocks blocks
+        a call; 0: as many as fit), with the snapshot's next_seq (the first page's): a KV-event
+        consumer loads the blocks, then applies event batches from next_seq on."""
         recs = ctypes.create_string_buffer(_lib.KVP_CACHE_DUMP_MAX_BYTES)
         names = ctypes.create_string_buffer(_lib.KVP_CACHE_DUMP_MAX_BYTES)
         d = _lib.kvp_cache_dump_t(records=ctypes.cast(recs, ctypes.c_void_p),
@@ -437,7 +437,7 @@ class Client:
         blocks: List[CachedBlock] = []
         cursor, first = 0, None
         while True:
-            self._call(self._lib.kvp_client_cache_dump, cursor, 0, ctypes.byref(d))
+            self._call(self._lib.kvp_client_cache_dump, cursor, page_blocks, ctypes.byref(d))
             if first is None:
                 first = (int(d.next_seq), bool(d.events), int(d.block_size))
             raw = recs.raw[:d.num_blocks * d.record_bytes]
