@@ -24,6 +24,7 @@ struct kvp_events {
     uint64_t open_ms; /* when the open batch took its first record (CLOCK_MONOTONIC) */
     uint64_t next_seq;
     uint64_t lost;
+    uint32_t last_n, last_ntok, last_nnames; /* the last batch's sizes: the next one's start */
     /* the open batch's last scope and where its name is */
     uint32_t last_scope, last_off;
     kvp_pagekey_t last_tag;
@@ -90,6 +91,13 @@ static kvp_ev_batch_t *open_batch(kvp_events_t *e)
             return NULL;
         e->open->block_size = e->block_size;
         e->last_scope = UINT32_MAX;
+        /* room for as much as the last batch held, so a batch grows by realloc rarely (each
+         * growth copies it); a failure here only leaves the room to grow later */
+        kvp_ev_batch_t *b = e->open;
+        if (e->last_n && reserve((void **)&b->rec, &b->cap, 0, e->last_n, sizeof(*b->rec)) == 0)
+            (void)reserve((void **)&b->tok, &b->tokcap, 0, e->last_ntok, 4);
+        if (e->last_nnames)
+            (void)reserve((void **)&b->names, &b->namescap, 0, e->last_nnames, 1);
         e->open_ms = kvp_events_now_ms();
     }
     return e->open;
@@ -189,6 +197,9 @@ void kvp_events_flush(kvp_events_t *e)
     clock_gettime(CLOCK_REALTIME, &ts);
     b->ts = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     b->seq = e->next_seq++;
+    e->last_n = b->n;
+    e->last_ntok = b->ntok;
+    e->last_nnames = b->nnames;
     e->open = NULL;
     e->sink(e->sink_ctx, b);
 }

@@ -261,7 +261,10 @@ static void on_ev_timer(uv_timer_t *h);
 static void ev_tick(daemon_t *d)
 {
     uint32_t in = kvp_rpc_events_tick(d->rpc, d->cfg.events_batch_ms);
-    if (in != UINT32_MAX && !uv_is_active((uv_handle_t *)&d->ev_timer))
+    /* a timer only while a batch waits: one the loop already closed must not wake it again */
+    if (in == UINT32_MAX)
+        uv_timer_stop(&d->ev_timer);
+    else if (!uv_is_active((uv_handle_t *)&d->ev_timer))
         uv_timer_start(&d->ev_timer, on_ev_timer, in, 0);
 }
 
