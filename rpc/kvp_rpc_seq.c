@@ -534,9 +534,11 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
         return KVP_RPC_DONE;
     }
     const uint32_t ps = r->backend->geom.page_size;
+    int seq_was_new = 0;
     if (reuse) {
         /* the prefix the source does not hold must be found whole, or nothing changes */
         const kvp_seq_t *cur = kvp_seqtab_find(r->seqs, s->ns, r->items[0].seq_id);
+        seq_was_new = cur == NULL;
         kvp_pagekey_t root;
         kvp_pagekey_root(r->content[0].salt, r->content[0].salt_len, &root);
         uint32_t gpu_pages; /* with a host tier, what it holds is restored: found too */
@@ -584,6 +586,22 @@ int kvp__rpc_append(kvp_rpc_t *r, kvp_session_t *s, const kvpool_Request *req, k
         kvp__rpc_count_alloc_failure(r, rc);
         kvp_rpc_error(resp, id, rc, "%s (batch item %u)", kvp__rpc_plan_error_text(rc),
                       r->plan.fail_index);
+        return KVP_RPC_DONE;
+    }
+    if (reuse && r->plan.cached_tokens[0] < q->skip_tokens) {
+        /* the planner linked less than the lookup above found (a found page it could not link):
+         * the source lacks rows the append needs, and its offsets would start before the
+         * buffer (fuzz_rpc found it). Undo the plan: the sequence as it was. */
+        const uint32_t linked = (uint32_t)r->plan.cached_tokens[0];
+        kvp__rpc_tier_drop_restores(r);
+        if (seq_was_new)
+            kvp_seqtab_release(r->seqs, s->ns, r->items[0].seq_id);
+        else
+            kvp_seqtab_truncate(r->seqs, s->ns, r->items[0].seq_id, 0, now_ms);
+        kvp_rpc_error(resp, id, KVP_EPRECOND,
+                      "only %u of the %u tokens skip_tokens names could be linked now: send "
+                      "their rows",
+                      linked, q->skip_tokens);
         return KVP_RPC_DONE;
     }
     r->counters.pages_allocated_total += r->plan.num_new_pages;
