@@ -211,9 +211,14 @@ uint64_t kvp_events_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+int kvp_events_open(const kvp_events_t *e)
+{
+    return e->open && e->open->n;
+}
+
 uint32_t kvp_events_due_in(const kvp_events_t *e, uint64_t now_ms, uint32_t batch_ms)
 {
-    if (!e->open || e->open->n == 0)
+    if (!kvp_events_open(e))
         return UINT32_MAX;
     const uint64_t due = e->open_ms + batch_ms;
     if (e->open->n >= KVP_EV_BATCH_MAX_RECORDS || now_ms >= due)

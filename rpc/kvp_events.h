@@ -151,6 +151,8 @@ void kvp_events_flush(kvp_events_t *e);
  * clock (kvp_events_now_ms). */
 #define KVP_EV_BATCH_MAX_RECORDS 8192u
 uint32_t kvp_events_due_in(const kvp_events_t *e, uint64_t now_ms, uint32_t batch_ms);
+/* 1 when a batch is open (holds a record). */
+int kvp_events_open(const kvp_events_t *e);
 /* CLOCK_MONOTONIC in ms: the clock of batch ages. */
 uint64_t kvp_events_now_ms(void);
 

@@ -79,7 +79,10 @@ uint32_t kvp_rpc_events_tick(kvp_rpc_t *r, uint32_t batch_ms)
 {
     if (!r->events)
         return UINT32_MAX;
-    uint32_t in = kvp_events_due_in(r->events, kvp_events_now_ms(), batch_ms);
+    /* the loop calls this every iteration: no clock read without an open batch */
+    uint32_t in = kvp_events_open(r->events)
+                      ? kvp_events_due_in(r->events, kvp_events_now_ms(), batch_ms)
+                      : UINT32_MAX;
     if (in == 0) {
         kvp_events_flush(r->events);
         return UINT32_MAX;

@@ -91,7 +91,7 @@
 #define HIT_PAGES    4096u  /* the hit pool (and the daemon's): room for two prompts */
 #define EVICT_PAGES  65536u /* the eviction pool: 32 prompts */
 
-static uint64_t now_ns(void)
+uint64_t bench_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -105,7 +105,7 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* Sorts v[n] and returns its q-quantile (q in [0, 1]). */
-static uint64_t quantile(uint64_t *v, uint32_t n, double q)
+uint64_t bench_quantile(uint64_t *v, uint32_t n, double q)
 {
     qsort(v, n, sizeof(uint64_t), cmp_u64);
     uint32_t i = (uint32_t)(q * (double)n);
@@ -188,15 +188,15 @@ static double bench_hash(uint32_t calls)
     uint64_t check = 0;
     for (uint32_t i = 0; i < calls + 20; i++) { /* 20 warm-up calls */
         const int32_t *t = tok + (size_t)(i % HASH_PROMPTS) * PROMPT;
-        uint64_t t0 = now_ns();
+        uint64_t t0 = bench_now_ns();
         uint32_t n = kvp_pagekey_chain(root, t, PROMPT, PS, keys, PROMPT_PAGES);
-        uint64_t dt = now_ns() - t0;
+        uint64_t dt = bench_now_ns() - t0;
         check ^= keys[n - 1].lo;
         if (i >= 20)
             ns[i - 20] = dt;
     }
-    uint64_t p01 = quantile(ns, calls, 0.01), p50 = quantile(ns, calls, 0.5),
-             p99 = quantile(ns, calls, 0.99);
+    uint64_t p01 = bench_quantile(ns, calls, 0.01), p50 = bench_quantile(ns, calls, 0.5),
+             p99 = bench_quantile(ns, calls, 0.99);
     double med = (double)PROMPT * 1e9 / (double)p50;
     printf("1. content keys of a %u-token prompt, page %u, one core, %u calls (check %016llx)\n",
            PROMPT, PS, calls, (unsigned long long)check);
@@ -252,10 +252,10 @@ static hit_result_t bench_hit(uint32_t rounds)
         for (uint32_t r = 0; r < rounds + warm; r++) {
             it.seq_id = ++id;
             now++;
-            uint64_t t0 = now_ns();
+            uint64_t t0 = bench_now_ns();
             int rc = way < 2 ? kvp_plan_append_cached(k.t, &it, &ct, 1, &lim, &cache, now, &k.p)
                              : kvp_plan_append(k.t, &it, 1, &lim, now, &k.p);
-            uint64_t t1 = now_ns();
+            uint64_t t1 = bench_now_ns();
             if (rc)
                 die("a reserve failed");
             const uint32_t want = way == 0 ? PROMPT : way == 1 ? PROMPT - PS : 0;
@@ -266,7 +266,7 @@ static hit_result_t bench_hit(uint32_t rounds)
                 die("a hit did not link what the prompt has cached");
             if (kvp_seqtab_release(k.t, 0, it.seq_id))
                 die("a release failed");
-            uint64_t t2 = now_ns();
+            uint64_t t2 = bench_now_ns();
             if (r >= warm) {
                 res_ns[r - warm] = t1 - t0;
                 rel_ns[r - warm] = t2 - t1;
@@ -276,8 +276,10 @@ static hit_result_t bench_hit(uint32_t rounds)
         char msg[256];
         if (kvp_pcache_audit(k.c, msg, sizeof(msg)))
             die(msg);
-        uint64_t r50 = quantile(res_ns, rounds, 0.5), r99 = quantile(res_ns, rounds, 0.99);
-        uint64_t l50 = quantile(rel_ns, rounds, 0.5), s50 = quantile(sum_ns, rounds, 0.5);
+        uint64_t r50 = bench_quantile(res_ns, rounds, 0.5),
+                 r99 = bench_quantile(res_ns, rounds, 0.99);
+        uint64_t l50 = bench_quantile(rel_ns, rounds, 0.5),
+                 s50 = bench_quantile(sum_ns, rounds, 0.5);
         static const char *const names[] = {"reuse, fully cached (2,048 pages linked)",
                                             "reuse + leave_last (2,047 linked, 1 new)",
                                             "no token ids (2,048 free pages)"};
@@ -344,9 +346,9 @@ static evict_result_t bench_evict(uint32_t rounds, uint32_t np)
     for (uint32_t r = 0; r < rounds + 1; r++) { /* round 0 warms up */
         /* the allocator alone: every page evicted, then freed (no longer keyed) */
         fill_cache(&k, np, tok, &id, ++now);
-        uint64_t t0 = now_ns();
+        uint64_t t0 = bench_now_ns();
         int rc = kvp_alloc_reserve(k.a, np, pages);
-        uint64_t t1 = now_ns();
+        uint64_t t1 = bench_now_ns();
         if (rc || kvp_alloc_num_cached(k.a) != 0)
             die("kvp_alloc_reserve did not evict every page");
         for (uint32_t i = 0; i < np; i++)
@@ -354,9 +356,9 @@ static evict_result_t bench_evict(uint32_t rounds, uint32_t np)
         if (kvp_alloc_num_free(k.a) != np)
             die("evicted pages did not come back free");
         /* the same from the free stack, for comparison */
-        uint64_t t2 = now_ns();
+        uint64_t t2 = bench_now_ns();
         rc = kvp_alloc_reserve(k.a, np, pages);
-        uint64_t t3 = now_ns();
+        uint64_t t3 = bench_now_ns();
         if (rc)
             die("kvp_alloc_reserve of free pages failed");
         for (uint32_t i = 0; i < np; i++)
@@ -364,9 +366,9 @@ static evict_result_t bench_evict(uint32_t rounds, uint32_t np)
         /* through the planner: one sequence that takes every page */
         fill_cache(&k, np, tok, &id, ++now);
         kvp_plan_item_t it = {.ns = 0, .seq_id = ++id, .num_tokens = np * PS};
-        uint64_t t4 = now_ns();
+        uint64_t t4 = bench_now_ns();
         rc = kvp_plan_append(k.t, &it, 1, &lim, ++now, &k.p);
-        uint64_t t5 = now_ns();
+        uint64_t t5 = bench_now_ns();
         if (rc || k.p.num_evicted != np || k.p.num_new_pages != np)
             die("the plan did not evict every page");
         if (kvp_seqtab_release(k.t, 0, it.seq_id))
@@ -381,9 +383,9 @@ static evict_result_t bench_evict(uint32_t rounds, uint32_t np)
     char msg[256];
     if (kvp_pcache_audit(k.c, msg, sizeof(msg)))
         die(msg);
-    uint64_t a50 = quantile(a_ns, rounds, 0.5), p50 = quantile(p_ns, rounds, 0.5),
-             f50 = quantile(f_ns, rounds, 0.5);
-    uint64_t amin = quantile(a_ns, rounds, 0), amax = quantile(a_ns, rounds, 1);
+    uint64_t a50 = bench_quantile(a_ns, rounds, 0.5), p50 = bench_quantile(p_ns, rounds, 0.5),
+             f50 = bench_quantile(f_ns, rounds, 0.5);
+    uint64_t amin = bench_quantile(a_ns, rounds, 0), amax = bench_quantile(a_ns, rounds, 1);
     res.alloc_pps = np * 1e9 / (double)a50;
     res.plan_pps = np * 1e9 / (double)p50;
     res.free_pps = np * 1e9 / (double)f50;
@@ -525,9 +527,9 @@ static socket_result_t bench_socket(uint32_t requests)
     for (uint32_t r = 0; r < requests + warm; r++) {
         /* hit: a new sequence reusing the prompt (its release is not timed) */
         ++id;
-        uint64_t t0 = now_ns();
+        uint64_t t0 = bench_now_ns();
         int rc = kvp_client_reserve_cached(c, &id, &n, 1, &reuse, &table);
-        uint64_t t1 = now_ns();
+        uint64_t t1 = bench_now_ns();
         if (rc || cached[0] != PROMPT || table.num_indices != PROMPT_PAGES) {
             fprintf(stderr, "bench_prefix: a hit Reserve: rc %d, %u cached tokens: %s\n", rc,
                     cached[0], kvp_client_last_error(c));
@@ -537,9 +539,9 @@ static socket_result_t bench_socket(uint32_t requests)
             goto out;
         /* cold: the same size without token ids */
         ++id;
-        uint64_t t2 = now_ns();
+        uint64_t t2 = bench_now_ns();
         rc = kvp_client_reserve(c, &id, &n, 1, &table);
-        uint64_t t3 = now_ns();
+        uint64_t t3 = bench_now_ns();
         if (rc || table.num_indices != PROMPT_PAGES) {
             fprintf(stderr, "bench_prefix: a cold Reserve: %s\n", kvp_client_last_error(c));
             goto out;
@@ -549,24 +551,24 @@ static socket_result_t bench_socket(uint32_t requests)
         /* Lookup of the whole prompt: the same hashing and finding, no side effect (not a
          * mutating call: no retry window, no page table) */
         uint32_t found = 0;
-        uint64_t t7 = now_ns();
+        uint64_t t7 = bench_now_ns();
         rc = kvp_client_lookup(c, tok, &n, 1, NULL, NULL, &found);
-        uint64_t t8 = now_ns();
+        uint64_t t8 = bench_now_ns();
         if (rc || found != PROMPT) {
             fprintf(stderr, "bench_prefix: a Lookup: rc %d, %u found: %s\n", rc, found,
                     kvp_client_last_error(c));
             goto out;
         }
-        uint64_t t4 = now_ns();
+        uint64_t t4 = bench_now_ns();
         if (kvp_client_ping(c, NULL))
             goto out;
-        uint64_t t5 = now_ns(), t6 = t5;
+        uint64_t t5 = bench_now_ns(), t6 = t5;
         if (rfd >= 0) {
             if (kvp_redis_ping(rfd)) {
                 fprintf(stderr, "bench_prefix: Redis PING failed\n");
                 goto out;
             }
-            t6 = now_ns();
+            t6 = bench_now_ns();
         }
         if (r >= warm) {
             hit[r - warm] = t1 - t0;
@@ -583,13 +585,13 @@ static socket_result_t bench_socket(uint32_t requests)
                cs.cached_pages, (unsigned long long)cs.hit_tokens_total,
                (unsigned long long)cs.query_tokens_total, (unsigned long long)cs.bytes, HIT_PAGES,
                (double)cs.bytes / HIT_PAGES);
-    res.hit_p50 = quantile(hit, requests, 0.5) / 1e3;
-    res.hit_p99 = quantile(hit, requests, 0.99) / 1e3;
-    res.cold_p50 = quantile(cold, requests, 0.5) / 1e3;
-    res.cold_p99 = quantile(cold, requests, 0.99) / 1e3;
-    res.ping_p50 = quantile(ping, requests, 0.5) / 1e3;
-    res.lookup_p50 = quantile(look, requests, 0.5) / 1e3;
-    res.redis_p50 = res.have_redis ? quantile(rping, requests, 0.5) / 1e3 : 0;
+    res.hit_p50 = bench_quantile(hit, requests, 0.5) / 1e3;
+    res.hit_p99 = bench_quantile(hit, requests, 0.99) / 1e3;
+    res.cold_p50 = bench_quantile(cold, requests, 0.5) / 1e3;
+    res.cold_p99 = bench_quantile(cold, requests, 0.99) / 1e3;
+    res.ping_p50 = bench_quantile(ping, requests, 0.5) / 1e3;
+    res.lookup_p50 = bench_quantile(look, requests, 0.5) / 1e3;
+    res.redis_p50 = res.have_redis ? bench_quantile(rping, requests, 0.5) / 1e3 : 0;
     res.ok = 1;
     printf("\n   Reserve of a new %u-token sequence over the socket, real kvpoold (host backend, "
            "4,096 pages of 16, 2 layers, H 2, D 16), one client, %u rounds, each: hit, cold, "
@@ -601,12 +603,12 @@ static socket_result_t bench_socket(uint32_t requests)
     printf("   %-52s %10.1f %10.1f\n", "cold: no token ids, 2,048 free pages", res.cold_p50,
            res.cold_p99);
     printf("   %-52s %10.1f %10.1f\n", "Lookup of the prompt (no side effect)", res.lookup_p50,
-           quantile(look, requests, 0.99) / 1e3);
+           bench_quantile(look, requests, 0.99) / 1e3);
     printf("   %-52s %10.1f %10.1f\n", "kvpool Ping", res.ping_p50,
-           quantile(ping, requests, 0.99) / 1e3);
+           bench_quantile(ping, requests, 0.99) / 1e3);
     if (res.have_redis)
         printf("   %-52s %10.1f %10.1f\n", "Redis PING (unix socket)", res.redis_p50,
-               quantile(rping, requests, 0.99) / 1e3);
+               bench_quantile(rping, requests, 0.99) / 1e3);
     else
         printf("   %-52s %10s %10s (no redis-server)\n", "Redis PING", "-", "-");
 out:
@@ -708,9 +710,9 @@ static void *fair_flood_main(void *arg)
     if (fair_connect(f->sock, "flood", &c, f->err, sizeof(f->err)))
         goto fail;
     while (!atomic_load(f->stop)) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = bench_now_ns();
         int rc = kvp_client_lookup(c, f->tok, f->lens, f->n, NULL, NULL, cached);
-        uint64_t t1 = now_ns();
+        uint64_t t1 = bench_now_ns();
         if (rc || !fair_all_found(cached, f->n)) {
             snprintf(f->err, sizeof(f->err), "a flood Lookup: rc %d, %s", rc,
                      rc ? kvp_client_last_error(c) : "not every prompt found whole");
@@ -742,10 +744,10 @@ static int fair_pings(kvp_client_t *c, uint64_t *ns, uint32_t pings, fair_lat_t 
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         struct timespec gap = {0, (long)(x % 1000000)};
         nanosleep(&gap, NULL);
-        uint64_t t0 = now_ns();
+        uint64_t t0 = bench_now_ns();
         if (kvp_client_ping(c, NULL))
             return -1;
-        uint64_t t1 = now_ns();
+        uint64_t t1 = bench_now_ns();
         if (r == 20)
             start = t0;
         if (r >= 20) {
@@ -755,10 +757,10 @@ static int fair_pings(kvp_client_t *c, uint64_t *ns, uint32_t pings, fair_lat_t 
         }
     }
     out->n = n;
-    out->secs = (double)(now_ns() - start) / 1e9;
-    out->p50_us = quantile(ns, n, 0.5) / 1e3;
-    out->p99_us = quantile(ns, n, 0.99) / 1e3;
-    out->max_us = quantile(ns, n, 1.0) / 1e3;
+    out->secs = (double)(bench_now_ns() - start) / 1e9;
+    out->p50_us = bench_quantile(ns, n, 0.5) / 1e3;
+    out->p99_us = bench_quantile(ns, n, 0.99) / 1e3;
+    out->max_us = bench_quantile(ns, n, 1.0) / 1e3;
     return 0;
 }
 
@@ -855,15 +857,15 @@ static fair_result_t fair_run(const char *const *extra, uint32_t pings, uint32_t
     res.lookup_tokens = n * FAIR_PROMPT;
     /* the Lookup alone: the loop's time per call, nothing else running */
     for (uint32_t r = 0; r < FAIR_ALONE_CALLS; r++) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = bench_now_ns();
         int rc = kvp_client_lookup(setup, tok, lens, n, NULL, NULL, cached);
-        ns[r] = now_ns() - t0;
+        ns[r] = bench_now_ns() - t0;
         if (rc || !fair_all_found(cached, n)) {
             fprintf(stderr, "bench_prefix: a Lookup alone: %s\n", kvp_client_last_error(setup));
             goto out;
         }
     }
-    res.alone_p50_us = quantile(ns, FAIR_ALONE_CALLS, 0.5) / 1e3;
+    res.alone_p50_us = bench_quantile(ns, FAIR_ALONE_CALLS, 0.5) / 1e3;
     if (fair_pings(by, ns, pings, &res.idle)) {
         fprintf(stderr, "bench_prefix: an idle Ping: %s\n", kvp_client_last_error(by));
         goto out;
@@ -889,9 +891,9 @@ static fair_result_t fair_run(const char *const *extra, uint32_t pings, uint32_t
     uint32_t before = 0;
     for (uint32_t i = 0; i < started; i++)
         before += atomic_load(&fl[i].done);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = bench_now_ns();
     int ping_rc = started == floods ? fair_pings(by, ns, pings, &res.flood) : -1;
-    uint64_t t1 = now_ns();
+    uint64_t t1 = bench_now_ns();
     atomic_store(&stop, 1);
     res.flood_secs = (double)(t1 - t0) / 1e9;
     for (uint32_t i = 0; i < started; i++)
@@ -921,7 +923,7 @@ static fair_result_t fair_run(const char *const *extra, uint32_t pings, uint32_t
         goto out;
     }
     res.flood_lookups = after - before;
-    res.flood_p50_us = quantile(all, m, 0.5) / 1e3;
+    res.flood_p50_us = bench_quantile(all, m, 0.5) / 1e3;
     res.ok = 1;
 out:
     atomic_store(&stop, 1);

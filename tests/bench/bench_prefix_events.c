@@ -54,31 +54,10 @@
 #define EV_PAGES    (EV_TOKENS / EV_PS)   /* c): its pages (32) */
 #define EV_POOL     "pool.num_pages=4096" /* c): the daemons' pool: full after 128 rounds */
 
-static uint64_t ev_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void ev_sleep_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
-}
-
-static int ev_cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts v[n] and returns its q-quantile (q in [0, 1]). */
-static uint64_t ev_quantile(uint64_t *v, uint32_t n, double q)
-{
-    qsort(v, n, sizeof(uint64_t), ev_cmp_u64);
-    uint32_t i = (uint32_t)(q * (double)n);
-    return v[i < n ? i : n - 1];
 }
 
 static void *ev_alloc(size_t n)
@@ -207,9 +186,9 @@ static double ev_encode_rate(kvp_ev_batch_t *const *src, uint32_t batches, uint3
     double rate = 0;
     for (uint32_t i = 0; i < warm + batches; i++) {
         uint32_t nev = 0;
-        uint64_t t0 = ev_now_ns();
+        uint64_t t0 = bench_now_ns();
         int rc = kvp_ev_encode(src[i % EV_DISTINCT], 0, &out, &nev);
-        uint64_t t1 = ev_now_ns();
+        uint64_t t1 = bench_now_ns();
         if (rc) {
             fprintf(stderr, "bench_prefix: kvp_ev_encode: %d\n", rc);
             goto out;
@@ -219,7 +198,7 @@ static double ev_encode_rate(kvp_ev_batch_t *const *src, uint32_t batches, uint3
         *events = nev;
         *bytes = out.len;
     }
-    uint64_t med = ev_quantile(ns, batches, 0.5);
+    uint64_t med = bench_quantile(ns, batches, 0.5);
     rate = EV_CHAIN * 1e9 / (double)(med ? med : 1);
 out:
     kvp_ev_buf_free(&out);
@@ -326,7 +305,7 @@ static uint64_t ev_wait_done(kvp_ev_stats_t *st, uint64_t want, uint64_t deadlin
     uint64_t done;
     while ((done = ev_load(&st->batches) + ev_load(&st->dropped_hwm) +
                    ev_load(&st->dropped_queue)) < want &&
-           ev_now_ns() < deadline)
+           bench_now_ns() < deadline)
         ev_sleep_us(poll_us);
     return done;
 }
@@ -367,26 +346,26 @@ static int ev_bench_publish(kvp_ev_batch_t *const *src, uint32_t n, bench_events
         goto out;
     reading = 1;
     /* the subscription must have reached the publisher, else its first batches go nowhere */
-    uint64_t deadline = ev_now_ns() + 5000000000ull;
-    while (ev_load(&st.subscribers) < 1 && ev_now_ns() < deadline)
+    uint64_t deadline = bench_now_ns() + 5000000000ull;
+    while (ev_load(&st.subscribers) < 1 && bench_now_ns() < deadline)
         ev_sleep_us(1000);
     if (ev_load(&st.subscribers) < 1) {
         fprintf(stderr, "bench_prefix: the publisher saw no subscriber in 5 s\n");
         goto out;
     }
     /* throughput: everything at once, as fast as the loop could hand it over */
-    const uint64_t t0 = ev_now_ns();
+    const uint64_t t0 = bench_now_ns();
     for (; handed < bulk; handed++)
         kvp_evpub_submit(p, q[handed]);
-    const uint64_t t_sub = ev_now_ns();
+    const uint64_t t_sub = bench_now_ns();
     /* at least 10 s, or 100 us a batch, before giving up */
     const uint64_t done = ev_wait_done(&st, bulk, t0 + 10000000000ull + bulk * 100000ull, 100);
-    const uint64_t t1 = ev_now_ns();
+    const uint64_t t1 = bench_now_ns();
     const uint64_t sent = ev_load(&st.batches);
     deadline = t1 + 10000000000ull;
-    while (ev_load(&rd.msgs) < sent && ev_now_ns() < deadline)
+    while (ev_load(&rd.msgs) < sent && bench_now_ns() < deadline)
         ev_sleep_us(100);
-    const uint64_t t2 = ev_now_ns();
+    const uint64_t t2 = bench_now_ns();
     const uint64_t got = ev_load(&rd.msgs), got_bytes = ev_load(&rd.bytes);
     if (done < bulk)
         fprintf(stderr, "bench_prefix: the publisher accounted for %llu of %u batches in %.1f s\n",
@@ -399,10 +378,10 @@ static int ev_bench_publish(kvp_ev_batch_t *const *src, uint32_t n, bench_events
     /* the loop's side of one hand-over to an idle thread (what a daemon's loop iteration
      * usually meets): the submit call alone, which wakes the thread through its eventfd */
     for (uint32_t i = 0; i < idle; i++, handed++) {
-        const uint64_t s0 = ev_now_ns();
+        const uint64_t s0 = bench_now_ns();
         kvp_evpub_submit(p, q[handed]);
-        ins[i] = ev_now_ns() - s0;
-        if (ev_wait_done(&st, (uint64_t)handed + 1, ev_now_ns() + 5000000000ull, 20) <
+        ins[i] = bench_now_ns() - s0;
+        if (ev_wait_done(&st, (uint64_t)handed + 1, bench_now_ns() + 5000000000ull, 20) <
             (uint64_t)handed + 1) {
             fprintf(stderr, "bench_prefix: an idle publisher did not send a batch in 5 s\n");
             goto out;
@@ -412,7 +391,7 @@ static int ev_bench_publish(kvp_ev_batch_t *const *src, uint32_t n, bench_events
     res->pub_received = got;
     res->pub_bps = (double)bulk * EV_CHAIN * 1e9 / (double)(t1 - t0);
     res->pub_delivered_bps = got == sent ? (double)got * EV_CHAIN * 1e9 / (double)(t2 - t0) : 0;
-    res->pub_idle_submit_ns = idle ? (double)ev_quantile(ins, idle, 0.5) : 0;
+    res->pub_idle_submit_ns = idle ? (double)bench_quantile(ins, idle, 0.5) : 0;
     res->pub_ok = 1;
     rc = 0;
     printf("   publisher (kvp_evpub: its thread encodes and sends; ipc://, hwm 1,000,000, a SUB "
@@ -433,7 +412,7 @@ static int ev_bench_publish(kvp_ev_batch_t *const *src, uint32_t n, bench_events
                (unsigned long long)sent);
     printf("     then %u more one at a time to the idle thread: kvp_evpub_submit p50 %.0f ns "
            "(p99 %.0f); dropped in all: hwm %llu, queue %llu\n",
-           idle, res->pub_idle_submit_ns, idle ? (double)ev_quantile(ins, idle, 0.99) : 0.0,
+           idle, res->pub_idle_submit_ns, idle ? (double)bench_quantile(ins, idle, 0.99) : 0.0,
            (unsigned long long)ev_load(&st.dropped_hwm),
            (unsigned long long)ev_load(&st.dropped_queue));
 out:
@@ -460,11 +439,11 @@ static int ev_bench_observe(ev_chains_t *ch, uint32_t batches, bench_events_resu
     const uint32_t warm = batches / 10 + EV_DISTINCT;
     for (uint32_t i = 0; i < warm + batches; i++) {
         const kvp_pcache_event_t *ev = ch->stored[i % EV_DISTINCT];
-        uint64_t t0 = ev_now_ns();
+        uint64_t t0 = bench_now_ns();
         for (uint32_t j = 0; j < EV_CHAIN; j++)
             kvp_events_observe(e, &ev[j]);
         kvp_events_flush(e);
-        uint64_t t1 = ev_now_ns();
+        uint64_t t1 = bench_now_ns();
         if (i >= warm)
             ns[i - warm] = t1 - t0;
     }
@@ -475,13 +454,14 @@ static int ev_bench_observe(ev_chains_t *ch, uint32_t batches, bench_events_resu
                 (unsigned long long)recs, (unsigned long long)want,
                 (unsigned long long)kvp_events_lost(e));
     } else {
-        res->obs_ns = (double)ev_quantile(ns, batches, 0.5) / EV_CHAIN;
+        res->obs_ns = (double)bench_quantile(ns, batches, 0.5) / EV_CHAIN;
         res->obs_ok = 1;
         rc = 0;
         printf("   the loop's cost (kvp_events_observe of %u stored 16-token blocks, then "
                "kvp_events_flush into a sink that frees): %.1f ns per block event (median of "
                "%u batches; p99 %.1f)\n",
-               EV_CHAIN, res->obs_ns, batches, (double)ev_quantile(ns, batches, 0.99) / EV_CHAIN);
+               EV_CHAIN, res->obs_ns, batches,
+               (double)bench_quantile(ns, batches, 0.99) / EV_CHAIN);
     }
     kvp_events_destroy(e);
     free(ns);
@@ -615,18 +595,18 @@ static int ev_side_round(ev_side_t *s, const int32_t *tok, kvp_page_table_t *t,
     uint64_t id = ++s->next_id;
     const uint32_t n = EV_TOKENS;
     kvp_cache_opts_t o = {.token_ids = tok, .reuse = 1, .priority = -1};
-    uint64_t t0 = ev_now_ns();
+    uint64_t t0 = bench_now_ns();
     int rc = kvp_client_reserve_cached(s->c, &id, &n, 1, &o, t);
-    uint64_t t1 = ev_now_ns();
+    uint64_t t1 = bench_now_ns();
     if (rc || t->num_indices != EV_PAGES || cached[0] != 0) {
         fprintf(stderr, "bench_prefix: a Reserve (events %s): rc %d, %u pages, %u cached: %s\n",
                 s->name, rc, t->num_indices, cached[0], kvp_client_last_error(s->c));
         return -1;
     }
     uint32_t pages = 0, published = 0;
-    uint64_t t2 = ev_now_ns();
+    uint64_t t2 = bench_now_ns();
     rc = kvp_client_commit(s->c, &id, 1, NULL, &pages, &published);
-    uint64_t t3 = ev_now_ns();
+    uint64_t t3 = bench_now_ns();
     if (rc || published != EV_PAGES) {
         fprintf(stderr, "bench_prefix: a Commit (events %s): rc %d, %u of %u published: %s\n",
                 s->name, rc, published, pages, kvp_client_last_error(s->c));
@@ -678,9 +658,9 @@ static int ev_bench_daemons(uint32_t rounds, bench_events_result_t *res)
         goto out;
     reading = 1;
     uint64_t subs = 0, b0 = 0;
-    uint64_t deadline = ev_now_ns() + 5000000000ull;
+    uint64_t deadline = bench_now_ns() + 5000000000ull;
     while (!ev_side_metric(&side[0], mtext, mcap, "kvpool_events_subscribers", &subs) && subs < 1 &&
-           ev_now_ns() < deadline)
+           bench_now_ns() < deadline)
         ev_sleep_us(2000);
     if (subs < 1) {
         fprintf(stderr, "bench_prefix: the events daemon saw no subscriber in 5 s\n");
@@ -689,7 +669,7 @@ static int ev_bench_daemons(uint32_t rounds, bench_events_result_t *res)
     if (ev_side_metric(&side[0], mtext, mcap, "kvpool_events_batches_total", &b0))
         goto out;
     const uint64_t got0 = ev_load(&rd.msgs);
-    const uint64_t t0 = ev_now_ns();
+    const uint64_t t0 = bench_now_ns();
     ev_cpu_t cpu0[2] = {{0}}, cpu1[2];
     for (uint32_t r = 0; r < warm + rounds; r++) {
         if (r == warm)
@@ -706,7 +686,7 @@ static int ev_bench_daemons(uint32_t rounds, bench_events_result_t *res)
                 s->res_ns[r - warm] = rn, s->com_ns[r - warm] = cn;
         }
     }
-    const double secs = (double)(ev_now_ns() - t0) / 1e9;
+    const double secs = (double)(bench_now_ns() - t0) / 1e9;
     for (int k = 0; k < 2; k++)
         cpu1[k] = ev_proc_cpu(side[k].d.pid);
     res->cpu_us_on = (double)(cpu1[0].all - cpu0[0].all) / 1e3 / rounds;
@@ -715,9 +695,9 @@ static int ev_bench_daemons(uint32_t rounds, bench_events_result_t *res)
     const double zmq_us = (double)(cpu1[0].zmq - cpu0[0].zmq) / 1e3 / rounds;
     /* every batch the daemon sent since the subscription counted must reach the SUB */
     uint64_t sent = 0;
-    deadline = ev_now_ns() + 10000000000ull;
+    deadline = bench_now_ns() + 10000000000ull;
     while (!ev_side_metric(&side[0], mtext, mcap, "kvpool_events_batches_total", &sent) &&
-           ev_load(&rd.msgs) - got0 < sent - b0 && ev_now_ns() < deadline)
+           ev_load(&rd.msgs) - got0 < sent - b0 && bench_now_ns() < deadline)
         ev_sleep_us(2000);
     res->daemon_received = ev_load(&rd.msgs) - got0;
     if (res->daemon_received == 0) {
@@ -738,14 +718,14 @@ static int ev_bench_daemons(uint32_t rounds, bench_events_result_t *res)
         if (ev_metric(mtext, mnames[i], &m[i]))
             have_m = 0;
 
-    res->reserve_p50_on = ev_quantile(side[0].res_ns, rounds, 0.5) / 1e3;
-    res->reserve_p99_on = ev_quantile(side[0].res_ns, rounds, 0.99) / 1e3;
-    res->reserve_p50_off = ev_quantile(side[1].res_ns, rounds, 0.5) / 1e3;
-    res->reserve_p99_off = ev_quantile(side[1].res_ns, rounds, 0.99) / 1e3;
-    res->commit_p50_on = ev_quantile(side[0].com_ns, rounds, 0.5) / 1e3;
-    res->commit_p99_on = ev_quantile(side[0].com_ns, rounds, 0.99) / 1e3;
-    res->commit_p50_off = ev_quantile(side[1].com_ns, rounds, 0.5) / 1e3;
-    res->commit_p99_off = ev_quantile(side[1].com_ns, rounds, 0.99) / 1e3;
+    res->reserve_p50_on = bench_quantile(side[0].res_ns, rounds, 0.5) / 1e3;
+    res->reserve_p99_on = bench_quantile(side[0].res_ns, rounds, 0.99) / 1e3;
+    res->reserve_p50_off = bench_quantile(side[1].res_ns, rounds, 0.5) / 1e3;
+    res->reserve_p99_off = bench_quantile(side[1].res_ns, rounds, 0.99) / 1e3;
+    res->commit_p50_on = bench_quantile(side[0].com_ns, rounds, 0.5) / 1e3;
+    res->commit_p99_on = bench_quantile(side[0].com_ns, rounds, 0.99) / 1e3;
+    res->commit_p50_off = bench_quantile(side[1].com_ns, rounds, 0.5) / 1e3;
+    res->commit_p99_off = bench_quantile(side[1].com_ns, rounds, 0.99) / 1e3;
     res->daemon_ok = 1;
     rc = 0;
     printf("   kvpool over the socket: two kvpoold (host backend, 4,096 pages of 16, 2 layers, H "

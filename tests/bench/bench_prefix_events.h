@@ -40,4 +40,9 @@ int bench_events(const bench_events_opts_t *o, bench_events_result_t *r);
 /* Prints the figures that were measured as key=value lines. */
 void bench_events_keys(const bench_events_result_t *r);
 
+/* bench_prefix.c's clock (CLOCK_MONOTONIC, ns) and quantile (sorts v[n], returns its q-quantile,
+ * q in [0, 1]), shared by its parts. */
+uint64_t bench_now_ns(void);
+uint64_t bench_quantile(uint64_t *v, uint32_t n, double q);
+
 #endif
